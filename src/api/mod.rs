@@ -1,0 +1,3 @@
+//! The SQL functions of gsnap.
+
+mod spans;

@@ -1,0 +1,59 @@
+//! gsnap: a PostgreSQL extension that keeps many long-lived, transactionally consistent,
+//! page-level snapshots of chosen tables and answers queries over them.
+//!
+//! This crate is the only code that talks to PostgreSQL (DESIGN.md): `am` is the table access
+//! method, `shmem` the shared memory, `api` the SQL functions, `gucs` the settings. The
+//! algorithms live in the pure crates under `crates/`.
+
+mod am;
+mod api;
+mod error;
+mod gucs;
+mod shmem;
+
+use pgrx::prelude::*;
+use pgrx::{pg_sys, PgSqlErrorCode};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+::pgrx::pg_module_magic!(name, version);
+
+/// Set when the library was loaded by `shared_preload_libraries` (inherited by every child
+/// of the postmaster).
+static PRELOADED: AtomicBool = AtomicBool::new(false);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::init();
+    // SAFETY: reading a PostgreSQL global from the main thread.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    PRELOADED.store(true, Ordering::Release);
+    shmem::init();
+}
+
+/// Raises a clear ERROR unless gsnap was loaded through `shared_preload_libraries`.
+pub(crate) fn require_preloaded() {
+    if !PRELOADED.load(Ordering::Acquire) {
+        error::error(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "gsnap must be loaded via shared_preload_libraries",
+        )
+        .detail("gsnap needs shared memory and a background worker, which only a library loaded at server start can have.")
+        .hint("Add 'gsnap' to shared_preload_libraries in postgresql.conf and restart the server.")
+        .raise();
+    }
+}
+
+/// Fails CREATE EXTENSION early (with the fix in the hint) when gsnap is not preloaded.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_preload_check() -> bool {
+    require_preloaded();
+    true
+}
+
+extension_sql!(
+    "SELECT gsnap_preload_check();\n",
+    name = "gsnap_preload_check_call",
+    requires = [gsnap_preload_check],
+);
