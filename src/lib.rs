@@ -23,11 +23,13 @@ static PRELOADED: AtomicBool = AtomicBool::new(false);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    gucs::init();
     // SAFETY: reading a PostgreSQL global from the main thread.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        // Loaded late (CREATE EXTENSION or LOAD without preloading): define nothing, so the
+        // first use can raise the error that says how to fix it (require_preloaded).
         return;
     }
+    gucs::init();
     PRELOADED.store(true, Ordering::Release);
     shmem::init();
 }

@@ -1,0 +1,119 @@
+"""Real PostgreSQL clusters for gsnap's integration tests.
+
+A `Cluster` is created with scripts/cluster.sh (so tests start servers exactly the way the
+README does), run by the unprivileged OS user, listening on localhost and a Unix socket in
+its data directory. Tests connect as the `postgres` superuser with psycopg.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+PGBIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A PostgreSQL 15 cluster in a temporary directory."""
+
+    def __init__(self, name: str, conf: list[str] | None = None, preload: bool = True):
+        self.base = Path(tempfile.mkdtemp(prefix=f"gsnap-{name}."))
+        os.chmod(self.base, 0o755)
+        self.data = self.base / "data"
+        self.port = free_port()
+        self.conf = list(conf or [])
+        if not preload:
+            # cluster.sh preloads gsnap first; a later line in postgresql.conf wins
+            self.conf.append("shared_preload_libraries = ''")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "Cluster":
+        subprocess.run(
+            [str(SCRIPTS / "cluster.sh"), "start", str(self.data), str(self.port), *self.conf],
+            check=True,
+        )
+        return self
+
+    def stop(self) -> None:
+        subprocess.run([str(SCRIPTS / "cluster.sh"), "stop", str(self.data)], check=False)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().splitlines()[0])
+
+    def crash(self) -> None:
+        """kill -9 the postmaster and its children, as a power cut would."""
+        pid = self.postmaster_pid()
+        children = subprocess.run(
+            ["pgrep", "-P", str(pid)], capture_output=True, text=True
+        ).stdout.split()
+        os.kill(pid, signal.SIGKILL)
+        for child in children:
+            try:
+                os.kill(int(child), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            alive = subprocess.run(["pgrep", "-f", str(self.data)], capture_output=True).stdout
+            if not alive:
+                break
+            time.sleep(0.1)
+
+    # -- configuration ---------------------------------------------------------------------
+    def conf_text(self) -> str:
+        return (self.data / "postgresql.conf").read_text()
+
+    def set_conf(self, line: str) -> None:
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write(line + "\n")
+
+    def log(self) -> str:
+        path = self.data / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -- clients ---------------------------------------------------------------------------
+    def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
+        return f"host={self.data} port={self.port} dbname={dbname} user={user}"
+
+    def connect(self, dbname: str = "postgres", user: str = "postgres", **kw) -> psycopg.Connection:
+        kw.setdefault("autocommit", True)
+        return psycopg.connect(self.dsn(dbname, user), **kw)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(PGHOST=str(self.data), PGPORT=str(self.port), PGUSER="postgres",
+                   PGDATABASE="postgres")
+        return env
+
+    def run(self, *args: str, env: dict[str, str] | None = None, check: bool = True,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        """Runs a PostgreSQL client program (psql, pgbench, pg_dump, ...) against the cluster."""
+        program, *rest = args
+        full_env = self.env()
+        full_env.update(env or {})
+        return subprocess.run([str(PGBIN / program), *rest], env=full_env, check=check,
+                              capture_output=True, text=True, input=input)
