@@ -14,7 +14,7 @@ passed=0; failed=0
 logdir=$(mktemp -d /tmp/gsnap-test.XXXXXX)
 
 log "cargo test (pure crates)"
-if (cd "$GSNAP_ROOT" && cargo test --release -p gsnap-core -p gsnap-store -p gsnap-shmem 2>&1) \
+if (cd "$GSNAP_ROOT" && cargo test --release --workspace 2>&1) \
         | tee "$logdir/cargo.log"; then :; fi
 p=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$logdir/cargo.log" \
         | awk '{p += $4; f += $6} END {print p+0, f+0}')

@@ -4,4 +4,5 @@
 //! segment and the unit tests place them in ordinary vectors (the neon-shmem approach). Each
 //! structure documents which process may call which operation.
 
+pub mod cache;
 pub mod dirty;

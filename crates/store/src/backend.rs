@@ -1,0 +1,234 @@
+//! The storage trait under the store: column families of ordered byte keys, point reads,
+//! cursors, and atomic write batches with a sync flag.
+//!
+//! Three implementations: [`crate::RocksBackend`] (the real one), [`crate::MemBackend`]
+//! (BTreeMaps, for tests here and in other crates) and [`crate::FaultyBackend`] (injects
+//! write failures and simulates crashes).
+//!
+//! The contract every implementation keeps, and on which the store's crash safety rests:
+//! - a batch is applied atomically: after any failure or crash, either all of its operations
+//!   are visible or none is;
+//! - batches become durable in the order they were written: a crash keeps a prefix of the
+//!   batches (every batch up to the last synced one, possibly some unsynced ones after it, in
+//!   order), never a later batch without an earlier one;
+//! - `write(.., sync = true)` returns only when that batch and every earlier one are durable;
+//! - a failed `write` has applied nothing.
+
+use crate::error::Result;
+use crate::keys::Cf;
+
+/// One operation of a [`WriteBatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOp {
+    /// Set `key` to `value` in `cf`.
+    Put {
+        /// Column family.
+        cf: Cf,
+        /// Key.
+        key: Vec<u8>,
+        /// Value.
+        value: Vec<u8>,
+    },
+    /// Remove `key` from `cf` (no error if absent).
+    Delete {
+        /// Column family.
+        cf: Cf,
+        /// Key.
+        key: Vec<u8>,
+    },
+}
+
+/// A set of operations applied atomically by [`KvBackend::write`], in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteBatch {
+    ops: Vec<BatchOp>,
+    bytes: usize,
+}
+
+impl WriteBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a put.
+    pub fn put(&mut self, cf: Cf, key: &[u8], value: &[u8]) {
+        self.bytes += key.len() + value.len() + 16;
+        self.ops.push(BatchOp::Put {
+            cf,
+            key: key.to_vec(),
+            value: value.to_vec(),
+        });
+    }
+
+    /// Adds a delete.
+    pub fn delete(&mut self, cf: Cf, key: &[u8]) {
+        self.bytes += key.len() + 16;
+        self.ops.push(BatchOp::Delete {
+            cf,
+            key: key.to_vec(),
+        });
+    }
+
+    /// The operations, in order.
+    pub fn ops(&self) -> &[BatchOp] {
+        &self.ops
+    }
+
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True if the batch has no operation.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Approximate memory (and WAL) size of the batch in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// A position in one column family's ordered key space.
+///
+/// A new cursor is unpositioned: call [`KvCursor::seek`] first. A cursor need not see writes
+/// made after it was positioned.
+pub trait KvCursor {
+    /// Positions the cursor at the first key `>= key`.
+    fn seek(&mut self, key: &[u8]) -> Result<()>;
+    /// Moves to the next key. Only valid while [`KvCursor::current`] is `Some`.
+    fn next(&mut self) -> Result<()>;
+    /// The entry at the cursor, or `None` past the end.
+    fn current(&self) -> Option<(&[u8], &[u8])>;
+}
+
+/// A key-value store with column families: what the snapshot store needs from its storage.
+///
+/// Implementations are `Send + Sync`: reads may come from several threads while one thread
+/// writes.
+pub trait KvBackend: Send + Sync {
+    /// A short description for error messages, e.g. "gsnap store at /var/lib/pg/gsnap".
+    fn describe(&self) -> String;
+
+    /// The value of `key` in `cf`.
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// The values of several keys of `cf`, in the order of `keys`.
+    fn multi_get(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|k| self.get(cf, k)).collect()
+    }
+
+    /// A cursor over `cf`.
+    fn cursor(&self, cf: Cf) -> Result<Box<dyn KvCursor + '_>>;
+
+    /// The last entry of `cf` whose key is in `[start, end)`, if any.
+    fn last_in_range(&self, cf: Cf, start: &[u8], end: &[u8])
+        -> Result<Option<(Vec<u8>, Vec<u8>)>>;
+
+    /// Applies `batch` atomically. With `sync`, returns only once it (and every earlier batch)
+    /// is durable.
+    fn write(&self, batch: &WriteBatch, sync: bool) -> Result<()>;
+}
+
+/// An iterator over the entries of one column family with keys in `[start, end)`, in key
+/// order (`end = None`: to the end of the column family).
+pub struct Scan<'a> {
+    cursor: Box<dyn KvCursor + 'a>,
+    end: Option<Vec<u8>>,
+    started: bool,
+    start: Vec<u8>,
+    done: bool,
+}
+
+impl<'a> Scan<'a> {
+    /// Entries of `cf` with keys in `[start, end)`.
+    pub fn range<B: KvBackend + ?Sized>(
+        backend: &'a B,
+        cf: Cf,
+        start: &[u8],
+        end: Option<Vec<u8>>,
+    ) -> Result<Self> {
+        Ok(Scan {
+            cursor: backend.cursor(cf)?,
+            end,
+            started: false,
+            start: start.to_vec(),
+            done: false,
+        })
+    }
+
+    /// Entries of `cf` whose key starts with `prefix`.
+    pub fn prefix<B: KvBackend + ?Sized>(backend: &'a B, cf: Cf, prefix: &[u8]) -> Result<Self> {
+        Self::range(backend, cf, prefix, crate::keys::prefix_end(prefix))
+    }
+
+    fn step(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        if self.done {
+            return Ok(None);
+        }
+        if self.started {
+            self.cursor.next()?;
+        } else {
+            self.started = true;
+            self.cursor.seek(&self.start)?;
+        }
+        match self.cursor.current() {
+            Some((k, v)) if self.end.as_deref().is_none_or(|end| k < end) => {
+                Ok(Some((k.to_vec(), v.to_vec())))
+            }
+            _ => {
+                self.done = true;
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl Iterator for Scan<'_> {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.step() {
+            Ok(Some(entry)) => Some(Ok(entry)),
+            Ok(None) => None,
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// A shared backend is a backend (lets a test keep a handle on the backend a store owns).
+impl<T: KvBackend + ?Sized> KvBackend for std::sync::Arc<T> {
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        (**self).get(cf, key)
+    }
+
+    fn multi_get(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        (**self).multi_get(cf, keys)
+    }
+
+    fn cursor(&self, cf: Cf) -> Result<Box<dyn KvCursor + '_>> {
+        (**self).cursor(cf)
+    }
+
+    fn last_in_range(
+        &self,
+        cf: Cf,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        (**self).last_in_range(cf, start, end)
+    }
+
+    fn write(&self, batch: &WriteBatch, sync: bool) -> Result<()> {
+        (**self).write(batch, sync)
+    }
+}

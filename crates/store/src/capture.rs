@@ -1,0 +1,392 @@
+//! Writing a snapshot: [`Capture`], from `begin_capture` to `commit` or `abort`.
+//!
+//! The protocol (see `docs/format.md`, "Commit protocol"):
+//! 1. `begin_capture` allocates the snapshot id and writes, in one synced batch, the snapshot
+//!    record in state *capturing*, its capturing marker and the snapshot counter;
+//! 2. images, TOAST values, mappings and carried pages accumulate in a batch that is written
+//!    *unsynced* whenever it reaches `max_batch_bytes` (bounded memory for any table size);
+//! 3. `commit` writes the rest, the record in state *committed* and the marker's deletion in
+//!    one synced batch: only then is the snapshot visible;
+//! 4. `abort` (or dropping an unfinished capture) removes the mappings written so far and
+//!    marks the snapshot failed; after a crash, `open` does the same for every marker left.
+//!
+//! Invariants: at most one capture is open per store; a capture whose write failed accepts
+//! nothing but `abort` (its flushed state is incomplete); a dedup entry is written in the same
+//! batch as the content it names, after all of a TOAST value's chunks, so it never points at
+//! missing or different content.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::backend::{KvBackend, WriteBatch};
+use crate::error::{Result, StoreError};
+use crate::ids::{Fingerprint, ImageId, PageId, Rank, RelId, SnapId, ToastId};
+use crate::keys::{self, Cf, Counter, DedupKind};
+use crate::records::{self, CaptureStats, SnapshotDecl, SnapshotInfo, SnapshotState, ToastInfo};
+use crate::store::{SnapSummary, SnapshotStore};
+
+/// Largest page view accepted (one PostgreSQL block).
+pub const MAX_VIEW_BYTES: usize = 8192;
+/// Largest TOAST value accepted (PostgreSQL's varlena limit).
+pub const MAX_TOAST_BYTES: usize = 1 << 30;
+/// TOAST values are stored in chunks of this many bytes (the last one may be shorter), so a
+/// chunk fits an 8 KB cache slot.
+pub const TOAST_CHUNK_BYTES: usize = 8000;
+
+/// An open capture of one snapshot. Finish it with [`Capture::commit`] or
+/// [`Capture::abort`]; dropping it unfinished aborts it.
+pub struct Capture<'s, B: KvBackend> {
+    store: &'s SnapshotStore<B>,
+    info: SnapshotInfo,
+    rels: HashSet<RelId>,
+    batch: WriteBatch,
+    pending_images: HashMap<Fingerprint, ImageId>,
+    pending_toast: HashMap<Fingerprint, ToastId>,
+    failed: Option<StoreError>,
+    finished: bool,
+}
+
+impl<B: KvBackend> SnapshotStore<B> {
+    /// Declares a snapshot and begins its capture. Returns once the declaration is durable.
+    ///
+    /// Errors: InvalidArgument if a capture is already open, or if the declaration names an
+    /// unknown relation incarnation or row type, or the same relation twice.
+    pub fn begin_capture(&self, decl: SnapshotDecl) -> Result<Capture<'_, B>> {
+        if self.catalog().needs_recovery {
+            self.recover()?;
+        }
+        let mut ids = self.lock_ids();
+        if let Some(active) = self.catalog().active {
+            return Err(StoreError::invalid(format!(
+                "cannot begin a capture: the capture of snapshot {} is still open",
+                active.0
+            )));
+        }
+        let mut rels = HashSet::new();
+        let mut oids = HashSet::new();
+        for r in &decl.relations {
+            if !rels.insert(r.rel) || !oids.insert(r.pg_relid) {
+                return Err(StoreError::invalid(format!(
+                    "snapshot declaration lists relation {} (incarnation {}) twice",
+                    r.pg_relid, r.rel.0
+                )));
+            }
+            if self
+                .backend
+                .get(Cf::Catalog, &keys::rel_key(r.rel))?
+                .is_none()
+            {
+                return Err(StoreError::invalid(format!(
+                    "snapshot declaration names unknown relation incarnation {} (table {})",
+                    r.rel.0, r.name
+                )));
+            }
+            if self
+                .backend
+                .get(Cf::Catalog, &keys::row_type_key(r.row_type))?
+                .is_none()
+            {
+                return Err(StoreError::invalid(format!(
+                    "snapshot declaration names unknown row type {} (table {})",
+                    r.row_type.0, r.name
+                )));
+            }
+        }
+        let mut batch = WriteBatch::new();
+        let snap = SnapId(self.alloc_in_batch(&mut ids, Counter::Snap, &mut batch));
+        let info = SnapshotInfo {
+            id: snap,
+            state: SnapshotState::Capturing,
+            decl,
+            stats: CaptureStats::default(),
+            failure_reason: None,
+        };
+        batch.put(
+            Cf::Catalog,
+            &keys::snapshot_key(snap),
+            &records::encode_snapshot(&info),
+        );
+        batch.put(Cf::Catalog, &keys::capturing_key(snap), &[]);
+        self.backend.write(&batch, true)?;
+        let mut cat = self.catalog_mut();
+        cat.snaps.insert(
+            snap,
+            SnapSummary {
+                state: SnapshotState::Capturing,
+                declared_at_us: info.decl.declared_at_us,
+            },
+        );
+        cat.active = Some(snap);
+        drop(cat);
+        drop(ids);
+        Ok(Capture {
+            store: self,
+            info,
+            rels,
+            batch: WriteBatch::new(),
+            pending_images: HashMap::new(),
+            pending_toast: HashMap::new(),
+            failed: None,
+            finished: false,
+        })
+    }
+}
+
+impl<B: KvBackend> Capture<'_, B> {
+    /// The snapshot being captured.
+    pub fn snapshot(&self) -> SnapId {
+        self.info.id
+    }
+
+    /// What the capture stored so far.
+    pub fn stats(&self) -> CaptureStats {
+        self.info.stats
+    }
+
+    /// Stores the view of one page (at most [`MAX_VIEW_BYTES`]) and returns its image id:
+    /// the id of an identical view stored earlier (by any capture) if there is one.
+    pub fn put_image(&mut self, view: &[u8]) -> Result<ImageId> {
+        self.usable()?;
+        if view.len() > MAX_VIEW_BYTES {
+            return Err(StoreError::invalid(format!(
+                "page view of {} bytes is larger than the {MAX_VIEW_BYTES}-byte maximum",
+                view.len()
+            )));
+        }
+        let fp = Fingerprint::of(view);
+        if let Some(id) = self.find(DedupKind::Image, &fp)? {
+            self.info.stats.dedup_hits += 1;
+            return Ok(ImageId(id));
+        }
+        let id = ImageId(self.alloc(Counter::Image)?);
+        let record = records::encode_image(view, &fp);
+        let st = &mut self.info.stats;
+        st.new_images += 1;
+        st.image_bytes_raw += view.len() as u64;
+        st.image_bytes_stored += record.len() as u64;
+        self.batch
+            .put(Cf::Images(Rank(0)), &keys::image_key(id), &record);
+        self.batch.put(
+            Cf::Dedup,
+            &keys::dedup_key(DedupKind::Image, &fp),
+            &id.0.to_be_bytes(),
+        );
+        self.pending_images.insert(fp, id);
+        self.flush_if_full()?;
+        Ok(id)
+    }
+
+    /// Stores a TOAST value (at most [`MAX_TOAST_BYTES`]) in chunks of
+    /// [`TOAST_CHUNK_BYTES`] and returns its id: the id of an identical value stored earlier
+    /// if there is one.
+    pub fn put_toast(&mut self, value: &[u8]) -> Result<ToastId> {
+        self.usable()?;
+        if value.len() > MAX_TOAST_BYTES {
+            return Err(StoreError::invalid(format!(
+                "TOAST value of {} bytes is larger than the {MAX_TOAST_BYTES}-byte maximum",
+                value.len()
+            )));
+        }
+        let fp = Fingerprint::of(value);
+        if let Some(id) = self.find(DedupKind::Toast, &fp)? {
+            return Ok(ToastId(id));
+        }
+        let id = ToastId(self.alloc(Counter::Toast)?);
+        let mut chunks = 0u32;
+        for (no, chunk) in value.chunks(TOAST_CHUNK_BYTES).enumerate() {
+            let record = records::encode_toast_chunk(chunk);
+            self.info.stats.toast_bytes_stored += record.len() as u64;
+            self.batch
+                .put(Cf::Toast, &keys::toast_chunk_key(id, no as u32), &record);
+            chunks += 1;
+            self.flush_if_full()?;
+        }
+        // Header and dedup entry after every chunk: a crash keeps a prefix of the batches, so
+        // whoever sees the header (or the dedup entry) sees the whole value.
+        let header = ToastInfo {
+            len: value.len() as u64,
+            chunks,
+            chunk_size: TOAST_CHUNK_BYTES as u32,
+            fingerprint: fp,
+        };
+        self.batch.put(
+            Cf::Toast,
+            &keys::toast_header_key(id),
+            &records::encode_toast_header(&header),
+        );
+        self.batch.put(
+            Cf::Dedup,
+            &keys::dedup_key(DedupKind::Toast, &fp),
+            &id.0.to_be_bytes(),
+        );
+        self.info.stats.new_toast_values += 1;
+        self.pending_toast.insert(fp, id);
+        self.flush_if_full()?;
+        Ok(id)
+    }
+
+    /// Adds the mapping (page, this snapshot) -> image. The page's relation must be in the
+    /// declaration. Adding the same page twice keeps the last image.
+    pub fn add_mapping(&mut self, page: PageId, image: ImageId) -> Result<()> {
+        self.usable()?;
+        self.check_page(page)?;
+        let next = self.store.next_id(Counter::Image);
+        if image.0 == 0 || image.0 >= next {
+            return Err(StoreError::invalid(format!(
+                "mapping of {page} names {image}, which was never allocated"
+            )));
+        }
+        let snap = self.info.id;
+        let value = keys::image_id_value(image);
+        self.batch
+            .put(Cf::MapLog, &keys::maplog_key(snap, page), &value);
+        self.batch.put(
+            Cf::PageVersions,
+            &keys::page_versions_key(page, snap),
+            &value,
+        );
+        self.info.stats.pages_captured += 1;
+        self.flush_if_full()
+    }
+
+    /// Records that `page` is unsettled at this snapshot and carried into the next span.
+    pub fn carry(&mut self, page: PageId) -> Result<()> {
+        self.usable()?;
+        self.check_page(page)?;
+        self.batch
+            .put(Cf::Catalog, &keys::carried_key(self.info.id, page), &[]);
+        self.info.stats.carried_pages += 1;
+        self.flush_if_full()
+    }
+
+    /// Makes the snapshot durable and visible: the remaining images and mappings, the
+    /// committed catalog entry and the removal of the capturing marker, in one synced batch.
+    /// On error the capture is aborted (as by dropping it).
+    pub fn commit(mut self) -> Result<SnapshotInfo> {
+        self.usable()?;
+        let mut info = self.info.clone();
+        info.state = SnapshotState::Committed;
+        let snap = info.id;
+        self.batch.put(
+            Cf::Catalog,
+            &keys::snapshot_key(snap),
+            &records::encode_snapshot(&info),
+        );
+        self.batch.delete(Cf::Catalog, &keys::capturing_key(snap));
+        let batch = std::mem::take(&mut self.batch);
+        if let Err(e) = self.store.backend.write(&batch, true) {
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        self.finished = true;
+        let mut cat = self.store.catalog_mut();
+        cat.snaps.insert(
+            snap,
+            SnapSummary {
+                state: SnapshotState::Committed,
+                declared_at_us: info.decl.declared_at_us,
+            },
+        );
+        cat.active = None;
+        Ok(info)
+    }
+
+    /// Abandons the capture: the snapshot is recorded as failed with `reason` (listed, never
+    /// readable) and the mappings written so far are removed. Images and TOAST values already
+    /// written stay (they are content-addressed; garbage collection reclaims them).
+    pub fn abort(mut self, reason: &str) -> Result<()> {
+        self.abort_inner(reason)
+    }
+
+    fn abort_inner(&mut self, reason: &str) -> Result<()> {
+        self.finished = true;
+        self.batch = WriteBatch::new();
+        let result = self.store.remove_capture(self.info.id, reason);
+        if result.is_err() {
+            self.store.catalog_mut().needs_recovery = true;
+        }
+        result
+    }
+
+    fn usable(&self) -> Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(e) => Err(StoreError::new(
+                e.kind(),
+                format!(
+                    "the capture of snapshot {} cannot continue after an earlier error ({}); \
+                     abort it",
+                    self.info.id.0,
+                    e.message()
+                ),
+            )),
+        }
+    }
+
+    fn check_page(&self, page: PageId) -> Result<()> {
+        if !self.rels.contains(&page.rel) {
+            return Err(StoreError::invalid(format!(
+                "{page} is not in snapshot {}'s declaration",
+                self.info.id.0
+            )));
+        }
+        Ok(())
+    }
+
+    /// Looks a fingerprint up among this batch's new content, then in the dedup index.
+    fn find(&self, kind: DedupKind, fp: &Fingerprint) -> Result<Option<u64>> {
+        let pending = match kind {
+            DedupKind::Image => self.pending_images.get(fp).map(|i| i.0),
+            DedupKind::Toast => self.pending_toast.get(fp).map(|i| i.0),
+            DedupKind::RowType => None,
+        };
+        if pending.is_some() {
+            return Ok(pending);
+        }
+        match self
+            .store
+            .backend
+            .get(Cf::Dedup, &keys::dedup_key(kind, fp))?
+        {
+            Some(v) => Ok(Some(keys::decode_u64_value(&v, "dedup entry")?)),
+            None => Ok(None),
+        }
+    }
+
+    fn alloc(&mut self, c: Counter) -> Result<u64> {
+        let mut ids = self.store.lock_ids();
+        let r = self.store.alloc_leased(&mut ids, c);
+        drop(ids);
+        self.poison_on_error(r)
+    }
+
+    fn flush_if_full(&mut self) -> Result<()> {
+        if self.batch.size_bytes() < self.store.options.max_batch_bytes {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let r = self.store.backend.write(&batch, false);
+        self.poison_on_error(r)?;
+        self.pending_images.clear();
+        self.pending_toast.clear();
+        Ok(())
+    }
+
+    fn poison_on_error<T>(&mut self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+        }
+        r
+    }
+}
+
+impl<B: KvBackend> Drop for Capture<'_, B> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Errors cannot be reported from drop; a failed clean-up sets needs_recovery and
+            // the next capture (or the next open) finishes it.
+            let _ = self.abort_inner(
+                "capture abandoned before commit (the worker raised an error or stopped)",
+            );
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! The tiny binary encoding used by every structured value, and value compression.
+//!
+//! Encoding: fixed-width integers are big-endian; a byte string or text is a u32 length
+//! followed by the bytes (text is UTF-8). Every structured record starts with a one-byte
+//! record version so its layout can evolve; a decoder refuses versions it does not know, and
+//! refuses trailing bytes, so a misread is reported as [`crate::ErrorKind::Corrupt`] instead
+//! of producing wrong values.
+//!
+//! Compression: a compressed payload is tagged with a one-byte codec ([`CODEC_RAW`] or
+//! [`CODEC_LZ4`]) and the uncompressed length; LZ4 is used only when it makes the value
+//! smaller.
+
+use crate::error::{Result, StoreError};
+
+/// Payload stored as is.
+pub const CODEC_RAW: u8 = 0;
+/// Payload is an LZ4 block (lz4_flex block format, no frame, no size prefix).
+pub const CODEC_LZ4: u8 = 1;
+
+/// Builds an encoded value.
+#[derive(Debug, Default)]
+pub struct Enc(Vec<u8>);
+
+impl Enc {
+    /// An encoder whose first byte is `version`.
+    pub fn with_version(version: u8) -> Self {
+        Enc(vec![version])
+    }
+
+    /// An encoder with no version byte (for fixed layouts such as the format record).
+    pub fn raw() -> Self {
+        Enc(Vec::new())
+    }
+
+    /// Appends one byte.
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+
+    /// Appends a u32, big-endian.
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
+    /// Appends a u64, big-endian.
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
+    /// Appends an i64, big-endian two's complement.
+    pub fn i64(&mut self, v: i64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
+    /// Appends bytes with no length (fixed-size fields such as fingerprints, or a trailing
+    /// payload).
+    pub fn fixed(&mut self, v: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(v);
+        self
+    }
+
+    /// Appends a u32 length and the bytes.
+    pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        let len = u32::try_from(v.len()).expect("encoded byte strings are smaller than 4 GiB");
+        self.u32(len).fixed(v)
+    }
+
+    /// Appends a u32 length and the UTF-8 bytes of `v`.
+    pub fn str(&mut self, v: &str) -> &mut Self {
+        self.bytes(v.as_bytes())
+    }
+
+    /// The encoded bytes.
+    pub fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+/// Reads an encoded value; every error names the record being decoded.
+#[derive(Debug)]
+pub struct Dec<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Dec<'a> {
+    /// A decoder over `buf`, a value of kind `what` (used in error messages).
+    pub fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Dec { buf, pos: 0, what }
+    }
+
+    /// Reads the record version byte and checks that it is `expected`.
+    pub fn version(&mut self, expected: u8) -> Result<()> {
+        let v = self.u8()?;
+        if v != expected {
+            return Err(StoreError::corrupt(format!(
+                "{} record has version {v}, this gsnap build reads version {expected}",
+                self.what
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads `n` bytes.
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|e| *e <= self.buf.len())
+            .ok_or_else(|| {
+                StoreError::corrupt(format!(
+                    "{} record is truncated ({} bytes, needed {} more at offset {})",
+                    self.what,
+                    self.buf.len(),
+                    n,
+                    self.pos
+                ))
+            })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    /// Reads one byte.
+    pub fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    /// Reads a big-endian u32.
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+
+    /// Reads a big-endian u64.
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+
+    /// Reads a big-endian i64.
+    pub fn i64(&mut self) -> Result<i64> {
+        Ok(i64::from_be_bytes(self.array()?))
+    }
+
+    /// Reads a fixed-size array.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut a = [0; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    /// Reads a u32 length and that many bytes.
+    pub fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
+    /// Reads a u32 length and that many bytes of UTF-8.
+    pub fn str(&mut self) -> Result<String> {
+        let what = self.what;
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec())
+            .map_err(|_| StoreError::corrupt(format!("{what} record holds invalid UTF-8 text")))
+    }
+
+    /// The rest of the value.
+    pub fn rest(&mut self) -> &'a [u8] {
+        let s = &self.buf[self.pos..];
+        self.pos = self.buf.len();
+        s
+    }
+
+    /// Checks that the whole value was read.
+    pub fn end(&self) -> Result<()> {
+        if self.pos != self.buf.len() {
+            return Err(StoreError::corrupt(format!(
+                "{} record has {} unexpected trailing bytes",
+                self.what,
+                self.buf.len() - self.pos
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Compresses `raw` with LZ4 if that makes it smaller. Returns (codec, payload).
+pub fn compress(raw: &[u8]) -> (u8, Vec<u8>) {
+    let lz = lz4_flex::block::compress(raw);
+    if lz.len() < raw.len() {
+        (CODEC_LZ4, lz)
+    } else {
+        (CODEC_RAW, raw.to_vec())
+    }
+}
+
+/// Reverses [`compress`]; `raw_len` is the recorded uncompressed length.
+pub fn decompress(codec: u8, payload: &[u8], raw_len: usize, what: &str) -> Result<Vec<u8>> {
+    let raw = match codec {
+        CODEC_RAW => payload.to_vec(),
+        CODEC_LZ4 => lz4_flex::block::decompress(payload, raw_len).map_err(|e| {
+            StoreError::corrupt(format!("{what}: LZ4 payload does not decode: {e}"))
+        })?,
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "{what}: unknown codec {other}"
+            )))
+        }
+    };
+    if raw.len() != raw_len {
+        return Err(StoreError::corrupt(format!(
+            "{what}: decoded to {} bytes, the record says {raw_len}",
+            raw.len()
+        )));
+    }
+    Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn fields_round_trip() {
+        let v = Enc::with_version(3)
+            .u8(7)
+            .u32(9)
+            .u64(u64::MAX)
+            .i64(-5)
+            .str("héllo")
+            .bytes(b"")
+            .finish();
+        let mut d = Dec::new(&v, "test");
+        d.version(3).unwrap();
+        assert_eq!(d.u8().unwrap(), 7);
+        assert_eq!(d.u32().unwrap(), 9);
+        assert_eq!(d.u64().unwrap(), u64::MAX);
+        assert_eq!(d.i64().unwrap(), -5);
+        assert_eq!(d.str().unwrap(), "héllo");
+        assert_eq!(d.bytes().unwrap(), b"");
+        d.end().unwrap();
+    }
+
+    #[test]
+    fn truncation_version_and_trailing_bytes_are_corrupt() {
+        let v = Enc::with_version(1).u64(1).finish();
+        assert_eq!(
+            Dec::new(&v[..5], "t").u64().unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
+        assert_eq!(
+            Dec::new(&v, "t").version(2).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
+        let mut d = Dec::new(&v, "t");
+        d.version(1).unwrap();
+        assert!(d.end().is_err());
+        let huge = Enc::raw().u32(u32::MAX).finish();
+        assert!(Dec::new(&huge, "t").bytes().is_err());
+    }
+
+    #[test]
+    fn compression_round_trips_and_never_grows() {
+        let zeros = vec![0u8; 8192];
+        let (c, p) = compress(&zeros);
+        assert_eq!(c, CODEC_LZ4);
+        assert!(p.len() < 200);
+        assert_eq!(decompress(c, &p, 8192, "t").unwrap(), zeros);
+        let noise: Vec<u8> = (0..1000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let (c, p) = compress(&noise);
+        assert!(p.len() <= noise.len());
+        assert_eq!(decompress(c, &p, noise.len(), "t").unwrap(), noise);
+        assert!(
+            decompress(CODEC_LZ4, &p[..p.len() / 2], noise.len(), "t").is_err() || c == CODEC_RAW
+        );
+        assert!(decompress(9, &p, noise.len(), "t").is_err());
+        assert!(decompress(CODEC_RAW, b"abc", 4, "t").is_err());
+    }
+}

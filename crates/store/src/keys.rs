@@ -1,0 +1,467 @@
+//! The whole key schema of the store: column families and the byte layout of every key.
+//!
+//! Invariants:
+//! - every integer in a key is big-endian, so the byte order of keys is their logical order
+//!   (snapshot, relation, block, ...) and prefix scans return records in that order;
+//! - within a column family that holds several kinds of record, the first byte of the key is a
+//!   tag naming the kind (the `TAG_*` constants), so kinds never collide;
+//! - this file is the only place that builds or parses keys; `docs/format.md` describes the
+//!   same layout and must change with it.
+//!
+//! Value layouts are in `records.rs` (structured records) and documented there and in
+//! `docs/format.md`.
+
+use std::borrow::Cow;
+
+use crate::error::{Result, StoreError};
+use crate::ids::{Fingerprint, GroupId, ImageId, PageId, Rank, RelId, RowTypeId, SnapId, ToastId};
+
+/// How many image rank levels have a column family. Only rank 0 exists for now (Thresher's
+/// ranked segregation adds more later: one more `images_rN` column family per level).
+pub const IMAGE_RANKS: u8 = 1;
+
+/// A column family: a separately stored, separately compacted key space. Families separate
+/// what has different lifetimes (see DESIGN.md, "The store").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cf {
+    /// Format record and id counters.
+    Meta,
+    /// Snapshots, capturing markers, carried pages, relation incarnations, row types, group
+    /// metadata, GC progress.
+    Catalog,
+    /// Content fingerprint -> id, for images, TOAST values and row types.
+    Dedup,
+    /// Page images of one rank level: image id -> image record.
+    Images(Rank),
+    /// TOAST values: header and chunks.
+    Toast,
+    /// The mapping log in snapshot order: (snapshot, relation, block) -> image.
+    MapLog,
+    /// The same mappings in page order with the snapshot inverted, for "latest at or before".
+    PageVersions,
+    /// Skippy levels above level 0: (level, node) -> opaque node bytes.
+    Skippy,
+    /// Sealed index groups: group id -> opaque bytes.
+    Groups,
+}
+
+impl Cf {
+    /// Every column family this version of the store uses, in a fixed order.
+    pub fn all() -> Vec<Cf> {
+        let mut all = vec![Cf::Meta, Cf::Catalog, Cf::Dedup];
+        all.extend((0..IMAGE_RANKS).map(|r| Cf::Images(Rank(r))));
+        all.extend([
+            Cf::Toast,
+            Cf::MapLog,
+            Cf::PageVersions,
+            Cf::Skippy,
+            Cf::Groups,
+        ]);
+        all
+    }
+
+    /// The column family's name on disk.
+    pub fn name(self) -> Cow<'static, str> {
+        match self {
+            Cf::Meta => "meta".into(),
+            Cf::Catalog => "catalog".into(),
+            Cf::Dedup => "dedup".into(),
+            Cf::Images(Rank(r)) => format!("images_r{r}").into(),
+            Cf::Toast => "toast".into(),
+            Cf::MapLog => "maplog".into(),
+            Cf::PageVersions => "page_versions".into(),
+            Cf::Skippy => "skippy".into(),
+            Cf::Groups => "groups".into(),
+        }
+    }
+}
+
+// ---- meta ----------------------------------------------------------------------------------
+
+/// `meta`: the format record (the first thing written to a new store).
+pub const FORMAT_KEY: &[u8] = b"F";
+
+/// Which id counter a `meta` counter key holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// Next [`SnapId`].
+    Snap,
+    /// Next [`ImageId`].
+    Image,
+    /// Next [`ToastId`].
+    Toast,
+    /// Next [`RelId`].
+    Rel,
+    /// Next [`RowTypeId`].
+    RowType,
+}
+
+/// `meta`: `'N' counter-tag` -> next id (u64 BE).
+pub fn counter_key(counter: Counter) -> [u8; 2] {
+    let tag = match counter {
+        Counter::Snap => b'S',
+        Counter::Image => b'I',
+        Counter::Toast => b'T',
+        Counter::Rel => b'R',
+        Counter::RowType => b'Y',
+    };
+    [b'N', tag]
+}
+
+// ---- catalog -------------------------------------------------------------------------------
+
+/// `catalog`: `'S' snap` -> snapshot record.
+pub const TAG_SNAPSHOT: u8 = b'S';
+/// `catalog`: `'K' snap` -> empty: snapshot `snap` is being captured (capturing marker).
+pub const TAG_CAPTURING: u8 = b'K';
+/// `catalog`: `'C' snap rel block` -> empty: page carried (unsettled) by snapshot `snap`.
+pub const TAG_CARRIED: u8 = b'C';
+/// `catalog`: `'R' rel` -> relation incarnation record.
+pub const TAG_REL: u8 = b'R';
+/// `catalog`: `'T' rowtype` -> row type record.
+pub const TAG_ROW_TYPE: u8 = b'T';
+/// `catalog`: `'G' group` -> group metadata (opaque bytes).
+pub const TAG_GROUP_META: u8 = b'G';
+/// `catalog`: `'P'` -> GC progress (opaque bytes).
+pub const GC_PROGRESS_KEY: &[u8] = b"P";
+
+fn tagged_u64(tag: u8, n: u64) -> [u8; 9] {
+    let mut k = [0; 9];
+    k[0] = tag;
+    k[1..].copy_from_slice(&n.to_be_bytes());
+    k
+}
+
+/// `catalog` key of snapshot `snap`'s record.
+pub fn snapshot_key(snap: SnapId) -> [u8; 9] {
+    tagged_u64(TAG_SNAPSHOT, snap.0)
+}
+
+/// `catalog` key of snapshot `snap`'s capturing marker.
+pub fn capturing_key(snap: SnapId) -> [u8; 9] {
+    tagged_u64(TAG_CAPTURING, snap.0)
+}
+
+/// `catalog` key of a page carried by snapshot `snap`.
+pub fn carried_key(snap: SnapId, page: PageId) -> [u8; 17] {
+    let mut k = [0; 17];
+    k[..9].copy_from_slice(&tagged_u64(TAG_CARRIED, snap.0));
+    k[9..13].copy_from_slice(&page.rel.0.to_be_bytes());
+    k[13..].copy_from_slice(&page.block.to_be_bytes());
+    k
+}
+
+/// Prefix of every carried-page key of snapshot `snap`.
+pub fn carried_prefix(snap: SnapId) -> [u8; 9] {
+    tagged_u64(TAG_CARRIED, snap.0)
+}
+
+/// `catalog` key of a relation incarnation.
+pub fn rel_key(rel: RelId) -> [u8; 5] {
+    let mut k = [TAG_REL, 0, 0, 0, 0];
+    k[1..].copy_from_slice(&rel.0.to_be_bytes());
+    k
+}
+
+/// `catalog` key of a row type.
+pub fn row_type_key(id: RowTypeId) -> [u8; 9] {
+    tagged_u64(TAG_ROW_TYPE, id.0)
+}
+
+/// `catalog` key of a group's metadata.
+pub fn group_meta_key(group: GroupId) -> [u8; 9] {
+    tagged_u64(TAG_GROUP_META, group.0)
+}
+
+/// Decodes the big-endian u64 after a one-byte tag (snapshot, capturing, row type, group keys).
+pub fn decode_tagged_u64(key: &[u8], tag: u8) -> Result<u64> {
+    match key {
+        [t, rest @ ..] if *t == tag && rest.len() == 8 => Ok(be_u64(rest)),
+        _ => Err(bad_key("catalog", key)),
+    }
+}
+
+/// Decodes a carried-page key.
+pub fn decode_carried_key(key: &[u8]) -> Result<(SnapId, PageId)> {
+    if key.len() != 17 || key[0] != TAG_CARRIED {
+        return Err(bad_key("catalog", key));
+    }
+    let page = PageId::new(RelId(be_u32(&key[9..13])), be_u32(&key[13..]));
+    Ok((SnapId(be_u64(&key[1..9])), page))
+}
+
+/// Decodes a relation incarnation key.
+pub fn decode_rel_key(key: &[u8]) -> Result<RelId> {
+    match key {
+        [TAG_REL, rest @ ..] if rest.len() == 4 => Ok(RelId(be_u32(rest))),
+        _ => Err(bad_key("catalog", key)),
+    }
+}
+
+// ---- dedup ---------------------------------------------------------------------------------
+
+/// What a `dedup` entry's fingerprint identifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DedupKind {
+    /// A page image (value: [`ImageId`]).
+    Image,
+    /// A TOAST value (value: [`ToastId`]).
+    Toast,
+    /// A row type (value: [`RowTypeId`]).
+    RowType,
+}
+
+/// `dedup`: `kind-tag fingerprint[32]` -> id (u64 BE).
+pub fn dedup_key(kind: DedupKind, fp: &Fingerprint) -> [u8; 33] {
+    let mut k = [0; 33];
+    k[0] = match kind {
+        DedupKind::Image => b'I',
+        DedupKind::Toast => b'T',
+        DedupKind::RowType => b'R',
+    };
+    k[1..].copy_from_slice(&fp.0);
+    k
+}
+
+/// Decodes a dedup key.
+pub fn decode_dedup_key(key: &[u8]) -> Result<(DedupKind, Fingerprint)> {
+    if key.len() != 33 {
+        return Err(bad_key("dedup", key));
+    }
+    let kind = match key[0] {
+        b'I' => DedupKind::Image,
+        b'T' => DedupKind::Toast,
+        b'R' => DedupKind::RowType,
+        _ => return Err(bad_key("dedup", key)),
+    };
+    let mut fp = [0; 32];
+    fp.copy_from_slice(&key[1..]);
+    Ok((kind, Fingerprint(fp)))
+}
+
+// ---- images and toast ----------------------------------------------------------------------
+
+/// `images_rN`: image id (u64 BE) -> image record.
+pub fn image_key(id: ImageId) -> [u8; 8] {
+    id.0.to_be_bytes()
+}
+
+/// Decodes an image key.
+pub fn decode_image_key(key: &[u8]) -> Result<ImageId> {
+    exact::<8>(key, "images").map(|k| ImageId(u64::from_be_bytes(k)))
+}
+
+/// `toast`: toast id (u64 BE) -> TOAST header record. Sorts before the value's chunks.
+pub fn toast_header_key(id: ToastId) -> [u8; 8] {
+    id.0.to_be_bytes()
+}
+
+/// `toast`: toast id (u64 BE), chunk number (u32 BE) -> TOAST chunk record.
+pub fn toast_chunk_key(id: ToastId, chunk: u32) -> [u8; 12] {
+    let mut k = [0; 12];
+    k[..8].copy_from_slice(&id.0.to_be_bytes());
+    k[8..].copy_from_slice(&chunk.to_be_bytes());
+    k
+}
+
+// ---- mappings ------------------------------------------------------------------------------
+
+/// `maplog`: snap (u64 BE), rel (u32 BE), block (u32 BE) -> image id (u64 BE).
+pub fn maplog_key(snap: SnapId, page: PageId) -> [u8; 16] {
+    let mut k = [0; 16];
+    k[..8].copy_from_slice(&snap.0.to_be_bytes());
+    k[8..12].copy_from_slice(&page.rel.0.to_be_bytes());
+    k[12..].copy_from_slice(&page.block.to_be_bytes());
+    k
+}
+
+/// First `maplog` key of snapshot `snap` (its mappings share this 8-byte prefix).
+pub fn maplog_prefix(snap: SnapId) -> [u8; 8] {
+    snap.0.to_be_bytes()
+}
+
+/// Decodes a `maplog` key.
+pub fn decode_maplog_key(key: &[u8]) -> Result<(SnapId, PageId)> {
+    let k = exact::<16>(key, "maplog")?;
+    Ok((
+        SnapId(be_u64(&k[..8])),
+        PageId::new(RelId(be_u32(&k[8..12])), be_u32(&k[12..])),
+    ))
+}
+
+/// `page_versions`: rel (u32 BE), block (u32 BE), !snap (u64 BE) -> image id (u64 BE).
+///
+/// The snapshot is bit-inverted so that, for one page, later snapshots sort first: the first
+/// key at or after `page_versions_key(page, v)` is the latest mapping of `page` at or before v.
+pub fn page_versions_key(page: PageId, snap: SnapId) -> [u8; 16] {
+    let mut k = [0; 16];
+    k[..4].copy_from_slice(&page.rel.0.to_be_bytes());
+    k[4..8].copy_from_slice(&page.block.to_be_bytes());
+    k[8..].copy_from_slice(&(!snap.0).to_be_bytes());
+    k
+}
+
+/// Prefix of every `page_versions` key of relation incarnation `rel`.
+pub fn page_versions_rel_prefix(rel: RelId) -> [u8; 4] {
+    rel.0.to_be_bytes()
+}
+
+/// Decodes a `page_versions` key.
+pub fn decode_page_versions_key(key: &[u8]) -> Result<(PageId, SnapId)> {
+    let k = exact::<16>(key, "page_versions")?;
+    Ok((
+        PageId::new(RelId(be_u32(&k[..4])), be_u32(&k[4..8])),
+        SnapId(!be_u64(&k[8..])),
+    ))
+}
+
+/// Value of a `maplog` or `page_versions` entry.
+pub fn image_id_value(id: ImageId) -> [u8; 8] {
+    id.0.to_be_bytes()
+}
+
+/// Decodes an 8-byte id value (mapping values, dedup values, counters).
+pub fn decode_u64_value(value: &[u8], what: &str) -> Result<u64> {
+    match <[u8; 8]>::try_from(value) {
+        Ok(b) => Ok(u64::from_be_bytes(b)),
+        Err(_) => Err(StoreError::corrupt(format!(
+            "{what}: expected an 8-byte value, found {} bytes",
+            value.len()
+        ))),
+    }
+}
+
+// ---- later work: Skippy levels and sealed groups -------------------------------------------
+
+/// `skippy`: level (u8), node number (u64 BE) -> opaque node bytes.
+pub fn skippy_key(level: u8, node: u64) -> [u8; 9] {
+    tagged_u64(level, node)
+}
+
+/// `groups`: group id (u64 BE) -> opaque sealed group bytes.
+pub fn group_key(group: GroupId) -> [u8; 8] {
+    group.0.to_be_bytes()
+}
+
+// ---- helpers -------------------------------------------------------------------------------
+
+/// The smallest key greater than every key starting with `prefix` (None: no such key, the
+/// prefix is all 0xff).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+fn be_u64(b: &[u8]) -> u64 {
+    let mut a = [0; 8];
+    a.copy_from_slice(b);
+    u64::from_be_bytes(a)
+}
+
+fn be_u32(b: &[u8]) -> u32 {
+    let mut a = [0; 4];
+    a.copy_from_slice(b);
+    u32::from_be_bytes(a)
+}
+
+fn exact<const N: usize>(key: &[u8], cf: &str) -> Result<[u8; N]> {
+    <[u8; N]>::try_from(key).map_err(|_| bad_key(cf, key))
+}
+
+fn bad_key(cf: &str, key: &[u8]) -> StoreError {
+    StoreError::corrupt(format!("malformed key {key:02x?} in column family {cf}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_versions_order_latest_first() {
+        let p = PageId::new(RelId(3), 9);
+        let k5 = page_versions_key(p, SnapId(5));
+        let k7 = page_versions_key(p, SnapId(7));
+        assert!(k7 < k5, "later snapshot must sort first");
+        assert!(k5 < page_versions_key(PageId::new(RelId(3), 10), SnapId(u64::MAX)));
+        assert_eq!(decode_page_versions_key(&k7).unwrap(), (p, SnapId(7)));
+    }
+
+    #[test]
+    fn maplog_orders_by_snapshot_then_page() {
+        let a = maplog_key(SnapId(1), PageId::new(RelId(9), u32::MAX));
+        let b = maplog_key(SnapId(2), PageId::new(RelId(0), 0));
+        let c = maplog_key(SnapId(2), PageId::new(RelId(0), 1));
+        assert!(a < b && b < c);
+        assert_eq!(
+            decode_maplog_key(&c).unwrap(),
+            (SnapId(2), PageId::new(RelId(0), 1))
+        );
+        assert!(decode_maplog_key(&c[..15]).is_err());
+    }
+
+    #[test]
+    fn catalog_keys_round_trip_and_do_not_collide() {
+        let s = snapshot_key(SnapId(42));
+        assert_eq!(decode_tagged_u64(&s, TAG_SNAPSHOT).unwrap(), 42);
+        assert!(decode_tagged_u64(&s, TAG_CAPTURING).is_err());
+        let c = carried_key(SnapId(4), PageId::new(RelId(2), 7));
+        assert!(c.starts_with(&carried_prefix(SnapId(4))));
+        assert_eq!(
+            decode_carried_key(&c).unwrap(),
+            (SnapId(4), PageId::new(RelId(2), 7))
+        );
+        assert_eq!(decode_rel_key(&rel_key(RelId(77))).unwrap(), RelId(77));
+        let tags = [
+            TAG_SNAPSHOT,
+            TAG_CAPTURING,
+            TAG_CARRIED,
+            TAG_REL,
+            TAG_ROW_TYPE,
+            TAG_GROUP_META,
+        ];
+        let mut sorted = tags.to_vec();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), tags.len());
+        assert!(!tags.contains(&GC_PROGRESS_KEY[0]));
+    }
+
+    #[test]
+    fn dedup_keys_round_trip() {
+        let fp = Fingerprint::of(b"view");
+        for kind in [DedupKind::Image, DedupKind::Toast, DedupKind::RowType] {
+            assert_eq!(decode_dedup_key(&dedup_key(kind, &fp)).unwrap(), (kind, fp));
+        }
+    }
+
+    #[test]
+    fn toast_header_sorts_before_chunks() {
+        let h = toast_header_key(ToastId(5));
+        let c0 = toast_chunk_key(ToastId(5), 0);
+        let next = toast_header_key(ToastId(6));
+        assert!(h.as_slice() < c0.as_slice() && c0.as_slice() < next.as_slice());
+    }
+
+    #[test]
+    fn prefix_end_is_the_next_prefix() {
+        assert_eq!(prefix_end(&[1, 2]), Some(vec![1, 3]));
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
+    }
+
+    #[test]
+    fn column_family_names_are_distinct() {
+        let names: Vec<_> = Cf::all().iter().map(|c| c.name()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(names.len(), sorted.len());
+        assert!(names.iter().all(|n| n != "default"));
+    }
+}

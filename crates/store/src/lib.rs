@@ -1,0 +1,71 @@
+//! gsnap's snapshot store: page images, TOAST values, mappings and the snapshot catalog, kept
+//! in one RocksDB database per PostgreSQL cluster.
+//!
+//! The layers, bottom up:
+//! - [`KvBackend`] (`backend.rs`): column families, point reads, cursors, atomic write
+//!   batches with a sync flag. Implemented by [`RocksBackend`], [`MemBackend`] (tests, also in
+//!   other crates) and [`FaultyBackend`] (injects write errors and crashes);
+//! - the key schema (`keys.rs`) and value layouts (`records.rs`, `codec.rs`), described byte by
+//!   byte in `docs/format.md`;
+//! - [`SnapshotStore`]: open with format and cluster checks and crash recovery (`store.rs`),
+//!   capture (`capture.rs`), reads (`read.rs`), the catalog (`catalog.rs`) and storage for the
+//!   index's later needs (`index_data.rs`).
+//!
+//! The crate knows nothing of PostgreSQL: views, row types and index nodes are opaque bytes.
+//!
+//! A capture, in short:
+//! ```
+//! use gsnap_store::*;
+//! let store = SnapshotStore::open_in_memory(7);
+//! let rel = store.allocate_rel(&RelIncarnation { pg_relid: 16384, relfilenode: 16384, name: "public.t".into() })?;
+//! let row_type = store.put_row_type(b"opaque row type")?;
+//! let decl = SnapshotDecl {
+//!     declared_at_us: 1, wal_lsn: 0x1000, rank: Rank(0),
+//!     relations: vec![RelationSnapshot { pg_relid: 16384, rel, relfilenode: 16384, nblocks: 1, row_type, name: "public.t".into() }],
+//! };
+//! let mut capture = store.begin_capture(decl)?;
+//! let image = capture.put_image(b"the v-view of block 0")?;
+//! capture.add_mapping(PageId::new(rel, 0), image)?;
+//! let snap = capture.commit()?.id;
+//! assert_eq!(store.lookup(PageId::new(rel, 0), snap)?, Some(image));
+//! assert_eq!(store.image(image)?, b"the v-view of block 0");
+//! # Ok::<(), StoreError>(())
+//! ```
+
+mod backend;
+mod capture;
+mod catalog;
+mod codec;
+mod error;
+mod faulty;
+mod ids;
+mod index_data;
+pub mod keys;
+mod mem;
+mod read;
+mod records;
+mod rocks;
+mod store;
+
+pub use backend::{BatchOp, KvBackend, KvCursor, Scan, WriteBatch};
+pub use capture::{Capture, MAX_TOAST_BYTES, MAX_VIEW_BYTES, TOAST_CHUNK_BYTES};
+pub use error::{ErrorKind, Result, StoreError};
+pub use faulty::{Fault, FaultyBackend};
+pub use ids::{Fingerprint, GroupId, ImageId, PageId, Rank, RelId, RowTypeId, SnapId, ToastId};
+pub use mem::MemBackend;
+pub use read::{Mapping, MappingLog, RelationScan};
+pub use records::{
+    CaptureStats, RelIncarnation, RelationSnapshot, SnapshotDecl, SnapshotInfo, SnapshotState,
+    StoreIdentity, ToastInfo, FORMAT_VERSION,
+};
+pub use rocks::{RocksBackend, RocksConfig};
+pub use store::{SnapshotStore, StoreOptions};
+
+/// Compile-time check that the store can be shared with helper threads.
+#[allow(dead_code)]
+fn assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<SnapshotStore<RocksBackend>>();
+    is::<SnapshotStore<MemBackend>>();
+    is::<SnapshotStore<FaultyBackend>>();
+}

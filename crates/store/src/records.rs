@@ -1,0 +1,422 @@
+//! Record types stored as values, and their byte layouts.
+//!
+//! Public records (snapshot declarations and catalog entries, relation incarnations, TOAST
+//! value info, the store identity) are what callers pass in and read back; internal records
+//! (format, image, TOAST header and chunk, row type) are private to the crate. Each layout is
+//! written out in `docs/format.md`; the two must change together.
+//!
+//! Invariants: every structured value except the format record starts with a record version
+//! byte ([`RECORD_VERSION`]); decoding checks it, checks lengths and refuses trailing bytes;
+//! stored content (images, TOAST chunks, row types) carries its BLAKE3 hash, verified on every
+//! read, so a damaged value is reported as corrupt instead of being returned.
+
+use crate::codec::{self, Dec, Enc};
+use crate::error::{Result, StoreError};
+use crate::ids::{Fingerprint, Rank, RelId, RowTypeId, SnapId};
+
+/// Version byte that starts every structured record of format version 1.
+pub const RECORD_VERSION: u8 = 1;
+
+/// The format version this build reads and writes. A store of another version is refused.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The first 8 bytes of the format record: what makes a key-value database a gsnap store.
+pub const FORMAT_MAGIC: &[u8; 8] = b"GSNAPSTO";
+
+// ---- identity ------------------------------------------------------------------------------
+
+/// Who a store belongs to, fixed at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreIdentity {
+    /// Random id chosen when the store was created (lets the PostgreSQL side notice that the
+    /// store directory was swapped for another one).
+    pub store_id: [u8; 16],
+    /// PostgreSQL's system identifier (`pg_control_system()`) of the owning cluster.
+    pub system_identifier: u64,
+    /// Creation time, microseconds since the Unix epoch.
+    pub created_at_us: i64,
+    /// Format version of the store.
+    pub format_version: u32,
+}
+
+pub(crate) fn encode_format(id: &StoreIdentity) -> Vec<u8> {
+    Enc::raw()
+        .fixed(FORMAT_MAGIC)
+        .u32(id.format_version)
+        .fixed(&id.store_id)
+        .u64(id.system_identifier)
+        .i64(id.created_at_us)
+        .finish()
+}
+
+/// Decodes the format record. `where_` names the store in messages.
+pub(crate) fn decode_format(v: &[u8], where_: &str) -> Result<StoreIdentity> {
+    if v.len() < 12 || &v[..8] != FORMAT_MAGIC {
+        return Err(StoreError::incompatible(format!(
+            "{where_} is not a gsnap store (its format record has no gsnap signature); point \
+             gsnap at an empty or missing directory"
+        )));
+    }
+    let mut d = Dec::new(v, "format");
+    d.take(8)?;
+    let format_version = d.u32()?;
+    if format_version != FORMAT_VERSION {
+        return Err(StoreError::incompatible(format!(
+            "{where_} has store format version {format_version}, but this gsnap build reads only \
+             version {FORMAT_VERSION}; install the gsnap version that created it, or move the \
+             directory aside to start an empty store"
+        )));
+    }
+    let store_id = d.array()?;
+    let system_identifier = d.u64()?;
+    let created_at_us = d.i64()?;
+    d.end()?;
+    Ok(StoreIdentity {
+        store_id,
+        system_identifier,
+        created_at_us,
+        format_version,
+    })
+}
+
+// ---- snapshots -----------------------------------------------------------------------------
+
+/// One gsnap relation as declared in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationSnapshot {
+    /// PostgreSQL's OID of the table.
+    pub pg_relid: u32,
+    /// The relation incarnation whose pages this snapshot maps.
+    pub rel: RelId,
+    /// The storage identity (relfilenode) at declaration.
+    pub relfilenode: u32,
+    /// Size in blocks at declaration.
+    pub nblocks: u32,
+    /// Row type of the table at declaration.
+    pub row_type: RowTypeId,
+    /// Qualified table name at declaration (for listings; not an identity).
+    pub name: String,
+}
+
+/// What the worker declares when it begins a capture.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SnapshotDecl {
+    /// Declaration time, microseconds since the Unix epoch.
+    pub declared_at_us: i64,
+    /// WAL insert LSN at declaration.
+    pub wal_lsn: u64,
+    /// Thresher rank (higher ranks live longer).
+    pub rank: Rank,
+    /// Every gsnap relation at declaration.
+    pub relations: Vec<RelationSnapshot>,
+}
+
+/// Where a snapshot is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SnapshotState {
+    /// Being captured: not readable; removed (marked failed) by recovery if the capture never
+    /// commits.
+    Capturing,
+    /// Complete and readable.
+    Committed,
+    /// The capture was aborted or interrupted: listed with its reason, never readable.
+    Failed,
+    /// Deleted by the user or by retention: listed, not readable; its space is reclaimed by GC.
+    Deleted,
+}
+
+impl SnapshotState {
+    fn code(self) -> u8 {
+        match self {
+            SnapshotState::Capturing => 1,
+            SnapshotState::Committed => 2,
+            SnapshotState::Failed => 3,
+            SnapshotState::Deleted => 4,
+        }
+    }
+
+    fn from_code(c: u8) -> Result<Self> {
+        Ok(match c {
+            1 => SnapshotState::Capturing,
+            2 => SnapshotState::Committed,
+            3 => SnapshotState::Failed,
+            4 => SnapshotState::Deleted,
+            _ => {
+                return Err(StoreError::corrupt(format!(
+                    "snapshot record has unknown state {c}"
+                )))
+            }
+        })
+    }
+
+    /// Lower-case name for listings ("capturing", "committed", "failed", "deleted").
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotState::Capturing => "capturing",
+            SnapshotState::Committed => "committed",
+            SnapshotState::Failed => "failed",
+            SnapshotState::Deleted => "deleted",
+        }
+    }
+}
+
+/// What a capture stored, counted by the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CaptureStats {
+    /// Mappings added (pages captured).
+    pub pages_captured: u64,
+    /// Images stored for the first time by this capture.
+    pub new_images: u64,
+    /// Views that matched an existing image (deduplicated).
+    pub dedup_hits: u64,
+    /// Uncompressed bytes of the new images.
+    pub image_bytes_raw: u64,
+    /// Bytes of the new image records as stored (after compression).
+    pub image_bytes_stored: u64,
+    /// TOAST values stored for the first time.
+    pub new_toast_values: u64,
+    /// Bytes of the new TOAST chunk records as stored.
+    pub toast_bytes_stored: u64,
+    /// Pages carried (unsettled) into the next span.
+    pub carried_pages: u64,
+}
+
+impl CaptureStats {
+    /// Bytes this capture added to the store (images and TOAST chunks, as stored).
+    pub fn bytes_stored(&self) -> u64 {
+        self.image_bytes_stored + self.toast_bytes_stored
+    }
+}
+
+/// A snapshot's catalog entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// The snapshot.
+    pub id: SnapId,
+    /// Its state.
+    pub state: SnapshotState,
+    /// What was declared.
+    pub decl: SnapshotDecl,
+    /// What its capture stored (zero until committed).
+    pub stats: CaptureStats,
+    /// Why the capture failed (only for [`SnapshotState::Failed`]).
+    pub failure_reason: Option<String>,
+}
+
+impl SnapshotInfo {
+    /// The declared entry of relation `pg_relid`, if it was a gsnap table at this snapshot.
+    pub fn relation(&self, pg_relid: u32) -> Option<&RelationSnapshot> {
+        self.decl.relations.iter().find(|r| r.pg_relid == pg_relid)
+    }
+}
+
+pub(crate) fn encode_snapshot(s: &SnapshotInfo) -> Vec<u8> {
+    let mut e = Enc::with_version(RECORD_VERSION);
+    e.u8(s.state.code())
+        .i64(s.decl.declared_at_us)
+        .u64(s.decl.wal_lsn)
+        .u8(s.decl.rank.0);
+    e.u32(s.decl.relations.len() as u32);
+    for r in &s.decl.relations {
+        e.u32(r.pg_relid)
+            .u32(r.rel.0)
+            .u32(r.relfilenode)
+            .u32(r.nblocks)
+            .u64(r.row_type.0);
+        e.str(&r.name);
+    }
+    let st = &s.stats;
+    for n in [
+        st.pages_captured,
+        st.new_images,
+        st.dedup_hits,
+        st.image_bytes_raw,
+        st.image_bytes_stored,
+        st.new_toast_values,
+        st.toast_bytes_stored,
+        st.carried_pages,
+    ] {
+        e.u64(n);
+    }
+    e.str(s.failure_reason.as_deref().unwrap_or(""));
+    e.finish()
+}
+
+pub(crate) fn decode_snapshot(id: SnapId, v: &[u8]) -> Result<SnapshotInfo> {
+    let mut d = Dec::new(v, "snapshot");
+    d.version(RECORD_VERSION)?;
+    let state = SnapshotState::from_code(d.u8()?)?;
+    let declared_at_us = d.i64()?;
+    let wal_lsn = d.u64()?;
+    let rank = Rank(d.u8()?);
+    let n = d.u32()?;
+    let mut relations = Vec::with_capacity(n.min(4096) as usize);
+    for _ in 0..n {
+        relations.push(RelationSnapshot {
+            pg_relid: d.u32()?,
+            rel: RelId(d.u32()?),
+            relfilenode: d.u32()?,
+            nblocks: d.u32()?,
+            row_type: RowTypeId(d.u64()?),
+            name: d.str()?,
+        });
+    }
+    let stats = CaptureStats {
+        pages_captured: d.u64()?,
+        new_images: d.u64()?,
+        dedup_hits: d.u64()?,
+        image_bytes_raw: d.u64()?,
+        image_bytes_stored: d.u64()?,
+        new_toast_values: d.u64()?,
+        toast_bytes_stored: d.u64()?,
+        carried_pages: d.u64()?,
+    };
+    let reason = d.str()?;
+    d.end()?;
+    Ok(SnapshotInfo {
+        id,
+        state,
+        decl: SnapshotDecl {
+            declared_at_us,
+            wal_lsn,
+            rank,
+            relations,
+        },
+        stats,
+        failure_reason: (state == SnapshotState::Failed).then_some(reason),
+    })
+}
+
+// ---- relation incarnations -----------------------------------------------------------------
+
+/// What the store remembers about a relation incarnation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelIncarnation {
+    /// PostgreSQL's OID of the table.
+    pub pg_relid: u32,
+    /// Its storage (relfilenode) when the incarnation was allocated.
+    pub relfilenode: u32,
+    /// Table name when the incarnation was allocated (for listings).
+    pub name: String,
+}
+
+pub(crate) fn encode_rel(r: &RelIncarnation) -> Vec<u8> {
+    Enc::with_version(RECORD_VERSION)
+        .u32(r.pg_relid)
+        .u32(r.relfilenode)
+        .str(&r.name)
+        .finish()
+}
+
+pub(crate) fn decode_rel(v: &[u8]) -> Result<RelIncarnation> {
+    let mut d = Dec::new(v, "relation incarnation");
+    d.version(RECORD_VERSION)?;
+    let r = RelIncarnation {
+        pg_relid: d.u32()?,
+        relfilenode: d.u32()?,
+        name: d.str()?,
+    };
+    d.end()?;
+    Ok(r)
+}
+
+// ---- content records: images, TOAST, row types ---------------------------------------------
+
+/// Encodes an image record: version, codec, raw length, fingerprint, payload.
+pub(crate) fn encode_image(raw: &[u8], fp: &Fingerprint) -> Vec<u8> {
+    let (codec, payload) = codec::compress(raw);
+    Enc::with_version(RECORD_VERSION)
+        .u8(codec)
+        .u32(raw.len() as u32)
+        .fixed(&fp.0)
+        .fixed(&payload)
+        .finish()
+}
+
+/// Decodes an image record and checks the content against its fingerprint.
+pub(crate) fn decode_image(v: &[u8], what: &str) -> Result<Vec<u8>> {
+    let (raw, fp) = decode_content(v, "image", what)?;
+    verify(&raw, &fp, what)?;
+    Ok(raw)
+}
+
+/// Information about a stored TOAST value, enough to read it chunk by chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToastInfo {
+    /// Total length of the value in bytes.
+    pub len: u64,
+    /// Number of chunks (chunk numbers are `0..chunks`).
+    pub chunks: u32,
+    /// Length of every chunk but the last (the last holds the rest).
+    pub chunk_size: u32,
+    /// BLAKE3 hash of the whole value.
+    pub fingerprint: Fingerprint,
+}
+
+pub(crate) fn encode_toast_header(t: &ToastInfo) -> Vec<u8> {
+    Enc::with_version(RECORD_VERSION)
+        .u64(t.len)
+        .u32(t.chunks)
+        .u32(t.chunk_size)
+        .fixed(&t.fingerprint.0)
+        .finish()
+}
+
+pub(crate) fn decode_toast_header(v: &[u8]) -> Result<ToastInfo> {
+    let mut d = Dec::new(v, "TOAST header");
+    d.version(RECORD_VERSION)?;
+    let t = ToastInfo {
+        len: d.u64()?,
+        chunks: d.u32()?,
+        chunk_size: d.u32()?,
+        fingerprint: Fingerprint(d.array()?),
+    };
+    d.end()?;
+    Ok(t)
+}
+
+/// Encodes a TOAST chunk record: same layout as an image record, the hash being the chunk's.
+pub(crate) fn encode_toast_chunk(raw: &[u8]) -> Vec<u8> {
+    encode_image(raw, &Fingerprint::of(raw))
+}
+
+pub(crate) fn decode_toast_chunk(v: &[u8], what: &str) -> Result<Vec<u8>> {
+    let (raw, fp) = decode_content(v, "TOAST chunk", what)?;
+    verify(&raw, &fp, what)?;
+    Ok(raw)
+}
+
+pub(crate) fn encode_row_type(bytes: &[u8], fp: &Fingerprint) -> Vec<u8> {
+    Enc::with_version(RECORD_VERSION)
+        .fixed(&fp.0)
+        .fixed(bytes)
+        .finish()
+}
+
+pub(crate) fn decode_row_type(v: &[u8], what: &str) -> Result<(Vec<u8>, Fingerprint)> {
+    let mut d = Dec::new(v, "row type");
+    d.version(RECORD_VERSION)?;
+    let fp = Fingerprint(d.array()?);
+    let bytes = d.rest().to_vec();
+    verify(&bytes, &fp, what)?;
+    Ok((bytes, fp))
+}
+
+fn decode_content(v: &[u8], kind: &'static str, what: &str) -> Result<(Vec<u8>, Fingerprint)> {
+    let mut d = Dec::new(v, kind);
+    d.version(RECORD_VERSION)?;
+    let codec = d.u8()?;
+    let raw_len = d.u32()? as usize;
+    let fp = Fingerprint(d.array()?);
+    let raw = codec::decompress(codec, d.rest(), raw_len, what)?;
+    Ok((raw, fp))
+}
+
+fn verify(raw: &[u8], fp: &Fingerprint, what: &str) -> Result<()> {
+    if Fingerprint::of(raw) != *fp {
+        return Err(StoreError::corrupt(format!(
+            "{what}: content does not match its BLAKE3 fingerprint (checksum mismatch)"
+        )));
+    }
+    Ok(())
+}

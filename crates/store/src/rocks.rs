@@ -1,0 +1,388 @@
+//! The real [`KvBackend`]: one RocksDB database in one directory, one column family per
+//! [`Cf`].
+//!
+//! Invariants:
+//! - the directory is private to the server's OS user: created with mode 0700, and an
+//!   existing store whose directory is open to others is refused;
+//! - a non-empty directory is opened only if it is a RocksDB database that has gsnap's `meta`
+//!   column family; anything else is refused without being modified (the format record
+//!   itself is checked by `SnapshotStore::open`);
+//! - the WAL is on and recovered in point-in-time mode, so a crash keeps a prefix of the
+//!   written batches, as the [`KvBackend`] contract requires;
+//! - RocksDB compresses nothing (it is built without compression libraries): the store
+//!   compresses values itself.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType,
+    DBRawIterator, DBRecoveryMode, Options, WriteOptions, DB,
+};
+
+use crate::backend::{KvBackend, KvCursor, WriteBatch};
+use crate::error::{ErrorKind, Result, StoreError};
+use crate::keys::Cf;
+
+/// Memory and file settings of the RocksDB backend. The defaults are modest (about 64 MiB of
+/// block cache and at most 128 MiB of memtables): the worker shares the machine with
+/// PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct RocksConfig {
+    /// Shared LRU block cache for all column families, in bytes.
+    pub block_cache_bytes: usize,
+    /// Upper bound on all memtables together, in bytes.
+    pub total_write_buffer_bytes: usize,
+    /// Memtable size of the large column families (images, mapping log, page versions).
+    pub large_write_buffer_bytes: usize,
+    /// Memtable size of the small column families.
+    pub small_write_buffer_bytes: usize,
+    /// Maximum number of open SST files (-1: unlimited).
+    pub max_open_files: i32,
+    /// Background flush and compaction threads.
+    pub background_jobs: i32,
+}
+
+impl Default for RocksConfig {
+    fn default() -> Self {
+        RocksConfig {
+            block_cache_bytes: 64 << 20,
+            total_write_buffer_bytes: 128 << 20,
+            large_write_buffer_bytes: 32 << 20,
+            small_write_buffer_bytes: 4 << 20,
+            max_open_files: 512,
+            background_jobs: 2,
+        }
+    }
+}
+
+/// A RocksDB database holding a gsnap store.
+pub struct RocksBackend {
+    db: DB,
+    path: PathBuf,
+    names: HashMap<Cf, String>,
+}
+
+impl RocksBackend {
+    /// Opens the store in `path` with default settings; with `create`, a missing or empty
+    /// directory becomes a new, empty database.
+    pub fn open(path: &Path, create: bool) -> Result<Self> {
+        Self::open_with(path, create, &RocksConfig::default())
+    }
+
+    /// Opens the store in `path` with `config`.
+    pub fn open_with(path: &Path, create: bool, config: &RocksConfig) -> Result<Self> {
+        let fresh = prepare_directory(path, create)?;
+        let known: Vec<Cf> = Cf::all();
+        let names: HashMap<Cf, String> =
+            known.iter().map(|c| (*c, c.name().into_owned())).collect();
+
+        let mut extra = Vec::new();
+        if !fresh {
+            let existing = DB::list_cf(&Options::default(), path).map_err(|e| {
+                StoreError::incompatible(format!(
+                    "directory \"{}\" is not a gsnap store: it is not a readable RocksDB \
+                     database ({e}); point gsnap at an empty or missing directory, or at an \
+                     existing gsnap store",
+                    path.display()
+                ))
+            })?;
+            if !existing.iter().any(|n| n == "meta") {
+                return Err(StoreError::incompatible(format!(
+                    "directory \"{}\" holds a RocksDB database that is not a gsnap store \
+                     (no \"meta\" column family); it was left untouched: point gsnap at an \
+                     empty or missing directory",
+                    path.display()
+                )));
+            }
+            // Column families of a newer format are opened too, so that the format record can
+            // be read and the version mismatch reported clearly.
+            extra = existing
+                .into_iter()
+                .filter(|n| n != "default" && !names.values().any(|k| k == n))
+                .collect();
+        }
+
+        let cache = Cache::new_lru_cache(config.block_cache_bytes);
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(create);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
+        db_opts.set_paranoid_checks(true);
+        db_opts.set_compression_type(DBCompressionType::None);
+        db_opts.set_db_write_buffer_size(config.total_write_buffer_bytes);
+        db_opts.set_max_total_wal_size(4 * config.total_write_buffer_bytes as u64);
+        db_opts.set_max_background_jobs(config.background_jobs);
+        db_opts.set_max_open_files(config.max_open_files);
+        db_opts.set_keep_log_file_num(4);
+        db_opts.set_max_log_file_size(16 << 20);
+        db_opts.set_bytes_per_sync(1 << 20);
+
+        let mut descriptors: Vec<ColumnFamilyDescriptor> = known
+            .iter()
+            .map(|cf| {
+                ColumnFamilyDescriptor::new(names[cf].clone(), cf_options(*cf, config, &cache))
+            })
+            .collect();
+        for name in extra {
+            descriptors.push(ColumnFamilyDescriptor::new(name, Options::default()));
+        }
+        let db = DB::open_cf_descriptors(&db_opts, path, descriptors)
+            .map_err(|e| rocks_error(path, "opening", &e))?;
+        Ok(RocksBackend {
+            db,
+            path: path.to_path_buf(),
+            names,
+        })
+    }
+
+    /// The store directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn handle(&self, cf: Cf) -> Result<&ColumnFamily> {
+        self.names
+            .get(&cf)
+            .and_then(|n| self.db.cf_handle(n))
+            .ok_or_else(|| {
+                StoreError::corrupt(format!(
+                    "gsnap store at \"{}\": column family {} is missing",
+                    self.path.display(),
+                    cf.name()
+                ))
+            })
+    }
+
+    fn err(&self, what: &str, e: &rocksdb::Error) -> StoreError {
+        rocks_error(&self.path, what, e)
+    }
+}
+
+/// Options of one column family: no compression, the shared block cache, a Bloom filter where
+/// point lookups are frequent and usually miss (the dedup index).
+fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    let mut opts = Options::default();
+    opts.set_compression_type(DBCompressionType::None);
+    match cf {
+        Cf::Images(_) | Cf::Toast => {
+            table.set_block_size(16 << 10);
+            opts.set_write_buffer_size(config.large_write_buffer_bytes);
+        }
+        Cf::MapLog | Cf::PageVersions => {
+            opts.set_write_buffer_size(config.large_write_buffer_bytes)
+        }
+        Cf::Dedup => {
+            table.set_bloom_filter(10.0, false);
+            opts.set_write_buffer_size(config.small_write_buffer_bytes);
+        }
+        Cf::Meta | Cf::Catalog | Cf::Skippy | Cf::Groups => {
+            opts.set_write_buffer_size(config.small_write_buffer_bytes)
+        }
+    }
+    opts.set_block_based_table_factory(&table);
+    opts
+}
+
+/// Checks (and if asked, creates) the store directory. Returns true if it is new or empty.
+fn prepare_directory(path: &Path, create: bool) -> Result<bool> {
+    let shown = path.display();
+    match fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !create {
+                return Err(StoreError::not_found(format!(
+                    "no gsnap store at \"{shown}\": the directory does not exist"
+                )));
+            }
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path)
+                .map_err(|e| {
+                    StoreError::from_io(&e, format!("creating store directory \"{shown}\""))
+                })?;
+            Ok(true)
+        }
+        Err(e) => Err(StoreError::from_io(
+            &e,
+            format!("examining store directory \"{shown}\""),
+        )),
+        Ok(meta) if !meta.is_dir() => Err(StoreError::incompatible(format!(
+            "\"{shown}\" is not a directory, so it cannot hold a gsnap store"
+        ))),
+        Ok(meta) => {
+            let empty = fs::read_dir(path)
+                .map_err(|e| {
+                    StoreError::from_io(&e, format!("listing store directory \"{shown}\""))
+                })?
+                .next()
+                .is_none();
+            let mode = meta.permissions().mode() & 0o777;
+            if empty {
+                if !create {
+                    return Err(StoreError::not_found(format!(
+                        "no gsnap store at \"{shown}\": the directory is empty"
+                    )));
+                }
+                fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(|e| {
+                    StoreError::from_io(&e, format!("making store directory \"{shown}\" private"))
+                })?;
+                return Ok(true);
+            }
+            if mode & 0o027 != 0 {
+                return Err(StoreError::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "gsnap store directory \"{shown}\" has permissions {mode:04o}; it must be \
+                         private to the server's OS user: run chmod 0700 \"{shown}\""
+                    ),
+                ));
+            }
+            if !path.join("CURRENT").exists() {
+                return Err(StoreError::incompatible(format!(
+                    "directory \"{shown}\" is not empty and is not a gsnap store (it has no \
+                     RocksDB CURRENT file); point gsnap at an empty or missing directory, or at \
+                     an existing gsnap store"
+                )));
+            }
+            Ok(false)
+        }
+    }
+}
+
+/// Converts a RocksDB error into a [`StoreError`] with the directory and advice.
+fn rocks_error(path: &Path, what: &str, e: &rocksdb::Error) -> StoreError {
+    let text: &str = e.as_ref();
+    let kind = StoreError::classify_message(text);
+    let shown = path.display();
+    let advice = match kind {
+        ErrorKind::NoSpace => format!(
+            "free disk space on the file system that holds \"{shown}\"; snapshots being \
+             captured when it filled up are marked failed"
+        ),
+        ErrorKind::PermissionDenied => format!(
+            "make \"{shown}\" and every file in it owned by and accessible to the PostgreSQL \
+             server's OS user"
+        ),
+        ErrorKind::Corrupt => format!(
+            "the store is damaged; restore \"{shown}\" from a backup, or move it aside to start \
+             an empty store (its snapshots are then lost)"
+        ),
+        _ if text.contains("lock") => format!(
+            "another process has the store open; only one gsnap worker per store may run, stop \
+             the other one (or the tool that opened \"{shown}\")"
+        ),
+        _ => "check the server log and the file system".to_string(),
+    };
+    StoreError::new(
+        kind,
+        format!("gsnap store at \"{shown}\": {what} failed: {text}; {advice}"),
+    )
+}
+
+impl KvBackend for RocksBackend {
+    fn describe(&self) -> String {
+        format!("gsnap store at \"{}\"", self.path.display())
+    }
+
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db
+            .get_cf(self.handle(cf)?, key)
+            .map_err(|e| self.err("reading", &e))
+    }
+
+    fn multi_get(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        let handle = self.handle(cf)?;
+        self.db
+            .batched_multi_get_cf(handle, keys.iter().copied(), false)
+            .into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(v.map(|s| s.to_vec())),
+                Err(e) => Err(self.err("reading", &e)),
+            })
+            .collect()
+    }
+
+    fn cursor(&self, cf: Cf) -> Result<Box<dyn KvCursor + '_>> {
+        let it = self.db.raw_iterator_cf(self.handle(cf)?);
+        Ok(Box::new(RocksCursor { it, backend: self }))
+    }
+
+    fn last_in_range(
+        &self,
+        cf: Cf,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        if start >= end {
+            return Ok(None);
+        }
+        let mut it = self.db.raw_iterator_cf(self.handle(cf)?);
+        it.seek_for_prev(end);
+        if it.valid() && it.key() == Some(end) {
+            it.prev();
+        }
+        it.status().map_err(|e| self.err("reading", &e))?;
+        Ok(it
+            .item()
+            .filter(|(k, _)| *k >= start)
+            .map(|(k, v)| (k.to_vec(), v.to_vec())))
+    }
+
+    fn write(&self, batch: &WriteBatch, sync: bool) -> Result<()> {
+        let mut rb = rocksdb::WriteBatch::default();
+        for op in batch.ops() {
+            match op {
+                crate::backend::BatchOp::Put { cf, key, value } => {
+                    rb.put_cf(self.handle(*cf)?, key, value)
+                }
+                crate::backend::BatchOp::Delete { cf, key } => rb.delete_cf(self.handle(*cf)?, key),
+            }
+        }
+        let mut opts = WriteOptions::default();
+        opts.set_sync(sync);
+        self.db
+            .write_opt(rb, &opts)
+            .map_err(|e| self.err("writing", &e))
+    }
+}
+
+struct RocksCursor<'a> {
+    it: DBRawIterator<'a>,
+    backend: &'a RocksBackend,
+}
+
+impl RocksCursor<'_> {
+    fn check(&self) -> Result<()> {
+        if self.it.valid() {
+            return Ok(());
+        }
+        self.it
+            .status()
+            .map_err(|e| self.backend.err("reading", &e))
+    }
+}
+
+impl KvCursor for RocksCursor<'_> {
+    fn seek(&mut self, key: &[u8]) -> Result<()> {
+        self.it.seek(key);
+        self.check()
+    }
+
+    fn next(&mut self) -> Result<()> {
+        if self.it.valid() {
+            self.it.next();
+        }
+        self.check()
+    }
+
+    fn current(&self) -> Option<(&[u8], &[u8])> {
+        self.it.item()
+    }
+}

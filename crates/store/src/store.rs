@@ -1,0 +1,449 @@
+//! [`SnapshotStore`]: opening (format and identity checks), id allocation, and crash recovery.
+//!
+//! The operations live in sibling modules: `capture.rs` (writing a snapshot), `read.rs`
+//! (images, TOAST, page lookups, the mapping log), `catalog.rs` (snapshot listing, deletion,
+//! row types, relation incarnations) and `index_data.rs` (Skippy levels, groups, GC progress).
+//!
+//! Invariants kept here:
+//! - a store is used only after its format record was checked: right magic, right format
+//!   version, right cluster (PostgreSQL system identifier);
+//! - after `open` returns, no snapshot is in the capturing state: every capture that never
+//!   committed has had its mappings and carried pages removed and is marked failed;
+//! - every id the store hands out is below the persisted counter of its kind, durably, before
+//!   it is handed out (ids of images and TOAST values through a synced lease, the others
+//!   through the synced batch that records them), so no id is ever handed out twice, crash or
+//!   not.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::backend::{KvBackend, Scan, WriteBatch};
+use crate::error::{Result, StoreError};
+use crate::ids::SnapId;
+use crate::keys::{self, Cf, Counter};
+use crate::mem::MemBackend;
+use crate::records::{
+    self, SnapshotDecl, SnapshotInfo, SnapshotState, StoreIdentity, FORMAT_VERSION,
+};
+use crate::rocks::RocksBackend;
+
+/// How a store is opened.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// PostgreSQL's system identifier of the cluster opening the store. A store created by
+    /// another cluster is refused.
+    pub system_identifier: u64,
+    /// Create the store if the directory (or backend) is missing or empty.
+    pub create: bool,
+    /// A capture writes its images, TOAST chunks and mappings in unsynced batches of about
+    /// this many bytes before the final synced commit (bounds the writer's memory).
+    pub max_batch_bytes: usize,
+    /// How many image or TOAST ids one synced counter update reserves.
+    pub id_lease: u64,
+}
+
+impl StoreOptions {
+    /// Options for the cluster `system_identifier`, creating the store if needed, with the
+    /// default batch size (4 MiB) and id lease (65536).
+    pub fn new(system_identifier: u64) -> Self {
+        StoreOptions {
+            system_identifier,
+            create: true,
+            max_batch_bytes: 4 << 20,
+            id_lease: 1 << 16,
+        }
+    }
+}
+
+/// Next ids, and for leased kinds the persisted upper bound.
+#[derive(Debug)]
+pub(crate) struct IdAllocator {
+    next: [u64; 5],
+    durable: [u64; 5],
+}
+
+const COUNTERS: [Counter; 5] = [
+    Counter::Snap,
+    Counter::Image,
+    Counter::Toast,
+    Counter::Rel,
+    Counter::RowType,
+];
+
+fn slot(c: Counter) -> usize {
+    match c {
+        Counter::Snap => 0,
+        Counter::Image => 1,
+        Counter::Toast => 2,
+        Counter::Rel => 3,
+        Counter::RowType => 4,
+    }
+}
+
+/// What the store keeps in memory about each snapshot.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SnapSummary {
+    pub state: SnapshotState,
+    pub declared_at_us: i64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct CatalogState {
+    pub snaps: BTreeMap<SnapId, SnapSummary>,
+    /// The snapshot being captured, if any (at most one at a time).
+    pub active: Option<SnapId>,
+    /// A capture was abandoned and its removal failed: recover before the next capture.
+    pub needs_recovery: bool,
+}
+
+/// gsnap's snapshot store over a [`KvBackend`]. `Send + Sync`: reads take `&self` and may
+/// run on helper threads while the worker captures.
+pub struct SnapshotStore<B: KvBackend> {
+    pub(crate) backend: B,
+    pub(crate) identity: StoreIdentity,
+    pub(crate) options: StoreOptions,
+    pub(crate) ids: Mutex<IdAllocator>,
+    pub(crate) catalog: RwLock<CatalogState>,
+}
+
+impl SnapshotStore<RocksBackend> {
+    /// Opens (or, with `options.create`, creates) the RocksDB store in `path`.
+    pub fn open_dir(path: &std::path::Path, options: StoreOptions) -> Result<Self> {
+        let backend = RocksBackend::open(path, options.create)?;
+        Self::open(backend, options)
+    }
+}
+
+impl SnapshotStore<MemBackend> {
+    /// A new, empty in-memory store (for tests, here and in other crates).
+    pub fn open_in_memory(system_identifier: u64) -> Self {
+        Self::open(MemBackend::new(), StoreOptions::new(system_identifier))
+            .expect("an empty in-memory store always opens")
+    }
+}
+
+impl<B: KvBackend> SnapshotStore<B> {
+    /// Opens the store held by `backend`: checks (or, if the backend is empty and
+    /// `options.create`, writes) the format record, loads the catalog and recovers captures
+    /// that never committed.
+    pub fn open(backend: B, options: StoreOptions) -> Result<Self> {
+        let where_ = backend.describe();
+        let identity = match backend.get(Cf::Meta, keys::FORMAT_KEY)? {
+            Some(v) => records::decode_format(&v, &where_)?,
+            None => initialize(&backend, &options, &where_)?,
+        };
+        if identity.system_identifier != options.system_identifier {
+            return Err(StoreError::incompatible(format!(
+                "{where_} belongs to another PostgreSQL cluster (system identifier {}, this \
+                 cluster's is {}); each cluster needs its own store: point gsnap at a new \
+                 directory, or move this one back to its cluster",
+                identity.system_identifier, options.system_identifier
+            )));
+        }
+        let ids = load_counters(&backend)?;
+        let mut catalog = CatalogState::default();
+        for entry in Scan::prefix(&backend, Cf::Catalog, &[keys::TAG_SNAPSHOT])? {
+            let (k, v) = entry?;
+            let id = SnapId(keys::decode_tagged_u64(&k, keys::TAG_SNAPSHOT)?);
+            let info = records::decode_snapshot(id, &v).map_err(|e| e.context(&where_))?;
+            catalog.snaps.insert(
+                id,
+                SnapSummary {
+                    state: info.state,
+                    declared_at_us: info.decl.declared_at_us,
+                },
+            );
+        }
+        let store = SnapshotStore {
+            backend,
+            identity,
+            options,
+            ids: Mutex::new(ids),
+            catalog: RwLock::new(catalog),
+        };
+        store.recover()?;
+        Ok(store)
+    }
+
+    /// Who the store belongs to.
+    pub fn identity(&self) -> StoreIdentity {
+        self.identity
+    }
+
+    /// The backend (for tests and maintenance tools).
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Closes the store, returning its backend.
+    pub fn into_backend(self) -> B {
+        self.backend
+    }
+
+    /// Removes the mappings of every capture that never committed (a crash, or an abandoned
+    /// capture whose clean-up failed) and marks those snapshots failed. Run by `open`; safe
+    /// to run again (idempotent, and itself crash-safe).
+    ///
+    /// Refused (InvalidArgument) while a capture is open and alive: recovering would remove
+    /// the mappings it is writing.
+    pub fn recover(&self) -> Result<()> {
+        {
+            let cat = self.catalog();
+            if let (Some(active), false) = (cat.active, cat.needs_recovery) {
+                return Err(StoreError::invalid(format!(
+                    "cannot recover while the capture of snapshot {} is open",
+                    active.0
+                )));
+            }
+        }
+        let mut interrupted = Vec::new();
+        for entry in Scan::prefix(&self.backend, Cf::Catalog, &[keys::TAG_CAPTURING])? {
+            let (k, _) = entry?;
+            interrupted.push(SnapId(keys::decode_tagged_u64(&k, keys::TAG_CAPTURING)?));
+        }
+        for snap in interrupted {
+            self.remove_capture(
+                snap,
+                "capture interrupted (server crash or worker exit before commit)",
+            )?;
+        }
+        self.catalog_mut().needs_recovery = false;
+        Ok(())
+    }
+
+    /// Removes every mapping and carried page of the uncommitted snapshot `snap` (in bounded
+    /// unsynced batches), then marks it failed with `reason` and drops its capturing marker in
+    /// one synced batch. Until that last batch is durable the marker stays, so recovery
+    /// redoes the removal after a crash.
+    pub(crate) fn remove_capture(&self, snap: SnapId, reason: &str) -> Result<()> {
+        let mut batch = WriteBatch::new();
+        for entry in Scan::prefix(&self.backend, Cf::MapLog, &keys::maplog_prefix(snap))? {
+            let (k, _) = entry?;
+            let (s, page) = keys::decode_maplog_key(&k)?;
+            batch.delete(Cf::MapLog, &k);
+            batch.delete(Cf::PageVersions, &keys::page_versions_key(page, s));
+            self.flush_if_full(&mut batch)?;
+        }
+        for entry in Scan::prefix(&self.backend, Cf::Catalog, &keys::carried_prefix(snap))? {
+            batch.delete(Cf::Catalog, &entry?.0);
+            self.flush_if_full(&mut batch)?;
+        }
+        let mut info = match self.backend.get(Cf::Catalog, &keys::snapshot_key(snap))? {
+            Some(v) => records::decode_snapshot(snap, &v)?,
+            None => SnapshotInfo {
+                id: snap,
+                state: SnapshotState::Failed,
+                decl: SnapshotDecl::default(),
+                stats: Default::default(),
+                failure_reason: None,
+            },
+        };
+        info.state = SnapshotState::Failed;
+        info.failure_reason = Some(reason.to_string());
+        batch.put(
+            Cf::Catalog,
+            &keys::snapshot_key(snap),
+            &records::encode_snapshot(&info),
+        );
+        batch.delete(Cf::Catalog, &keys::capturing_key(snap));
+        self.backend.write(&batch, true)?;
+        let mut cat = self.catalog_mut();
+        cat.snaps.insert(
+            snap,
+            SnapSummary {
+                state: SnapshotState::Failed,
+                declared_at_us: info.decl.declared_at_us,
+            },
+        );
+        if cat.active == Some(snap) {
+            cat.active = None;
+        }
+        Ok(())
+    }
+
+    /// Writes `batch` unsynced and empties it if it reached the batch size limit.
+    pub(crate) fn flush_if_full(&self, batch: &mut WriteBatch) -> Result<()> {
+        if batch.size_bytes() >= self.options.max_batch_bytes {
+            self.backend.write(batch, false)?;
+            *batch = WriteBatch::new();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn lock_ids(&self) -> MutexGuard<'_, IdAllocator> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn catalog(&self) -> RwLockReadGuard<'_, CatalogState> {
+        self.catalog.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn catalog_mut(&self) -> RwLockWriteGuard<'_, CatalogState> {
+        self.catalog.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Allocates an image or TOAST id. If the id is not yet covered by the persisted counter,
+    /// first persists (synced) a counter `id_lease` ids further.
+    pub(crate) fn alloc_leased(&self, ids: &mut IdAllocator, c: Counter) -> Result<u64> {
+        let i = slot(c);
+        if ids.next[i] >= ids.durable[i] {
+            let limit = ids.next[i] + self.options.id_lease.max(1);
+            let mut b = WriteBatch::new();
+            b.put(Cf::Meta, &keys::counter_key(c), &limit.to_be_bytes());
+            self.backend.write(&b, true)?;
+            ids.durable[i] = limit;
+        }
+        let id = ids.next[i];
+        ids.next[i] += 1;
+        Ok(id)
+    }
+
+    /// Allocates a snapshot, relation or row type id and adds the updated counter to
+    /// `batch`, which the caller must write synced (while still holding `ids`) before handing
+    /// the id out.
+    pub(crate) fn alloc_in_batch(
+        &self,
+        ids: &mut IdAllocator,
+        c: Counter,
+        batch: &mut WriteBatch,
+    ) -> u64 {
+        let i = slot(c);
+        let id = ids.next[i];
+        ids.next[i] += 1;
+        batch.put(Cf::Meta, &keys::counter_key(c), &ids.next[i].to_be_bytes());
+        id
+    }
+
+    /// The next id of kind `c` that would be handed out (for tests and diagnostics).
+    pub fn next_id(&self, c: Counter) -> u64 {
+        self.lock_ids().next[slot(c)]
+    }
+}
+
+/// Writes the format record and initial counters into an empty backend.
+fn initialize<B: KvBackend>(
+    backend: &B,
+    options: &StoreOptions,
+    where_: &str,
+) -> Result<StoreIdentity> {
+    for cf in Cf::all() {
+        if let Some(entry) = Scan::range(backend, cf, &[], None)?.next() {
+            let (k, _) = entry?;
+            return Err(StoreError::incompatible(format!(
+                "{where_} holds data (key {k:02x?} in column family {}) but no gsnap format \
+                 record: it is not a gsnap store, or a damaged one; point gsnap at an empty or \
+                 missing directory",
+                cf.name()
+            )));
+        }
+    }
+    if !options.create {
+        return Err(StoreError::not_found(format!(
+            "{where_} is empty: no gsnap store was created there yet"
+        )));
+    }
+    let identity = StoreIdentity {
+        store_id: random_id(),
+        system_identifier: options.system_identifier,
+        created_at_us: now_us(),
+        format_version: FORMAT_VERSION,
+    };
+    let mut b = WriteBatch::new();
+    for c in COUNTERS {
+        b.put(Cf::Meta, &keys::counter_key(c), &1u64.to_be_bytes());
+    }
+    // The format record goes last in the batch only for readability: the batch is atomic.
+    b.put(
+        Cf::Meta,
+        keys::FORMAT_KEY,
+        &records::encode_format(&identity),
+    );
+    backend.write(&b, true)?;
+    Ok(identity)
+}
+
+/// Reads the persisted counters and raises each above the largest id present (a defence:
+/// the write protocol already guarantees it).
+fn load_counters<B: KvBackend>(backend: &B) -> Result<IdAllocator> {
+    let mut ids = IdAllocator {
+        next: [1; 5],
+        durable: [1; 5],
+    };
+    for c in COUNTERS {
+        let v = backend
+            .get(Cf::Meta, &keys::counter_key(c))?
+            .ok_or_else(|| {
+                StoreError::corrupt(format!(
+                    "{}: id counter {c:?} is missing",
+                    backend.describe()
+                ))
+            })?;
+        let persisted = keys::decode_u64_value(&v, "id counter")?;
+        let present = max_present(backend, c)?.map_or(1, |m| m + 1);
+        ids.next[slot(c)] = persisted.max(present);
+        ids.durable[slot(c)] = persisted;
+    }
+    Ok(ids)
+}
+
+fn max_present<B: KvBackend>(backend: &B, c: Counter) -> Result<Option<u64>> {
+    let tagged = |tag: u8| -> Result<Option<u64>> {
+        match backend.last_in_range(Cf::Catalog, &[tag], &[tag + 1])? {
+            Some((k, _)) if k.len() == 9 => Ok(Some(keys::decode_tagged_u64(&k, tag)?)),
+            Some((k, _)) if k.len() == 5 => Ok(Some(u64::from(keys::decode_rel_key(&k)?.0))),
+            Some((k, _)) => Err(StoreError::corrupt(format!(
+                "malformed catalog key {k:02x?}"
+            ))),
+            None => Ok(None),
+        }
+    };
+    let first8 = |cf: Cf| -> Result<Option<u64>> {
+        match backend.last_in_range(cf, &[], &[0xff; 13])? {
+            Some((k, _)) if k.len() >= 8 => Ok(Some(keys::decode_u64_value(&k[..8], "key")?)),
+            Some((k, _)) => Err(StoreError::corrupt(format!(
+                "malformed key {k:02x?} in {}",
+                cf.name()
+            ))),
+            None => Ok(None),
+        }
+    };
+    match c {
+        Counter::Snap => tagged(keys::TAG_SNAPSHOT),
+        Counter::Rel => tagged(keys::TAG_REL),
+        Counter::RowType => tagged(keys::TAG_ROW_TYPE),
+        Counter::Toast => first8(Cf::Toast),
+        Counter::Image => {
+            let mut max = None;
+            for r in 0..keys::IMAGE_RANKS {
+                max = max.max(first8(Cf::Images(crate::ids::Rank(r)))?);
+            }
+            Ok(max)
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch.
+pub(crate) fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// 16 random bytes from the OS, or (if /dev/urandom cannot be read) a hash of the time, the
+/// process id and an address: unique enough for a store identity.
+fn random_id() -> [u8; 16] {
+    use std::io::Read;
+    let mut id = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut id))
+        .is_ok()
+    {
+        return id;
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(&now_us().to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&(&id as *const _ as usize).to_le_bytes());
+    id.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    id
+}

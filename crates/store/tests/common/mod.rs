@@ -1,0 +1,180 @@
+//! Helpers shared by the integration tests: building declarations, and a consistency checker
+//! that reads a store's raw column families and asserts every cross-record invariant of
+//! `docs/format.md`.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+
+use gsnap_store::keys::{self, Cf, Counter, DedupKind};
+use gsnap_store::*;
+
+/// Allocates `n` relation incarnations and one row type; returns a declaration covering them
+/// (each relation `nblocks` long).
+pub fn setup<B: KvBackend>(
+    store: &SnapshotStore<B>,
+    n: u32,
+    nblocks: u32,
+) -> (Vec<RelId>, SnapshotDecl) {
+    let row_type = store
+        .put_row_type(b"row type: (id int, payload text)")
+        .unwrap();
+    let rels: Vec<RelId> = (0..n)
+        .map(|i| {
+            store
+                .allocate_rel(&RelIncarnation {
+                    pg_relid: 16384 + i,
+                    relfilenode: 20000 + i,
+                    name: format!("public.t{i}"),
+                })
+                .unwrap()
+        })
+        .collect();
+    (rels.clone(), decl_for(&rels, nblocks, row_type, 1))
+}
+
+/// A declaration of `rels` at time `t`.
+pub fn decl_for(rels: &[RelId], nblocks: u32, row_type: RowTypeId, t: i64) -> SnapshotDecl {
+    SnapshotDecl {
+        declared_at_us: t,
+        wal_lsn: 0x1000 * t as u64,
+        rank: Rank(0),
+        relations: rels
+            .iter()
+            .enumerate()
+            .map(|(i, rel)| RelationSnapshot {
+                pg_relid: 16384 + i as u32,
+                rel: *rel,
+                relfilenode: 20000 + i as u32,
+                nblocks,
+                row_type,
+                name: format!("public.t{i}"),
+            })
+            .collect(),
+    }
+}
+
+/// A deterministic page view for content number `n`, `len` bytes, compressible but distinct.
+pub fn view(n: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    let mut x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Runs of 8 random bytes alternate with runs of 8 dots, so LZ4 has something to do.
+        v.push(if (v.len() / 8) % 2 == 0 {
+            (x & 0xff) as u8
+        } else {
+            b'.'
+        });
+    }
+    v
+}
+
+fn all<B: KvBackend>(b: &B, cf: Cf) -> Vec<(Vec<u8>, Vec<u8>)> {
+    Scan::range(b, cf, &[], None)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect()
+}
+
+/// Asserts every invariant a store must keep after `open` (and after any completed call):
+/// no capture left half-done, mappings only of committed or deleted snapshots, the two
+/// mapping indexes equal, every dedup entry pointing at matching content, every id below its
+/// counter, carried pages only of readable-once snapshots.
+pub fn check_invariants<B: KvBackend>(store: &SnapshotStore<B>) {
+    let b = store.backend();
+    let snaps = store.snapshots().unwrap();
+    let durable: BTreeSet<SnapId> = snaps
+        .iter()
+        .filter(|s| matches!(s.state, SnapshotState::Committed | SnapshotState::Deleted))
+        .map(|s| s.id)
+        .collect();
+    assert!(
+        snaps.iter().all(|s| s.state != SnapshotState::Capturing),
+        "a snapshot is still capturing"
+    );
+    let markers = Scan::prefix(b, Cf::Catalog, &[keys::TAG_CAPTURING])
+        .unwrap()
+        .count();
+    assert_eq!(markers, 0, "capturing markers left after open");
+    for s in &snaps {
+        assert_eq!(
+            store.snapshot_state(s.id),
+            Some(s.state),
+            "in-memory state of {} differs",
+            s.id
+        );
+        assert!(s.id.0 < store.next_id(Counter::Snap));
+    }
+
+    let maplog: BTreeSet<(SnapId, PageId, u64)> = all(b, Cf::MapLog)
+        .into_iter()
+        .map(|(k, v)| {
+            let (s, p) = keys::decode_maplog_key(&k).unwrap();
+            (s, p, keys::decode_u64_value(&v, "m").unwrap())
+        })
+        .collect();
+    let versions: BTreeSet<(SnapId, PageId, u64)> = all(b, Cf::PageVersions)
+        .into_iter()
+        .map(|(k, v)| {
+            let (p, s) = keys::decode_page_versions_key(&k).unwrap();
+            (s, p, keys::decode_u64_value(&v, "m").unwrap())
+        })
+        .collect();
+    assert_eq!(maplog, versions, "maplog and page_versions differ");
+    for (s, p, image) in &maplog {
+        assert!(
+            durable.contains(s),
+            "mapping of {p} at {s}, which is not committed"
+        );
+        store
+            .image(ImageId(*image))
+            .unwrap_or_else(|e| panic!("mapping of {p} at {s}: {e}"));
+    }
+    for (k, _) in all(b, Cf::Catalog)
+        .into_iter()
+        .filter(|(k, _)| k[0] == keys::TAG_CARRIED)
+    {
+        let (s, _) = keys::decode_carried_key(&k).unwrap();
+        assert!(durable.contains(&s), "carried page of uncommitted {s}");
+    }
+
+    for (k, v) in all(b, Cf::Dedup) {
+        let (kind, fp) = keys::decode_dedup_key(&k).unwrap();
+        let id = keys::decode_u64_value(&v, "dedup").unwrap();
+        match kind {
+            DedupKind::Image => {
+                let content = store
+                    .image(ImageId(id))
+                    .expect("dedup entry names a missing image");
+                assert_eq!(
+                    Fingerprint::of(&content),
+                    fp,
+                    "dedup entry names an image of other content"
+                );
+                assert!(id < store.next_id(Counter::Image));
+            }
+            DedupKind::Toast => {
+                let value = store
+                    .toast_value(ToastId(id))
+                    .expect("dedup entry names a missing TOAST value");
+                assert_eq!(Fingerprint::of(&value), fp);
+                assert!(id < store.next_id(Counter::Toast));
+            }
+            DedupKind::RowType => {
+                let bytes = store
+                    .row_type(RowTypeId(id))
+                    .expect("dedup entry names a missing row type");
+                assert_eq!(Fingerprint::of(&bytes), fp);
+                assert!(id < store.next_id(Counter::RowType));
+            }
+        }
+    }
+    for (k, _) in all(b, Cf::Images(Rank(0))) {
+        assert!(keys::decode_image_key(&k).unwrap().0 < store.next_id(Counter::Image));
+    }
+    for (rel, _) in store.rels().unwrap() {
+        assert!(u64::from(rel.0) < store.next_id(Counter::Rel));
+    }
+}

@@ -1,0 +1,287 @@
+//! The same basic scenarios on real RocksDB in a temporary directory: capture and reopen,
+//! recovery of an interrupted capture, format version and cluster mismatches, directories
+//! that are not stores, permissions, a second opener.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use common::{check_invariants, setup, view};
+use gsnap_store::keys::{self, Cf};
+use gsnap_store::*;
+
+const SYSID: u64 = 7_301_234_567_890_123_456;
+
+fn open(path: &Path) -> Result<SnapshotStore<RocksBackend>> {
+    SnapshotStore::open_dir(
+        path,
+        StoreOptions {
+            max_batch_bytes: 64 << 10,
+            ..StoreOptions::new(SYSID)
+        },
+    )
+}
+
+#[test]
+fn capture_reopen_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gsnap");
+    let store = open(&path).unwrap();
+    let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "store directory must be private");
+    let (rels, decl) = setup(&store, 2, 300);
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut images = Vec::new();
+    for b in 0..300u32 {
+        // Every third block repeats content: dedup on a real store.
+        let id = cap.put_image(&view(u64::from(b % 100), 8192)).unwrap();
+        cap.add_mapping(PageId::new(rels[0], b), id).unwrap();
+        images.push(id);
+    }
+    let toast_value = view(9999, 3 * TOAST_CHUNK_BYTES + 5);
+    let toast = cap.put_toast(&toast_value).unwrap();
+    cap.carry(PageId::new(rels[0], 7)).unwrap();
+    let s1 = cap.commit().unwrap();
+    assert_eq!(s1.stats.new_images, 100);
+    assert_eq!(s1.stats.dedup_hits, 200);
+    let mut cap = store.begin_capture(decl).unwrap();
+    let changed = cap.put_image(b"block 5, changed").unwrap();
+    cap.add_mapping(PageId::new(rels[0], 5), changed).unwrap();
+    let s2 = cap.commit().unwrap().id;
+    let identity = store.identity();
+    drop(store);
+
+    let store = open(&path).unwrap();
+    assert_eq!(store.identity(), identity);
+    assert_eq!(store.identity().system_identifier, SYSID);
+    check_invariants(&store);
+    assert_eq!(store.snapshot(s1.id).unwrap(), s1);
+    assert_eq!(
+        store.lookup(PageId::new(rels[0], 5), s1.id).unwrap(),
+        Some(images[5])
+    );
+    assert_eq!(
+        store.lookup(PageId::new(rels[0], 5), s2).unwrap(),
+        Some(changed)
+    );
+    assert_eq!(store.lookup(PageId::new(rels[1], 5), s2).unwrap(), None);
+    let scan: Vec<_> = store
+        .scan_relation(rels[0], s2)
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(scan.len(), 300);
+    assert_eq!(scan[5], (5, changed));
+    assert_eq!(scan[299], (299, images[299]));
+    let batch = store.images(&images[..10]).unwrap();
+    for (b, got) in batch.iter().enumerate() {
+        assert_eq!(got, &view(b as u64, 8192));
+    }
+    assert_eq!(store.image(changed).unwrap(), b"block 5, changed");
+    assert_eq!(store.toast_value(toast).unwrap(), toast_value);
+    assert_eq!(store.toast_info(toast).unwrap().chunks, 4);
+    assert_eq!(
+        store.carried_pages(s1.id).unwrap(),
+        vec![PageId::new(rels[0], 7)]
+    );
+    assert_eq!(store.mapping_log(s1.id, s2).unwrap().count(), 301);
+    let stored_images = Scan::range(store.backend(), Cf::Images(Rank(0)), &[], None)
+        .unwrap()
+        .count();
+    assert_eq!(stored_images, 101);
+}
+
+#[test]
+fn interrupted_capture_is_recovered_on_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = open(&path).unwrap();
+    let (rels, decl) = setup(&store, 1, 2000);
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let committed = {
+        let id = cap.put_image(b"committed").unwrap();
+        cap.add_mapping(PageId::new(rels[0], 0), id).unwrap();
+        cap.commit().unwrap().id
+    };
+    let mut cap = store.begin_capture(decl).unwrap();
+    let lost = cap.snapshot();
+    for b in 0..2000u32 {
+        let id = cap.put_image(&view(u64::from(b), 4000)).unwrap();
+        cap.add_mapping(PageId::new(rels[0], b), id).unwrap();
+    }
+    assert!(Scan::range(
+        store.backend(),
+        Cf::MapLog,
+        &keys::maplog_prefix(lost),
+        None
+    )
+    .unwrap()
+    .next()
+    .is_some());
+    // The worker dies without committing or aborting: no clean-up runs.
+    std::mem::forget(cap);
+    drop(store);
+
+    let store = open(&path).unwrap();
+    check_invariants(&store);
+    let info = store.snapshot(lost).unwrap();
+    assert_eq!(info.state, SnapshotState::Failed);
+    assert!(info.failure_reason.unwrap().contains("interrupted"));
+    assert_eq!(
+        store
+            .lookup(PageId::new(rels[0], 0), committed)
+            .unwrap()
+            .map(|i| store.image(i).unwrap()),
+        Some(b"committed".to_vec())
+    );
+    assert_eq!(
+        store
+            .lookup(PageId::new(rels[0], 5), lost)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        store.mapping_log(SnapId(1), SnapId(100)).unwrap().count(),
+        1
+    );
+}
+
+#[test]
+fn wrong_cluster_and_wrong_format_version_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    drop(open(&path).unwrap());
+    let e = SnapshotStore::open_dir(&path, StoreOptions::new(SYSID + 1))
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    assert!(e.message().contains("another PostgreSQL cluster"), "{e}");
+
+    let backend = RocksBackend::open(&path, false).unwrap();
+    let mut record = backend.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
+    record[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_be_bytes());
+    let mut b = WriteBatch::new();
+    b.put(Cf::Meta, keys::FORMAT_KEY, &record);
+    backend.write(&b, true).unwrap();
+    drop(backend);
+    let e = open(&path).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    assert!(
+        e.message()
+            .contains(&format!("format version {}", FORMAT_VERSION + 1)),
+        "{e}"
+    );
+    assert!(
+        e.message().contains(&path.display().to_string()),
+        "the message names the directory: {e}"
+    );
+}
+
+#[test]
+fn directories_that_are_not_stores_are_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory with unrelated files.
+    let junk = dir.path().join("junk");
+    fs::create_dir(&junk).unwrap();
+    fs::set_permissions(&junk, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(junk.join("notes.txt"), b"hello").unwrap();
+    let e = open(&junk).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    assert!(e.message().contains("not a gsnap store"), "{e}");
+    assert_eq!(
+        fs::read_dir(&junk).unwrap().count(),
+        1,
+        "nothing was written"
+    );
+
+    // A RocksDB database of someone else.
+    let other = dir.path().join("other-rocksdb");
+    drop(rocksdb::DB::open_default(&other).unwrap());
+    fs::set_permissions(&other, fs::Permissions::from_mode(0o700)).unwrap();
+    let e = open(&other).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    assert!(e.message().contains("not a gsnap store"), "{e}");
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &other).unwrap();
+    assert_eq!(
+        cfs,
+        vec!["default".to_string()],
+        "no column family was added"
+    );
+
+    // A plain file.
+    let file = dir.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    assert_eq!(open(&file).err().unwrap().kind(), ErrorKind::Incompatible);
+
+    // Missing, without create.
+    let missing = dir.path().join("missing");
+    let e = SnapshotStore::open_dir(
+        &missing,
+        StoreOptions {
+            create: false,
+            ..StoreOptions::new(SYSID)
+        },
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    assert!(!missing.exists());
+}
+
+#[test]
+fn an_empty_existing_directory_becomes_a_private_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty");
+    fs::create_dir(&path).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    drop(open(&path).unwrap());
+    assert_eq!(
+        fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    // Loosened permissions on an existing store are refused.
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o777)).unwrap();
+    let e = open(&path).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+    assert!(e.message().contains("chmod 0700"), "{e}");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o700)).unwrap();
+    drop(open(&path).unwrap());
+}
+
+#[test]
+fn a_second_opener_is_refused_with_advice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let _first = open(&path).unwrap();
+    let e = open(&path).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Io);
+    assert!(e.message().contains("another process"), "{e}");
+}
+
+#[test]
+fn index_data_and_deletion_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = open(&path).unwrap();
+    let (_, decl) = setup(&store, 1, 1);
+    let s = store.begin_capture(decl).unwrap().commit().unwrap().id;
+    store.delete_snapshot(s).unwrap();
+    store.put_group(GroupId(1), b"m", b"body").unwrap();
+    store.put_skippy_nodes(&[(1, 0, b"node")]).unwrap();
+    store.put_gc_progress(b"gc").unwrap();
+    drop(store);
+    let store = open(&path).unwrap();
+    assert_eq!(store.snapshot(s).unwrap().state, SnapshotState::Deleted);
+    assert_eq!(
+        store.group_body(GroupId(1)).unwrap().as_deref(),
+        Some(&b"body"[..])
+    );
+    assert_eq!(
+        store.skippy_node(1, 0).unwrap().as_deref(),
+        Some(&b"node"[..])
+    );
+    assert_eq!(store.gc_progress().unwrap().as_deref(), Some(&b"gc"[..]));
+}

@@ -1,0 +1,555 @@
+//! Behaviour of the store API on the in-memory backend: round trips of every record, dedup,
+//! capture rules, abort and deletion, corruption detection.
+
+mod common;
+
+use common::{check_invariants, decl_for, setup, view};
+use gsnap_store::keys::{self, Cf};
+use gsnap_store::*;
+
+fn small_batches() -> StoreOptions {
+    StoreOptions {
+        max_batch_bytes: 2048,
+        id_lease: 3,
+        ..StoreOptions::new(42)
+    }
+}
+
+#[test]
+fn snapshot_record_round_trips_with_stats_and_relations() {
+    let store = SnapshotStore::open_in_memory(42);
+    let (rels, mut decl) = setup(&store, 2, 5);
+    decl.declared_at_us = 1_700_000_000_000_000;
+    decl.wal_lsn = 0x0123_4567_89ab;
+    decl.rank = Rank(3);
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let snap = cap.snapshot();
+    assert_eq!(
+        store.snapshot(snap).unwrap().state,
+        SnapshotState::Capturing
+    );
+    let a = cap.put_image(&view(1, 8192)).unwrap();
+    let b = cap.put_image(&view(1, 8192)).unwrap();
+    assert_eq!(a, b);
+    cap.add_mapping(PageId::new(rels[0], 0), a).unwrap();
+    cap.add_mapping(PageId::new(rels[1], 4), b).unwrap();
+    cap.carry(PageId::new(rels[1], 4)).unwrap();
+    let committed = cap.commit().unwrap();
+    let read = store.snapshot(snap).unwrap();
+    assert_eq!(read, committed);
+    assert_eq!(read.decl, decl);
+    assert_eq!(read.state, SnapshotState::Committed);
+    assert_eq!(read.stats.pages_captured, 2);
+    assert_eq!(read.stats.new_images, 1);
+    assert_eq!(read.stats.dedup_hits, 1);
+    assert_eq!(read.stats.image_bytes_raw, 8192);
+    assert!(
+        read.stats.image_bytes_stored < 8192,
+        "a compressible view must be stored compressed"
+    );
+    assert_eq!(read.stats.carried_pages, 1);
+    assert_eq!(read.relation(16385).unwrap().rel, rels[1]);
+    assert_eq!(
+        store.carried_pages(snap).unwrap(),
+        vec![PageId::new(rels[1], 4)]
+    );
+    assert_eq!(store.snapshots().unwrap(), vec![read]);
+    check_invariants(&store);
+}
+
+#[test]
+fn images_round_trip_single_and_batched() {
+    let store = SnapshotStore::open_in_memory(42);
+    let (_, decl) = setup(&store, 1, 1);
+    let mut cap = store.begin_capture(decl).unwrap();
+    let views: Vec<Vec<u8>> = vec![vec![], vec![0; 8192], view(7, 100), view(8, 8192)];
+    let ids: Vec<ImageId> = views.iter().map(|v| cap.put_image(v).unwrap()).collect();
+    cap.commit().unwrap();
+    for (id, v) in ids.iter().zip(&views) {
+        assert_eq!(&store.image(*id).unwrap(), v);
+    }
+    let mut shuffled = ids.clone();
+    shuffled.reverse();
+    let got = store.images(&shuffled).unwrap();
+    assert_eq!(got, views.iter().rev().cloned().collect::<Vec<_>>());
+    let missing = store.images(&[ids[0], ImageId(999)]).unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound);
+    assert_eq!(
+        store.image(ImageId(999)).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn toast_values_round_trip_by_chunk() {
+    let store = SnapshotStore::open_in_memory(42);
+    let (_, decl) = setup(&store, 1, 1);
+    let mut cap = store.begin_capture(decl).unwrap();
+    let sizes = [
+        0usize,
+        1,
+        TOAST_CHUNK_BYTES,
+        TOAST_CHUNK_BYTES + 1,
+        5 * TOAST_CHUNK_BYTES - 3,
+    ];
+    let values: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| view(100 + i as u64, *n))
+        .collect();
+    let ids: Vec<ToastId> = values.iter().map(|v| cap.put_toast(v).unwrap()).collect();
+    assert_eq!(
+        cap.put_toast(&values[3]).unwrap(),
+        ids[3],
+        "same value twice is stored once"
+    );
+    cap.commit().unwrap();
+    for ((id, v), n) in ids.iter().zip(&values).zip(sizes) {
+        let info = store.toast_info(*id).unwrap();
+        assert_eq!(info.len, n as u64);
+        assert_eq!(info.chunks as usize, n.div_ceil(TOAST_CHUNK_BYTES));
+        assert_eq!(info.fingerprint, Fingerprint::of(v));
+        let mut joined = Vec::new();
+        for c in 0..info.chunks {
+            let chunk = store.toast_chunk(*id, c).unwrap();
+            assert!(chunk.len() <= TOAST_CHUNK_BYTES);
+            joined.extend(chunk);
+        }
+        assert_eq!(&joined, v);
+        assert_eq!(&store.toast_value(*id).unwrap(), v);
+        assert_eq!(
+            store.toast_chunk(*id, info.chunks).unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+    }
+    assert_eq!(
+        store.toast_info(ToastId(77)).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn row_types_and_rel_incarnations_round_trip_and_dedup() {
+    let store = SnapshotStore::open_in_memory(42);
+    let a = store.put_row_type(b"type a").unwrap();
+    let b = store.put_row_type(b"type b").unwrap();
+    assert_ne!(a, b);
+    assert_eq!(store.put_row_type(b"type a").unwrap(), a);
+    assert_eq!(store.row_type(a).unwrap(), b"type a");
+    assert_eq!(store.row_type(b).unwrap(), b"type b");
+    assert_eq!(
+        store.row_type(RowTypeId(99)).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    let inc = RelIncarnation {
+        pg_relid: 5,
+        relfilenode: 6,
+        name: "s.t".into(),
+    };
+    let r1 = store.allocate_rel(&inc).unwrap();
+    let r2 = store.allocate_rel(&inc).unwrap();
+    assert_ne!(r1, r2, "every request allocates a new incarnation");
+    assert_eq!(store.rel(r1).unwrap(), inc);
+    assert_eq!(store.rels().unwrap().len(), 2);
+    assert_eq!(
+        store.rel(RelId(99)).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn dedup_across_captures_and_distinct_views_get_distinct_ids() {
+    let store = SnapshotStore::open(MemBackend::new(), small_batches()).unwrap();
+    let (rels, decl) = setup(&store, 1, 10);
+    let mut first = Vec::new();
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    for i in 0..10 {
+        let id = cap.put_image(&view(i, 3000)).unwrap();
+        cap.add_mapping(PageId::new(rels[0], i as u32), id).unwrap();
+        first.push(id);
+    }
+    cap.commit().unwrap();
+    let distinct: std::collections::BTreeSet<_> = first.iter().collect();
+    assert_eq!(distinct.len(), 10);
+    let mut cap = store.begin_capture(decl).unwrap();
+    for i in 0..10 {
+        assert_eq!(cap.put_image(&view(i, 3000)).unwrap(), first[i as usize]);
+    }
+    let stats = cap.stats();
+    assert_eq!((stats.new_images, stats.dedup_hits), (0, 10));
+    cap.commit().unwrap();
+    assert_eq!(
+        Scan::range(store.backend(), Cf::Images(Rank(0)), &[], None)
+            .unwrap()
+            .count(),
+        10
+    );
+    check_invariants(&store);
+}
+
+#[test]
+fn lookups_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
+    let store = SnapshotStore::open_in_memory(42);
+    let (rels, decl) = setup(&store, 1, 4);
+    let p = |b| PageId::new(rels[0], b);
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let i1 = cap.put_image(b"v1 of block 0").unwrap();
+    cap.add_mapping(p(0), i1).unwrap();
+    cap.add_mapping(p(2), i1).unwrap();
+    let s1 = cap.commit().unwrap().id;
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let i2 = cap.put_image(b"v2 of block 0").unwrap();
+    cap.add_mapping(p(0), i2).unwrap();
+    let s2 = cap.commit().unwrap().id;
+    let mut cap = store.begin_capture(decl).unwrap();
+    let i3 = cap.put_image(b"v3 of block 0").unwrap();
+    cap.add_mapping(p(0), i3).unwrap();
+    cap.add_mapping(p(1), i3).unwrap();
+    let s3 = cap.snapshot();
+    // s3 is capturing: never readable, its mappings invisible to s2 and to the log.
+    assert_eq!(
+        store.lookup(p(0), s3).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(store.lookup(p(0), s2).unwrap(), Some(i2));
+    assert_eq!(store.lookup(p(0), s1).unwrap(), Some(i1));
+    assert_eq!(store.lookup(p(1), s2).unwrap(), None);
+    assert_eq!(store.lookup(p(2), s2).unwrap(), Some(i1));
+    let scan: Vec<_> = store
+        .scan_relation(rels[0], s2)
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(scan, vec![(0, i2), (2, i1)]);
+    let log: Vec<Mapping> = store
+        .mapping_log(SnapId(1), SnapId(100))
+        .unwrap()
+        .map(|m| m.unwrap())
+        .collect();
+    assert_eq!(log.len(), 3);
+    assert!(log.iter().all(|m| m.snap <= s2));
+    cap.abort("test").unwrap();
+    assert_eq!(
+        store.snapshot(s3).unwrap().failure_reason.as_deref(),
+        Some("test")
+    );
+    assert_eq!(store.mapping_log(s3, s3).unwrap().count(), 0);
+    assert_eq!(store.latest_committed(), Some(s2));
+    check_invariants(&store);
+}
+
+#[test]
+fn capture_rules_are_enforced() {
+    let store = SnapshotStore::open_in_memory(42);
+    let (rels, decl) = setup(&store, 1, 4);
+    let cap = store.begin_capture(decl.clone()).unwrap();
+    assert_eq!(
+        store.begin_capture(decl.clone()).err().unwrap().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        store.recover().unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    drop(cap); // aborts
+    store.recover().unwrap();
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let too_big = vec![0u8; MAX_VIEW_BYTES + 1];
+    assert_eq!(
+        cap.put_image(&too_big).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let id = cap.put_image(b"x").unwrap();
+    let stranger = PageId::new(RelId(rels[0].0 + 100), 0);
+    assert_eq!(
+        cap.add_mapping(stranger, id).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        cap.add_mapping(PageId::new(rels[0], 0), ImageId(1 << 40))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    cap.commit().unwrap();
+    let mut bad = decl.clone();
+    bad.relations[0].rel = RelId(500);
+    assert_eq!(
+        store.begin_capture(bad).err().unwrap().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let mut bad = decl.clone();
+    bad.relations[0].row_type = RowTypeId(500);
+    assert_eq!(
+        store.begin_capture(bad).err().unwrap().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let mut bad = decl;
+    bad.relations.push(bad.relations[0].clone());
+    assert_eq!(
+        store.begin_capture(bad).err().unwrap().kind(),
+        ErrorKind::InvalidArgument
+    );
+}
+
+#[test]
+fn dropped_capture_is_failed_and_its_flushed_mappings_removed() {
+    let store = SnapshotStore::open(MemBackend::new(), small_batches()).unwrap();
+    let (rels, decl) = setup(&store, 1, 50);
+    let snap;
+    {
+        let mut cap = store.begin_capture(decl.clone()).unwrap();
+        snap = cap.snapshot();
+        for b in 0..50 {
+            let id = cap.put_image(&view(b, 1000)).unwrap();
+            cap.add_mapping(PageId::new(rels[0], b as u32), id).unwrap();
+            cap.carry(PageId::new(rels[0], b as u32)).unwrap();
+        }
+        assert!(
+            Scan::range(store.backend(), Cf::MapLog, &[], None)
+                .unwrap()
+                .count()
+                > 0,
+            "batches were flushed"
+        );
+    }
+    let info = store.snapshot(snap).unwrap();
+    assert_eq!(info.state, SnapshotState::Failed);
+    assert!(info.failure_reason.unwrap().contains("abandoned"));
+    assert_eq!(
+        Scan::range(store.backend(), Cf::MapLog, &[], None)
+            .unwrap()
+            .count(),
+        0
+    );
+    check_invariants(&store);
+    // Images stored by the failed capture are reused by dedup.
+    let mut cap = store.begin_capture(decl).unwrap();
+    cap.put_image(&view(3, 1000)).unwrap();
+    assert_eq!(cap.stats().dedup_hits, 1);
+    let next = cap.commit().unwrap().id;
+    assert!(next > snap);
+}
+
+#[test]
+fn deleted_snapshots_are_listed_not_readable_and_keep_later_page_tables() {
+    let store = SnapshotStore::open_in_memory(42);
+    let (rels, decl) = setup(&store, 1, 2);
+    let p = PageId::new(rels[0], 0);
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let i = cap.put_image(b"a").unwrap();
+    cap.add_mapping(p, i).unwrap();
+    let s1 = cap.commit().unwrap().id;
+    let s2 = store.begin_capture(decl).unwrap().commit().unwrap().id;
+    store.delete_snapshot(s1).unwrap();
+    store.delete_snapshot(s1).unwrap();
+    assert_eq!(store.snapshot(s1).unwrap().state, SnapshotState::Deleted);
+    assert_eq!(store.lookup(p, s1).unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        store.lookup(p, s2).unwrap(),
+        Some(i),
+        "s2 still sees s1's mapping"
+    );
+    assert_eq!(store.mapping_log(s1, s2).unwrap().count(), 1);
+    assert_eq!(
+        store.delete_snapshot(SnapId(99)).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    check_invariants(&store);
+}
+
+#[test]
+fn time_resolution_picks_latest_committed_at_or_before() {
+    let store = SnapshotStore::open_in_memory(42);
+    let (rels, _) = setup(&store, 1, 1);
+    let rt = store
+        .put_row_type(b"row type: (id int, payload text)")
+        .unwrap();
+    let s10 = store
+        .begin_capture(decl_for(&rels, 1, rt, 10))
+        .unwrap()
+        .commit()
+        .unwrap()
+        .id;
+    let s20 = store
+        .begin_capture(decl_for(&rels, 1, rt, 20))
+        .unwrap()
+        .commit()
+        .unwrap()
+        .id;
+    store
+        .begin_capture(decl_for(&rels, 1, rt, 30))
+        .unwrap()
+        .abort("storage gone")
+        .unwrap();
+    assert_eq!(store.committed_at_or_before(9), None);
+    assert_eq!(store.committed_at_or_before(10), Some(s10));
+    assert_eq!(store.committed_at_or_before(25), Some(s20));
+    assert_eq!(store.committed_at_or_before(35), Some(s20));
+}
+
+#[test]
+fn reopening_keeps_everything_and_ids_keep_growing() {
+    let mem = MemBackend::new();
+    let store = SnapshotStore::open(mem.clone(), small_batches()).unwrap();
+    let (rels, decl) = setup(&store, 1, 3);
+    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let i = cap.put_image(b"kept").unwrap();
+    cap.add_mapping(PageId::new(rels[0], 1), i).unwrap();
+    let s = cap.commit().unwrap().id;
+    let identity = store.identity();
+    drop(store);
+    let store = SnapshotStore::open(mem, small_batches()).unwrap();
+    assert_eq!(store.identity(), identity);
+    assert_eq!(store.lookup(PageId::new(rels[0], 1), s).unwrap(), Some(i));
+    let mut cap = store.begin_capture(decl).unwrap();
+    assert!(cap.snapshot() > s);
+    assert!(cap.put_image(b"new").unwrap() > i);
+    cap.commit().unwrap();
+    check_invariants(&store);
+}
+
+#[test]
+fn identity_and_emptiness_checks_on_open() {
+    let mem = MemBackend::new();
+    SnapshotStore::open(mem.clone(), StoreOptions::new(1)).unwrap();
+    let e = SnapshotStore::open(mem.clone(), StoreOptions::new(2))
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    assert!(e.message().contains("another PostgreSQL cluster"), "{e}");
+    let foreign = MemBackend::new();
+    let mut b = WriteBatch::new();
+    b.put(Cf::Catalog, b"something", b"else");
+    foreign.write(&b, true).unwrap();
+    let e = SnapshotStore::open(foreign, StoreOptions::new(1))
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    let e = SnapshotStore::open(
+        MemBackend::new(),
+        StoreOptions {
+            create: false,
+            ..StoreOptions::new(1)
+        },
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    let mut b = WriteBatch::new();
+    let mut bad = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
+    bad[11] = 9; // format version 9
+    b.put(Cf::Meta, keys::FORMAT_KEY, &bad);
+    mem.write(&b, true).unwrap();
+    let e = SnapshotStore::open(mem, StoreOptions::new(1))
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    assert!(e.message().contains("format version 9"), "{e}");
+}
+
+#[test]
+fn damaged_values_are_reported_as_corrupt() {
+    let mem = MemBackend::new();
+    let store = SnapshotStore::open(mem.clone(), StoreOptions::new(42)).unwrap();
+    let (_, decl) = setup(&store, 1, 1);
+    let mut cap = store.begin_capture(decl).unwrap();
+    let img = cap.put_image(&view(5, 4000)).unwrap();
+    let toast = cap.put_toast(&view(6, 9000)).unwrap();
+    cap.commit().unwrap();
+    let flip = |cf: Cf, key: &[u8]| {
+        let mut v = mem.get(cf, key).unwrap().unwrap();
+        let last = v.len() - 1;
+        v[last] ^= 0x55;
+        let mut b = WriteBatch::new();
+        b.put(cf, key, &v);
+        mem.write(&b, false).unwrap();
+    };
+    flip(Cf::Images(Rank(0)), &keys::image_key(img));
+    assert_eq!(store.image(img).unwrap_err().kind(), ErrorKind::Corrupt);
+    flip(Cf::Toast, &keys::toast_chunk_key(toast, 1));
+    assert_eq!(
+        store.toast_chunk(toast, 1).unwrap_err().kind(),
+        ErrorKind::Corrupt
+    );
+    assert_eq!(
+        store.toast_value(toast).unwrap_err().kind(),
+        ErrorKind::Corrupt
+    );
+    assert_eq!(
+        store.toast_chunk(toast, 0).unwrap().len(),
+        TOAST_CHUNK_BYTES
+    );
+    let mut b = WriteBatch::new();
+    b.put(Cf::Catalog, &keys::snapshot_key(SnapId(1)), &[1, 2]);
+    mem.write(&b, false).unwrap();
+    assert_eq!(
+        store.snapshot(SnapId(1)).unwrap_err().kind(),
+        ErrorKind::Corrupt
+    );
+}
+
+#[test]
+fn index_data_round_trips() {
+    let store = SnapshotStore::open_in_memory(42);
+    store
+        .put_skippy_nodes(&[(1, 5, b"n15"), (1, 6, b"n16"), (2, 0, b"n20")])
+        .unwrap();
+    assert_eq!(
+        store.skippy_node(1, 5).unwrap().as_deref(),
+        Some(&b"n15"[..])
+    );
+    assert_eq!(store.skippy_node(1, 7).unwrap(), None);
+    assert_eq!(
+        store.skippy_level(1, 6).unwrap(),
+        vec![(6, b"n16".to_vec())]
+    );
+    assert_eq!(store.skippy_level(2, 0).unwrap().len(), 1);
+    store.put_group(GroupId(3), b"meta3", b"body3").unwrap();
+    store.put_group(GroupId(1), b"meta1", b"body1").unwrap();
+    assert_eq!(
+        store.group_body(GroupId(3)).unwrap().as_deref(),
+        Some(&b"body3"[..])
+    );
+    let metas = store.group_metas().unwrap();
+    assert_eq!(
+        metas,
+        vec![
+            (GroupId(1), b"meta1".to_vec()),
+            (GroupId(3), b"meta3".to_vec())
+        ]
+    );
+    store.delete_group(GroupId(1)).unwrap();
+    assert_eq!(store.group_body(GroupId(1)).unwrap(), None);
+    assert_eq!(store.group_metas().unwrap().len(), 1);
+    assert_eq!(store.gc_progress().unwrap(), None);
+    store.put_gc_progress(b"swept to 17").unwrap();
+    assert_eq!(
+        store.gc_progress().unwrap().as_deref(),
+        Some(&b"swept to 17"[..])
+    );
+}
+
+#[test]
+fn store_is_usable_from_helper_threads() {
+    let store = std::sync::Arc::new(SnapshotStore::open_in_memory(42));
+    let (rels, decl) = setup(&*store, 1, 1);
+    let mut cap = store.begin_capture(decl).unwrap();
+    let id = cap.put_image(b"shared").unwrap();
+    cap.add_mapping(PageId::new(rels[0], 0), id).unwrap();
+    let snap = cap.commit().unwrap().id;
+    let page = PageId::new(rels[0], 0);
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                store
+                    .image(store.lookup(page, snap).unwrap().unwrap())
+                    .unwrap()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), b"shared");
+    }
+}
