@@ -1,8 +1,10 @@
 //! Writing a snapshot: [`Capture`], from `begin_capture` to `commit` or `abort`.
 //!
 //! The protocol (see `docs/format.md`, "Commit protocol"):
-//! 1. `begin_capture` allocates the snapshot id and writes, in one synced batch, the snapshot
-//!    record in state *capturing*, its capturing marker and the snapshot counter;
+//! 1. `declare` allocates the snapshot id and writes, in one synced batch, the snapshot
+//!    record in state *capturing*, its capturing marker and the snapshot counter; several
+//!    snapshots may be declared before their captures run, and `begin_capture` opens them one
+//!    at a time, oldest first;
 //! 2. images, TOAST values, mappings and carried pages accumulate in a batch that is written
 //!    *unsynced* whenever it reaches `max_batch_bytes` (bounded memory for any table size);
 //! 3. `commit` writes the rest, the record in state *committed* and the marker's deletion in
@@ -46,21 +48,16 @@ pub struct Capture<'s, B: KvBackend> {
 }
 
 impl<B: KvBackend> SnapshotStore<B> {
-    /// Declares a snapshot and begins its capture. Returns once the declaration is durable.
+    /// Declares a snapshot: its id and declaration are durable when this returns, its
+    /// capture is begun later with [`SnapshotStore::begin_capture`].
     ///
-    /// Errors: InvalidArgument if a capture is already open, or if the declaration names an
-    /// unknown relation incarnation or row type, or the same relation twice.
-    pub fn begin_capture(&self, decl: SnapshotDecl) -> Result<Capture<'_, B>> {
-        if self.catalog().needs_recovery {
+    /// Errors: InvalidArgument if the declaration names an unknown relation incarnation or
+    /// row type, or the same relation twice.
+    pub fn declare(&self, decl: SnapshotDecl) -> Result<SnapId> {
+        if self.catalog().needs_recovery && self.catalog().active.is_none() {
             self.recover()?;
         }
         let mut ids = self.lock_ids();
-        if let Some(active) = self.catalog().active {
-            return Err(StoreError::invalid(format!(
-                "cannot begin a capture: the capture of snapshot {} is still open",
-                active.0
-            )));
-        }
         let mut rels = HashSet::new();
         let mut oids = HashSet::new();
         for r in &decl.relations {
@@ -115,9 +112,52 @@ impl<B: KvBackend> SnapshotStore<B> {
                 declared_at_us: info.decl.declared_at_us,
             },
         );
-        cat.active = Some(snap);
         drop(cat);
         drop(ids);
+        Ok(snap)
+    }
+
+    /// Opens the capture of declared snapshot `snap`. Captures run one at a time, in the
+    /// order the snapshots were declared.
+    ///
+    /// Errors: InvalidArgument if a capture is open, or `snap` is not the oldest declared
+    /// snapshot whose capture has not run.
+    pub fn begin_capture(&self, snap: SnapId) -> Result<Capture<'_, B>> {
+        let oldest = {
+            let cat = self.catalog();
+            if let Some(active) = cat.active {
+                return Err(StoreError::invalid(format!(
+                    "cannot begin a capture: the capture of snapshot {} is still open",
+                    active.0
+                )));
+            }
+            cat.snaps
+                .iter()
+                .find(|(_, s)| s.state == SnapshotState::Capturing)
+                .map(|(id, _)| *id)
+        };
+        if oldest != Some(snap) {
+            return Err(StoreError::invalid(format!(
+                "cannot begin the capture of snapshot {}: {}",
+                snap.0,
+                match oldest {
+                    Some(o) => format!(
+                        "snapshot {} was declared before it and is not captured",
+                        o.0
+                    ),
+                    None => "it is not a declared snapshot awaiting capture".to_string(),
+                }
+            )));
+        }
+        let v = self
+            .backend
+            .get(Cf::Catalog, &keys::snapshot_key(snap))?
+            .ok_or_else(|| {
+                StoreError::corrupt(format!("declared snapshot {} has no record", snap.0))
+            })?;
+        let info = records::decode_snapshot(snap, &v)?;
+        let rels = info.decl.relations.iter().map(|r| r.rel).collect();
+        self.catalog_mut().active = Some(snap);
         Ok(Capture {
             store: self,
             info,
@@ -128,6 +168,29 @@ impl<B: KvBackend> SnapshotStore<B> {
             failed: None,
             finished: false,
         })
+    }
+    /// [`SnapshotStore::declare`] then [`SnapshotStore::begin_capture`], for callers that
+    /// never queue declarations.
+    pub fn declare_and_begin(&self, decl: SnapshotDecl) -> Result<Capture<'_, B>> {
+        let snap = self.declare(decl)?;
+        self.begin_capture(snap)
+    }
+
+    /// Gives up a declared snapshot whose capture was never begun: recorded as failed with
+    /// `reason` (listed, never readable).
+    pub fn abandon(&self, snap: SnapId, reason: &str) -> Result<()> {
+        {
+            let cat = self.catalog();
+            if cat.active == Some(snap)
+                || cat.snaps.get(&snap).map(|s| s.state) != Some(SnapshotState::Capturing)
+            {
+                return Err(StoreError::invalid(format!(
+                    "snapshot {} is not a declared snapshot awaiting capture",
+                    snap.0
+                )));
+            }
+        }
+        self.remove_capture(snap, reason)
     }
 }
 

@@ -23,7 +23,7 @@
 //!     declared_at_us: 1, wal_lsn: 0x1000, rank: Rank(0),
 //!     relations: vec![RelationSnapshot { pg_relid: 16384, rel, relfilenode: 16384, nblocks: 1, row_type, name: "public.t".into() }],
 //! };
-//! let mut capture = store.begin_capture(decl)?;
+//! let mut capture = store.declare_and_begin(decl)?;
 //! let image = capture.put_image(b"the v-view of block 0")?;
 //! capture.add_mapping(PageId::new(rel, 0), image)?;
 //! let snap = capture.commit()?.id;

@@ -62,7 +62,7 @@ fn scenario<B: KvBackend>(store: &SnapshotStore<B>, log: &mut Log) -> Result<()>
     }
     for round in 0..4u64 {
         let decl = decl_for(&log.rels, NBLOCKS, rt, round as i64 + 1);
-        let mut cap = store.begin_capture(decl)?;
+        let mut cap = store.declare_and_begin(decl)?;
         let snap = cap.snapshot();
         log.begun.push(snap);
         for (k, page) in pages_of_round(&log.rels, round).into_iter().enumerate() {
@@ -167,7 +167,7 @@ fn verify_after_crash(disk: MemBackend, log: &Log, what: &str) {
     if log.rels.len() == 2 {
         let rt = store.put_row_type(b"row type (a int, b text)").unwrap();
         let mut cap = store
-            .begin_capture(decl_for(&log.rels, NBLOCKS, rt, 99))
+            .declare_and_begin(decl_for(&log.rels, NBLOCKS, rt, 99))
             .unwrap();
         assert!(
             log.begun.iter().all(|s| *s < cap.snapshot()),
@@ -311,7 +311,7 @@ fn no_space_at_any_write_is_reported_and_leaves_the_store_consistent() {
         if log.rels.len() == 2 {
             let rt = store.put_row_type(b"row type (a int, b text)").unwrap();
             let mut cap = store
-                .begin_capture(decl_for(&log.rels, NBLOCKS, rt, 50))
+                .declare_and_begin(decl_for(&log.rels, NBLOCKS, rt, 50))
                 .unwrap();
             let id = cap.put_image(&view(3000, 700)).unwrap();
             cap.add_mapping(PageId::new(log.rels[0], 0), id).unwrap();
@@ -331,7 +331,7 @@ fn no_space_mid_capture_then_abort() {
     let faulty = FaultyBackend::new(MemBackend::new()).unwrap();
     let store = SnapshotStore::open(faulty, options()).unwrap();
     let (rels, decl) = common::setup(&store, 1, 100);
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let snap = cap.snapshot();
     store
         .backend()
@@ -357,7 +357,7 @@ fn no_space_mid_capture_then_abort() {
     cap.abort("disk full").unwrap();
     assert_eq!(store.snapshot(snap).unwrap().state, SnapshotState::Failed);
     check_invariants(&store);
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     let id = cap.put_image(b"after the disk was freed").unwrap();
     cap.add_mapping(PageId::new(rels[0], 0), id).unwrap();
     cap.commit().unwrap();

@@ -128,7 +128,7 @@ proptest! {
                 drop(store);
                 store = SnapshotStore::open(mem.clone(), opts.clone()).unwrap();
             }
-            let mut cap = store.begin_capture(decl.clone()).unwrap();
+            let mut cap = store.declare_and_begin(decl.clone()).unwrap();
             let snap = cap.snapshot();
             let mut mine = BTreeMap::new();
             for (r, b, c) in &st.mappings {

@@ -32,7 +32,7 @@ fn capture_reopen_and_read_back() {
     let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "store directory must be private");
     let (rels, decl) = setup(&store, 2, 300);
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let mut images = Vec::new();
     for b in 0..300u32 {
         // Every third block repeats content: dedup on a real store.
@@ -46,7 +46,7 @@ fn capture_reopen_and_read_back() {
     let s1 = cap.commit().unwrap();
     assert_eq!(s1.stats.new_images, 100);
     assert_eq!(s1.stats.dedup_hits, 200);
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     let changed = cap.put_image(b"block 5, changed").unwrap();
     cap.add_mapping(PageId::new(rels[0], 5), changed).unwrap();
     let s2 = cap.commit().unwrap().id;
@@ -99,13 +99,13 @@ fn interrupted_capture_is_recovered_on_reopen() {
     let path = dir.path().join("store");
     let store = open(&path).unwrap();
     let (rels, decl) = setup(&store, 1, 2000);
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let committed = {
         let id = cap.put_image(b"committed").unwrap();
         cap.add_mapping(PageId::new(rels[0], 0), id).unwrap();
         cap.commit().unwrap().id
     };
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     let lost = cap.snapshot();
     for b in 0..2000u32 {
         let id = cap.put_image(&view(u64::from(b), 4000)).unwrap();
@@ -267,7 +267,7 @@ fn index_data_and_deletion_survive_reopen() {
     let path = dir.path().join("store");
     let store = open(&path).unwrap();
     let (_, decl) = setup(&store, 1, 1);
-    let s = store.begin_capture(decl).unwrap().commit().unwrap().id;
+    let s = store.declare_and_begin(decl).unwrap().commit().unwrap().id;
     store.delete_snapshot(s).unwrap();
     store.put_group(GroupId(1), b"m", b"body").unwrap();
     store.put_skippy_nodes(&[(1, 0, b"node")]).unwrap();

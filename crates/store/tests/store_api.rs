@@ -22,7 +22,7 @@ fn snapshot_record_round_trips_with_stats_and_relations() {
     decl.declared_at_us = 1_700_000_000_000_000;
     decl.wal_lsn = 0x0123_4567_89ab;
     decl.rank = Rank(3);
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let snap = cap.snapshot();
     assert_eq!(
         store.snapshot(snap).unwrap().state,
@@ -61,7 +61,7 @@ fn snapshot_record_round_trips_with_stats_and_relations() {
 fn images_round_trip_single_and_batched() {
     let store = SnapshotStore::open_in_memory(42);
     let (_, decl) = setup(&store, 1, 1);
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     let views: Vec<Vec<u8>> = vec![vec![], vec![0; 8192], view(7, 100), view(8, 8192)];
     let ids: Vec<ImageId> = views.iter().map(|v| cap.put_image(v).unwrap()).collect();
     cap.commit().unwrap();
@@ -84,7 +84,7 @@ fn images_round_trip_single_and_batched() {
 fn toast_values_round_trip_by_chunk() {
     let store = SnapshotStore::open_in_memory(42);
     let (_, decl) = setup(&store, 1, 1);
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     let sizes = [
         0usize,
         1,
@@ -162,7 +162,7 @@ fn dedup_across_captures_and_distinct_views_get_distinct_ids() {
     let store = SnapshotStore::open(MemBackend::new(), small_batches()).unwrap();
     let (rels, decl) = setup(&store, 1, 10);
     let mut first = Vec::new();
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     for i in 0..10 {
         let id = cap.put_image(&view(i, 3000)).unwrap();
         cap.add_mapping(PageId::new(rels[0], i as u32), id).unwrap();
@@ -171,7 +171,7 @@ fn dedup_across_captures_and_distinct_views_get_distinct_ids() {
     cap.commit().unwrap();
     let distinct: std::collections::BTreeSet<_> = first.iter().collect();
     assert_eq!(distinct.len(), 10);
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     for i in 0..10 {
         assert_eq!(cap.put_image(&view(i, 3000)).unwrap(), first[i as usize]);
     }
@@ -192,16 +192,16 @@ fn lookups_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
     let store = SnapshotStore::open_in_memory(42);
     let (rels, decl) = setup(&store, 1, 4);
     let p = |b| PageId::new(rels[0], b);
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let i1 = cap.put_image(b"v1 of block 0").unwrap();
     cap.add_mapping(p(0), i1).unwrap();
     cap.add_mapping(p(2), i1).unwrap();
     let s1 = cap.commit().unwrap().id;
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let i2 = cap.put_image(b"v2 of block 0").unwrap();
     cap.add_mapping(p(0), i2).unwrap();
     let s2 = cap.commit().unwrap().id;
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     let i3 = cap.put_image(b"v3 of block 0").unwrap();
     cap.add_mapping(p(0), i3).unwrap();
     cap.add_mapping(p(1), i3).unwrap();
@@ -242,9 +242,9 @@ fn lookups_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
 fn capture_rules_are_enforced() {
     let store = SnapshotStore::open_in_memory(42);
     let (rels, decl) = setup(&store, 1, 4);
-    let cap = store.begin_capture(decl.clone()).unwrap();
+    let cap = store.declare_and_begin(decl.clone()).unwrap();
     assert_eq!(
-        store.begin_capture(decl.clone()).err().unwrap().kind(),
+        store.declare_and_begin(decl.clone()).err().unwrap().kind(),
         ErrorKind::InvalidArgument
     );
     assert_eq!(
@@ -253,7 +253,7 @@ fn capture_rules_are_enforced() {
     );
     drop(cap); // aborts
     store.recover().unwrap();
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let too_big = vec![0u8; MAX_VIEW_BYTES + 1];
     assert_eq!(
         cap.put_image(&too_big).unwrap_err().kind(),
@@ -275,19 +275,19 @@ fn capture_rules_are_enforced() {
     let mut bad = decl.clone();
     bad.relations[0].rel = RelId(500);
     assert_eq!(
-        store.begin_capture(bad).err().unwrap().kind(),
+        store.declare_and_begin(bad).err().unwrap().kind(),
         ErrorKind::InvalidArgument
     );
     let mut bad = decl.clone();
     bad.relations[0].row_type = RowTypeId(500);
     assert_eq!(
-        store.begin_capture(bad).err().unwrap().kind(),
+        store.declare_and_begin(bad).err().unwrap().kind(),
         ErrorKind::InvalidArgument
     );
     let mut bad = decl;
     bad.relations.push(bad.relations[0].clone());
     assert_eq!(
-        store.begin_capture(bad).err().unwrap().kind(),
+        store.declare_and_begin(bad).err().unwrap().kind(),
         ErrorKind::InvalidArgument
     );
 }
@@ -298,7 +298,7 @@ fn dropped_capture_is_failed_and_its_flushed_mappings_removed() {
     let (rels, decl) = setup(&store, 1, 50);
     let snap;
     {
-        let mut cap = store.begin_capture(decl.clone()).unwrap();
+        let mut cap = store.declare_and_begin(decl.clone()).unwrap();
         snap = cap.snapshot();
         for b in 0..50 {
             let id = cap.put_image(&view(b, 1000)).unwrap();
@@ -324,7 +324,7 @@ fn dropped_capture_is_failed_and_its_flushed_mappings_removed() {
     );
     check_invariants(&store);
     // Images stored by the failed capture are reused by dedup.
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     cap.put_image(&view(3, 1000)).unwrap();
     assert_eq!(cap.stats().dedup_hits, 1);
     let next = cap.commit().unwrap().id;
@@ -336,11 +336,11 @@ fn deleted_snapshots_are_listed_not_readable_and_keep_later_page_tables() {
     let store = SnapshotStore::open_in_memory(42);
     let (rels, decl) = setup(&store, 1, 2);
     let p = PageId::new(rels[0], 0);
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let i = cap.put_image(b"a").unwrap();
     cap.add_mapping(p, i).unwrap();
     let s1 = cap.commit().unwrap().id;
-    let s2 = store.begin_capture(decl).unwrap().commit().unwrap().id;
+    let s2 = store.declare_and_begin(decl).unwrap().commit().unwrap().id;
     store.delete_snapshot(s1).unwrap();
     store.delete_snapshot(s1).unwrap();
     assert_eq!(store.snapshot(s1).unwrap().state, SnapshotState::Deleted);
@@ -366,19 +366,19 @@ fn time_resolution_picks_latest_committed_at_or_before() {
         .put_row_type(b"row type: (id int, payload text)")
         .unwrap();
     let s10 = store
-        .begin_capture(decl_for(&rels, 1, rt, 10))
+        .declare_and_begin(decl_for(&rels, 1, rt, 10))
         .unwrap()
         .commit()
         .unwrap()
         .id;
     let s20 = store
-        .begin_capture(decl_for(&rels, 1, rt, 20))
+        .declare_and_begin(decl_for(&rels, 1, rt, 20))
         .unwrap()
         .commit()
         .unwrap()
         .id;
     store
-        .begin_capture(decl_for(&rels, 1, rt, 30))
+        .declare_and_begin(decl_for(&rels, 1, rt, 30))
         .unwrap()
         .abort("storage gone")
         .unwrap();
@@ -393,7 +393,7 @@ fn reopening_keeps_everything_and_ids_keep_growing() {
     let mem = MemBackend::new();
     let store = SnapshotStore::open(mem.clone(), small_batches()).unwrap();
     let (rels, decl) = setup(&store, 1, 3);
-    let mut cap = store.begin_capture(decl.clone()).unwrap();
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let i = cap.put_image(b"kept").unwrap();
     cap.add_mapping(PageId::new(rels[0], 1), i).unwrap();
     let s = cap.commit().unwrap().id;
@@ -402,7 +402,7 @@ fn reopening_keeps_everything_and_ids_keep_growing() {
     let store = SnapshotStore::open(mem, small_batches()).unwrap();
     assert_eq!(store.identity(), identity);
     assert_eq!(store.lookup(PageId::new(rels[0], 1), s).unwrap(), Some(i));
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     assert!(cap.snapshot() > s);
     assert!(cap.put_image(b"new").unwrap() > i);
     cap.commit().unwrap();
@@ -453,7 +453,7 @@ fn damaged_values_are_reported_as_corrupt() {
     let mem = MemBackend::new();
     let store = SnapshotStore::open(mem.clone(), StoreOptions::new(42)).unwrap();
     let (_, decl) = setup(&store, 1, 1);
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     let img = cap.put_image(&view(5, 4000)).unwrap();
     let toast = cap.put_toast(&view(6, 9000)).unwrap();
     cap.commit().unwrap();
@@ -534,7 +534,7 @@ fn index_data_round_trips() {
 fn store_is_usable_from_helper_threads() {
     let store = std::sync::Arc::new(SnapshotStore::open_in_memory(42));
     let (rels, decl) = setup(&*store, 1, 1);
-    let mut cap = store.begin_capture(decl).unwrap();
+    let mut cap = store.declare_and_begin(decl).unwrap();
     let id = cap.put_image(b"shared").unwrap();
     cap.add_mapping(PageId::new(rels[0], 0), id).unwrap();
     let snap = cap.commit().unwrap().id;
@@ -552,4 +552,60 @@ fn store_is_usable_from_helper_threads() {
     for h in handles {
         assert_eq!(h.join().unwrap(), b"shared");
     }
+}
+
+#[test]
+fn declared_snapshots_queue_and_are_captured_oldest_first() {
+    let store = SnapshotStore::open_in_memory(42);
+    let (rels, decl) = setup(&store, 1, 3);
+    let v1 = store.declare(decl.clone()).unwrap();
+    let v2 = store.declare(decl.clone()).unwrap();
+    let v3 = store.declare(decl.clone()).unwrap();
+    assert!(v1 < v2 && v2 < v3);
+    // Out of order is refused, and so is a second open capture.
+    assert_eq!(
+        store.begin_capture(v2).err().unwrap().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let mut cap = store.begin_capture(v1).unwrap();
+    assert_eq!(
+        store.begin_capture(v2).err().unwrap().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let img = cap.put_image(&view(9, 100)).unwrap();
+    cap.add_mapping(PageId::new(rels[0], 0), img).unwrap();
+    cap.commit().unwrap();
+    // A declared snapshot can be given up before its capture begins.
+    store.abandon(v2, "the table was dropped").unwrap();
+    assert_eq!(store.snapshot_state(v2), Some(SnapshotState::Failed));
+    assert_eq!(
+        store.snapshot(v2).unwrap().failure_reason.as_deref(),
+        Some("the table was dropped")
+    );
+    let cap3 = store.begin_capture(v3).unwrap();
+    cap3.commit().unwrap();
+    assert_eq!(
+        store.lookup(PageId::new(rels[0], 0), v3).unwrap(),
+        Some(img)
+    );
+    assert_eq!(
+        store.abandon(v3, "too late").err().unwrap().kind(),
+        ErrorKind::InvalidArgument
+    );
+    check_invariants(&store);
+}
+
+#[test]
+fn declared_but_uncaptured_snapshots_fail_on_reopen() {
+    let backend = MemBackend::new();
+    let store = SnapshotStore::open(backend.clone(), StoreOptions::new(42)).unwrap();
+    let (_, decl) = setup(&store, 1, 2);
+    let v1 = store.declare(decl.clone()).unwrap();
+    let v2 = store.declare(decl).unwrap();
+    store.begin_capture(v1).unwrap().commit().unwrap();
+    drop(store);
+    let reopened = SnapshotStore::open(backend, StoreOptions::new(42)).unwrap();
+    assert_eq!(reopened.snapshot_state(v1), Some(SnapshotState::Committed));
+    assert_eq!(reopened.snapshot_state(v2), Some(SnapshotState::Failed));
+    check_invariants(&reopened);
 }
