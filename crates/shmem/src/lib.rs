@@ -6,3 +6,4 @@
 
 pub mod cache;
 pub mod dirty;
+pub mod requests;

@@ -1,0 +1,117 @@
+//! gsnap's own byte formats for what a snapshot stores about a table: the *view* of a page
+//! (the tuples one snapshot sees on it) and the *row type* of the table at that snapshot.
+//!
+//! Both are produced and consumed by the extension; the store keeps them as opaque bytes.
+//! Every format starts with a version byte, and decoding checks every length, so a corrupt
+//! or foreign buffer is an error, never a panic or an out-of-bounds read.
+
+pub mod rowtype;
+pub mod view;
+
+/// Why bytes could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FormatError(pub String);
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FormatError {}
+
+/// A little-endian reader over a byte slice that never reads out of bounds.
+pub(crate) struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(bytes: &'a [u8], what: &'static str) -> Self {
+        Reader {
+            bytes,
+            pos: 0,
+            what,
+        }
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or_else(|| {
+                FormatError(format!("{} is truncated at byte {}", self.what, self.pos))
+            })?;
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, FormatError> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub(crate) fn u16(&mut self) -> Result<u16, FormatError> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    pub(crate) fn i16(&mut self) -> Result<i16, FormatError> {
+        Ok(i16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    pub(crate) fn i32(&mut self) -> Result<i32, FormatError> {
+        Ok(i32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    pub(crate) fn string(&mut self) -> Result<String, FormatError> {
+        let n = self.u16()? as usize;
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec())
+            .map_err(|_| FormatError(format!("{} holds a string that is not UTF-8", self.what)))
+    }
+
+    pub(crate) fn end(&self) -> Result<(), FormatError> {
+        if self.pos == self.bytes.len() {
+            Ok(())
+        } else {
+            Err(FormatError(format!(
+                "{} has {} unexpected trailing bytes",
+                self.what,
+                self.bytes.len() - self.pos
+            )))
+        }
+    }
+
+    pub(crate) fn version(&mut self, expected: u8) -> Result<(), FormatError> {
+        let v = self.u8()?;
+        if v == expected {
+            Ok(())
+        } else {
+            Err(FormatError(format!(
+                "{} has format version {v}, this gsnap reads version {expected}",
+                self.what
+            )))
+        }
+    }
+}
+
+pub(crate) fn put_string(out: &mut Vec<u8>, s: &str) {
+    let b = s.as_bytes();
+    let n = b.len().min(u16::MAX as usize);
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    out.extend_from_slice(&b[..n]);
+}
