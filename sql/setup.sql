@@ -52,8 +52,35 @@ $$;
 
 -- new_span(): start recording afresh.
 CREATE FUNCTION new_span() RETURNS void
-LANGUAGE sql AS $$ SELECT gsnap_reset_written_blocks() $$;
+LANGUAGE sql AS $$ SELECT gsnap_snapshot(false) $$;
 
 -- block_of(tid): the block number of a TID.
 CREATE FUNCTION block_of(tid) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT ($1::text::point)[0]::bigint $$;
+
+-- sqlstate_of(sql): runs sql and returns 'SQLSTATE: message' of its error (or 'ok'), with
+-- snapshot ids masked (they depend on how many snapshots earlier tests took).
+CREATE FUNCTION sqlstate_of(stmt text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE stmt;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || regexp_replace(SQLERRM, 'snapshot \d+', 'snapshot N', 'g');
+END $$;
+
+-- asof_matches(t, snap, expected): does table t as of snapshot snap hold exactly the rows
+-- of the table expected (same columns)?
+CREATE FUNCTION asof_matches(t regclass, snap bigint, expected regclass) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    EXECUTE format(
+        'SELECT count(*) FROM ('
+        '  (SELECT a::text FROM gsnap_asof(NULL::%1$s, %2$s) a EXCEPT ALL SELECT e::text FROM %3$s e)'
+        '  UNION ALL'
+        '  (SELECT e::text FROM %3$s e EXCEPT ALL SELECT a::text FROM gsnap_asof(NULL::%1$s, %2$s) a)) d',
+        t, snap, expected) INTO n;
+    RETURN n = 0;
+END $$;

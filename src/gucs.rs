@@ -1,16 +1,33 @@
-//! Every gsnap setting, in one place. Each is a GUC named `gsnap.*`.
+//! Every gsnap setting, in one place. Each is a GUC named `gsnap.*`; those that size shared
+//! memory or pick the database need a restart, the others a reload (they are read by the
+//! worker). None can be changed by an ordinary user in a session.
 
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
-
-/// Pages one span's dirty set can hold before a relation falls back to a full capture.
-pub static MAX_DIRTY_PAGES: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
 
 /// The database whose gsnap tables are snapshotted (the worker connects to it).
 pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
-/// Registers the settings; called from `_PG_init`.
+/// Directory of the snapshot store; empty means `$PGDATA/gsnap`.
+pub static STORE_DIRECTORY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+/// Seconds between periodic snapshots (0: only on request).
+pub static SNAPSHOT_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// Pages one span's dirty set can hold before a relation falls back to a full capture.
+pub static MAX_DIRTY_PAGES: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
+
+/// Shared image cache size, in kB.
+pub static IMAGE_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+
+/// Pages the worker captures between two looks at its requests.
+pub static CAPTURE_BATCH_PAGES: GucSetting<i32> = GucSetting::<i32>::new(256);
+
+/// Declared snapshots that may wait for their capture.
+pub static MAX_QUEUED_SNAPSHOTS: GucSetting<i32> = GucSetting::<i32>::new(16);
+
+/// Registers the settings; called from `_PG_init` during preload.
 pub fn init() {
     GucRegistry::define_string_guc(
         c"gsnap.database",
@@ -21,11 +38,31 @@ pub fn init() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"gsnap.store_directory",
+        c"Directory of gsnap's snapshot store (default: gsnap under the data directory).",
+        c"One RocksDB database per cluster, opened only by the gsnap worker. The directory \
+          is created with mode 0700; a relative path is relative to the data directory.",
+        &STORE_DIRECTORY,
+        GucContext::Postmaster,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.snapshot_interval",
+        c"Seconds between snapshots the worker declares by itself (0 = only on request).",
+        c"With an interval, every gsnap table gets a snapshot periodically, with no change \
+          to the clients (pgbench runs with periodic snapshots).",
+        &SNAPSHOT_INTERVAL,
+        0,
+        7 * 24 * 3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
     GucRegistry::define_int_guc(
         c"gsnap.max_dirty_pages",
         c"Pages a span's dirty set can record before falling back to full captures.",
         c"Each gsnap write records its page in the dirty set of the current span (8 bytes per \
-          page, two sets). When a set is full, the relation of a page that does not fit is \
+          page, two sets). When a set is full, the table of a page that does not fit is \
           captured completely at the next snapshot instead: correct, but slower. Raise it if \
           the log reports dirty-set overflows.",
         &MAX_DIRTY_PAGES,
@@ -34,6 +71,47 @@ pub fn init() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"gsnap.image_cache_size",
+        c"Shared memory for recently read snapshot pages and TOAST chunks.",
+        c"Queries over snapshots read pages through this cache, so repeated reads of the \
+          same snapshots need no trip to the store.",
+        &IMAGE_CACHE_SIZE,
+        2 * 1024,
+        64 * 1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.capture_batch_pages",
+        c"Pages the worker captures before it looks at waiting requests again.",
+        c"Smaller keeps queries over snapshots responsive during big captures; larger \
+          captures slightly faster.",
+        &CAPTURE_BATCH_PAGES,
+        1,
+        1 << 20,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.max_queued_snapshots",
+        c"Snapshots that may be declared while earlier ones are still being captured.",
+        c"Each holds back vacuum until its capture is durable. When the queue is full, a \
+          new declaration waits for the oldest capture.",
+        &MAX_QUEUED_SNAPSHOTS,
+        1,
+        1024,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     // SAFETY: called from _PG_init on the main thread.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"gsnap".as_ptr()) };
+}
+
+/// The configured database name.
+pub fn database() -> String {
+    DATABASE
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "postgres".into())
 }

@@ -2,14 +2,17 @@
 //! page-level snapshots of chosen tables and answers queries over them.
 //!
 //! This crate is the only code that talks to PostgreSQL (DESIGN.md): `am` is the table access
-//! method, `shmem` the shared memory, `api` the SQL functions, `gucs` the settings. The
-//! algorithms live in the pure crates under `crates/`.
+//! method, `shmem` the shared memory, `worker` the background worker (declare, capture,
+//! serve), `ipc` how backends talk to it, `api` the SQL functions, `gucs` the settings. The
+//! algorithms and formats live in the pure crates under `crates/`.
 
 mod am;
 mod api;
 mod error;
 mod gucs;
+mod ipc;
 mod shmem;
+mod worker;
 
 use pgrx::prelude::*;
 use pgrx::{pg_sys, PgSqlErrorCode};
@@ -32,6 +35,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     PRELOADED.store(true, Ordering::Release);
     shmem::init();
+    worker::register();
 }
 
 /// Raises a clear ERROR unless gsnap was loaded through `shared_preload_libraries`.
@@ -51,6 +55,7 @@ pub(crate) fn require_preloaded() {
 #[pg_extern(volatile, parallel_unsafe)]
 fn gsnap_preload_check() -> bool {
     require_preloaded();
+    api::require_gsnap_database();
     true
 }
 

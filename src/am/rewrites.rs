@@ -29,6 +29,9 @@ unsafe extern "C-unwind" fn relation_set_new_filenode(
     minmulti: *mut MultiXactId,
 ) {
     crate::require_preloaded();
+    if persistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
+        crate::api::require_gsnap_database();
+    }
     let heap = heap_routine()
         .relation_set_new_filenode
         .expect("heap has relation_set_new_filenode");

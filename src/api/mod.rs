@@ -1,3 +1,10 @@
 //! The SQL functions of gsnap.
 
+mod access;
+mod asof;
+mod decode;
+mod scan;
+mod snapshots;
 mod spans;
+
+pub use access::require_gsnap_database;

@@ -18,12 +18,3 @@ fn gsnap_written_blocks(rel: PgRelation) -> SetOfIterator<'static, i64> {
 fn gsnap_full_capture_pending(rel: PgRelation) -> bool {
     dirty_sets().current_for(rel.oid().to_u32()).1
 }
-
-/// Begins a new span, discarding what the current one recorded. Test support until
-/// snapshots exist; superuser only.
-#[pg_extern(volatile, parallel_unsafe)]
-fn gsnap_reset_written_blocks() {
-    let sets = dirty_sets();
-    let old = sets.begin_span(std::thread::yield_now);
-    sets.drain(old);
-}

@@ -1,39 +1,104 @@
 //! gsnap's shared memory: requested at postmaster start, attached by every process.
 //!
-//! The layout is one struct followed by the two dirty sets' slot arrays. The pure data
-//! structures live in the `gsnap-shmem` crate; this module only places them in PostgreSQL's
-//! shared memory and gives the rest of the extension safe accessors.
+//! One segment, laid out as (each part 64-byte aligned):
+//!
+//! | part | what |
+//! |---|---|
+//! | [`Shared`] | worker state, capture progress, cache lock, sizes |
+//! | request slots | one [`RequestSlot`] per PGPROC (`MaxBackends + NUM_AUXILIARY_PROCS`) |
+//! | cache metadata | [`SlotMeta`] per cache slot, then the cache's hash table |
+//! | cache data | `gsnap.image_cache_size` of 8 KB slots |
+//! | dirty sets | two arrays of `gsnap.max_dirty_pages` keys |
+//!
+//! The data structures live in the pure `gsnap-shmem` crate; this module only places them
+//! in PostgreSQL's shared memory and gives the rest of the extension safe accessors.
+
+mod state;
+
+pub use state::{Phase, ProgressShared, WorkerShared, WorkerState};
 
 use crate::gucs;
+use gsnap_shmem::cache::{CacheHeader, CacheIndex, SlotMeta};
 use gsnap_shmem::dirty::{DirtySets, SpansHeader};
+use gsnap_shmem::requests::RequestSlot;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::cell::UnsafeCell;
 use std::mem::size_of;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+/// Bytes of one cache slot (a page view or a TOAST chunk).
+pub const CACHE_SLOT_BYTES: usize = 8192;
 
 /// The fixed part of gsnap's shared memory.
 #[repr(C)]
 struct Shared {
     spans: SpansHeader,
-    /// Slots per dirty set, fixed at postmaster start.
+    worker: WorkerShared,
+    progress: ProgressShared,
     dirty_capacity: u64,
+    request_slots: u64,
+    cache_slots: u64,
+    /// The LWLock that guards the cache index (inside the main LWLock array, so at the same
+    /// address in every process).
+    cache_lock: AtomicPtr<pg_sys::LWLock>,
+    cache_header: UnsafeCell<CacheHeader>,
+}
+
+/// Offsets of the parts of the segment, from the sizes fixed at postmaster start.
+#[derive(Clone, Copy)]
+struct Layout {
+    request_slots: usize,
+    cache_slots: usize,
+    dirty_capacity: usize,
+    slots_at: usize,
+    meta_at: usize,
+    table_at: usize,
+    data_at: usize,
+    dirty_at: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(request_slots: usize, cache_slots: usize, dirty_capacity: usize) -> Layout {
+        let align = |n: usize| n.next_multiple_of(64);
+        let slots_at = align(size_of::<Shared>());
+        let meta_at = align(slots_at + request_slots * size_of::<RequestSlot>());
+        let table_at = align(meta_at + cache_slots * size_of::<SlotMeta>());
+        let data_at =
+            align(table_at + CacheIndex::table_len(cache_slots) * size_of::<u32>());
+        let dirty_at = align(data_at + cache_slots * CACHE_SLOT_BYTES);
+        let total = dirty_at + 2 * dirty_capacity * size_of::<AtomicU64>();
+        Layout {
+            request_slots,
+            cache_slots,
+            dirty_capacity,
+            slots_at,
+            meta_at,
+            table_at,
+            data_at,
+            dirty_at,
+            total,
+        }
+    }
+
+    /// The layout the settings ask for (postmaster, at request time).
+    fn from_settings() -> Layout {
+        // SAFETY: MaxBackends is final when shared memory is requested (PostgreSQL 15).
+        let procs = unsafe { pg_sys::MaxBackends } as usize + pg_sys::NUM_AUXILIARY_PROCS as usize;
+        let cache_bytes = gucs::IMAGE_CACHE_SIZE.get() as usize * 1024;
+        Layout::new(
+            procs,
+            (cache_bytes / CACHE_SLOT_BYTES).max(256),
+            usize::try_from(gucs::MAX_DIRTY_PAGES.get()).expect("positive"),
+        )
+    }
 }
 
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
-
-fn dirty_capacity() -> usize {
-    usize::try_from(gucs::MAX_DIRTY_PAGES.get()).expect("gsnap.max_dirty_pages is positive")
-}
-
-fn slots_offset() -> usize {
-    size_of::<Shared>().next_multiple_of(64)
-}
-
-fn total_size() -> usize {
-    slots_offset() + 2 * dirty_capacity() * size_of::<AtomicU64>()
-}
+const TRANCHE: &std::ffi::CStr = c"gsnap";
 
 /// Installs the shared-memory hooks; called from `_PG_init` during preload.
 pub fn init() {
@@ -53,31 +118,8 @@ unsafe extern "C-unwind" fn shmem_request() {
         if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
             prev();
         }
-        pg_sys::RequestAddinShmemSpace(total_size());
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_startup() {
-    // SAFETY: called once per postmaster start (and crash restart) with the segment mapped;
-    // AddinShmemInitLock serializes ShmemInitStruct as PostgreSQL requires.
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
-            prev();
-        }
-        let init_lock = addin_shmem_init_lock();
-        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let base = pg_sys::ShmemInitStruct(c"gsnap".as_ptr(), total_size(), &mut found);
-        if !found {
-            std::ptr::write_bytes(base.cast::<u8>(), 0, total_size());
-            base.cast::<Shared>().write(Shared {
-                spans: SpansHeader::new(),
-                dirty_capacity: dirty_capacity() as u64,
-            });
-        }
-        SHARED.store(base.cast(), Ordering::Release);
-        pg_sys::LWLockRelease(init_lock);
+        pg_sys::RequestAddinShmemSpace(Layout::from_settings().total);
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
     }
 }
 
@@ -90,6 +132,46 @@ unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
     unsafe { &raw mut (*pg_sys::MainLWLockArray.add(21)).lock }
 }
 
+#[pg_guard]
+unsafe extern "C-unwind" fn shmem_startup() {
+    // SAFETY: called once per postmaster start (and crash restart) with the segment mapped;
+    // AddinShmemInitLock serializes ShmemInitStruct as PostgreSQL requires.
+    unsafe {
+        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
+            prev();
+        }
+        let layout = Layout::from_settings();
+        let init_lock = addin_shmem_init_lock();
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let base = pg_sys::ShmemInitStruct(c"gsnap".as_ptr(), layout.total, &mut found);
+        if !found {
+            std::ptr::write_bytes(base.cast::<u8>(), 0, layout.total);
+            base.cast::<Shared>().write(Shared {
+                spans: SpansHeader::new(),
+                worker: WorkerShared::new(),
+                progress: ProgressShared::default(),
+                dirty_capacity: layout.dirty_capacity as u64,
+                request_slots: layout.request_slots as u64,
+                cache_slots: layout.cache_slots as u64,
+                cache_lock: AtomicPtr::new(
+                    &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock,
+                ),
+                cache_header: UnsafeCell::new(CacheHeader::default()),
+            });
+            let slots = base.cast::<u8>().add(layout.slots_at).cast::<RequestSlot>();
+            for i in 0..layout.request_slots {
+                slots.add(i).write(RequestSlot::new());
+            }
+            let shared = &*base.cast::<Shared>();
+            let (meta, table) = cache_arrays(shared, &layout);
+            CacheIndex::new(&mut *shared.cache_header.get(), meta, table, true);
+        }
+        SHARED.store(base.cast(), Ordering::Release);
+        pg_sys::LWLockRelease(init_lock);
+    }
+}
+
 fn shared() -> &'static Shared {
     let ptr = SHARED.load(Ordering::Acquire);
     if ptr.is_null() {
@@ -100,26 +182,116 @@ fn shared() -> &'static Shared {
     unsafe { &*ptr }
 }
 
+fn layout(shared: &Shared) -> Layout {
+    Layout::new(
+        shared.request_slots as usize,
+        shared.cache_slots as usize,
+        shared.dirty_capacity as usize,
+    )
+}
+
+fn base_of(shared: &Shared) -> *mut u8 {
+    (shared as *const Shared).cast::<u8>().cast_mut()
+}
+
+/// The cache metadata arrays.
+///
+/// # Safety
+/// The caller holds the cache lock exclusively (or is initializing the segment).
+#[allow(clippy::mut_from_ref)]
+unsafe fn cache_arrays(shared: &Shared, l: &Layout) -> (&'static mut [SlotMeta], &'static mut [u32]) {
+    // SAFETY: the layout reserved these arrays; exclusivity is the caller's promise.
+    unsafe {
+        let base = base_of(shared);
+        (
+            std::slice::from_raw_parts_mut(base.add(l.meta_at).cast::<SlotMeta>(), l.cache_slots),
+            std::slice::from_raw_parts_mut(
+                base.add(l.table_at).cast::<u32>(),
+                CacheIndex::table_len(l.cache_slots),
+            ),
+        )
+    }
+}
+
 /// The dirty sets of the current and the retired span.
 pub fn dirty_sets() -> DirtySets<'static> {
     let shared = shared();
-    let capacity = shared.dirty_capacity as usize;
-    // SAFETY: shmem_startup reserved two arrays of `capacity` zero-initialized AtomicU64
-    // right after the 64-byte aligned fixed part; the segment lives as long as the process.
+    let l = layout(shared);
+    // SAFETY: shmem_startup reserved two arrays of `dirty_capacity` zero-initialized
+    // AtomicU64 at `dirty_at`; the segment lives as long as the process.
     unsafe {
-        let first = (shared as *const Shared)
-            .cast::<u8>()
-            .add(slots_offset())
-            .cast::<AtomicU64>();
-        let set0 = std::slice::from_raw_parts(first, capacity);
-        let set1 = std::slice::from_raw_parts(first.add(capacity), capacity);
+        let first = base_of(shared).add(l.dirty_at).cast::<AtomicU64>();
+        let set0 = std::slice::from_raw_parts(first, l.dirty_capacity);
+        let set1 = std::slice::from_raw_parts(first.add(l.dirty_capacity), l.dirty_capacity);
         DirtySets::new(&shared.spans, set0, set1)
     }
 }
 
+/// The worker's shared state.
+pub fn worker() -> &'static WorkerShared {
+    &shared().worker
+}
+
+/// The progress of the current capture.
+pub fn progress() -> &'static ProgressShared {
+    &shared().progress
+}
+
+/// Number of request slots (one per PGPROC).
+pub fn request_slot_count() -> usize {
+    shared().request_slots as usize
+}
+
+/// The request slot of the process with PGPROC number `procno`.
+pub fn request_slot(procno: usize) -> &'static RequestSlot {
+    let shared = shared();
+    let l = layout(shared);
+    assert!(procno < l.request_slots, "PGPROC number {procno} out of range");
+    // SAFETY: the layout reserved `request_slots` initialized slots at `slots_at`.
+    unsafe { &*base_of(shared).add(l.slots_at).cast::<RequestSlot>().add(procno) }
+}
+
+/// Runs `f` on the cache index under the cache lock.
+pub fn with_cache<R>(f: impl FnOnce(&mut CacheIndex<'_>) -> R) -> R {
+    let shared = shared();
+    let l = layout(shared);
+    let lock = shared.cache_lock.load(Ordering::Relaxed);
+    struct Release(*mut pg_sys::LWLock);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            // SAFETY: acquired below by this process.
+            unsafe { pg_sys::LWLockRelease(self.0) };
+        }
+    }
+    // SAFETY: the lock lives in the main LWLock array; holding it exclusively makes this
+    // process the only user of the cache metadata until `_release` drops.
+    unsafe {
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let _release = Release(lock);
+        let (meta, table) = cache_arrays(shared, &l);
+        let mut index = CacheIndex::new(&mut *shared.cache_header.get(), meta, table, false);
+        f(&mut index)
+    }
+}
+
+/// The bytes of cache slot `slot`. Valid to read while the caller holds a pin on the slot;
+/// written only by the worker under the cache lock before it pins the slot for anyone.
+pub fn cache_slot_ptr(slot: usize) -> *mut u8 {
+    let shared = shared();
+    let l = layout(shared);
+    assert!(slot < l.cache_slots, "cache slot {slot} out of range");
+    // SAFETY: within the data area reserved by the layout.
+    unsafe { base_of(shared).add(l.data_at + slot * CACHE_SLOT_BYTES) }
+}
+
+/// Cache capacity in slots.
+pub fn cache_capacity() -> usize {
+    shared().cache_slots as usize
+}
+
 /// True for relations whose pages gsnap never snapshots (temporary tables: only their own
 /// session can read them, and they vanish with it).
-fn is_private(rel: pg_sys::Relation) -> bool {
+pub fn is_private(rel: pg_sys::Relation) -> bool {
     // SAFETY: callers pass an open relation.
     unsafe { (*(*rel).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP }
 }

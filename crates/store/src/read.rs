@@ -116,12 +116,22 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// relation's size at `snap` may appear (the relation shrank): the caller stops at the
     /// declared `nblocks`.
     pub fn scan_relation(&self, rel: RelId, snap: SnapId) -> Result<RelationScan<'_>> {
+        self.scan_relation_from(rel, snap, 0)
+    }
+
+    /// [`SnapshotStore::scan_relation`] starting at block `first`.
+    pub fn scan_relation_from(
+        &self,
+        rel: RelId,
+        snap: SnapId,
+        first: u32,
+    ) -> Result<RelationScan<'_>> {
         self.check_readable(snap)?;
         Ok(RelationScan {
             cursor: self.backend.cursor(Cf::PageVersions)?,
             rel,
             snap,
-            next_block: Some(0),
+            next_block: Some(first),
         })
     }
 

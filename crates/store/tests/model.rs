@@ -81,6 +81,14 @@ fn check<B: KvBackend>(store: &SnapshotStore<B>, model: &Model, rels: &[RelId]) 
                 .map(|r| r.unwrap())
                 .collect();
             assert_eq!(got, want, "scan of {rel} at {snap}");
+            let from = BLOCKS / 3;
+            let got_from: Vec<_> = store
+                .scan_relation_from(*rel, *snap, from)
+                .unwrap()
+                .map(|r| r.unwrap())
+                .collect();
+            let want_from: Vec<_> = want.iter().copied().filter(|(b, _)| *b >= from).collect();
+            assert_eq!(got_from, want_from, "scan of {rel} at {snap} from block {from}");
         }
     }
     for snap in &model.deleted {

@@ -1,0 +1,180 @@
+//! Declaring snapshots and listing them: `gsnap_snapshot()`, `gsnap_snapshots()`,
+//! `gsnap_snapshot_tables()`, `gsnap_progress()`.
+
+use super::access::require_gsnap_database;
+use crate::ipc;
+use crate::ipc::protocol::{self, Kind};
+use crate::shmem;
+use crate::worker::UNIX_TO_PG_EPOCH_US;
+use pgrx::prelude::*;
+
+fn timestamptz(unix_us: i64) -> Option<TimestampWithTimeZone> {
+    TimestampWithTimeZone::try_from(unix_us - UNIX_TO_PG_EPOCH_US).ok()
+}
+
+fn lsn_text(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
+/// Declares a snapshot of every gsnap table and returns its id. With `wait` (the default)
+/// it returns once the snapshot's capture is durable; without, right after declaration.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_snapshot(wait: default!(bool, true)) -> i64 {
+    require_gsnap_database();
+    ipc::call(Kind::Declare, &[i64::from(wait), 0]).result
+}
+
+/// Test support: declares a snapshot, exports its MVCC snapshot (for `SET TRANSACTION
+/// SNAPSHOT`) and keeps it until `gsnap_debug_release()`. Superuser only.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_debug_snapshot() -> TableIterator<'static, (name!(snap_id, i64), name!(exported, String))> {
+    require_gsnap_database();
+    let a = ipc::call(Kind::Declare, &[0, 1]);
+    TableIterator::once((a.result, String::from_utf8_lossy(&a.reply).into_owned()))
+}
+
+/// Test support: releases a snapshot exported by `gsnap_debug_snapshot()`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_debug_release(snap_id: i64) {
+    ipc::call(Kind::ReleaseExport, &[snap_id]);
+}
+
+
+/// Every snapshot the store knows, oldest first (the raw listing behind
+/// `gsnap_snapshots()`).
+#[pg_extern(stable, parallel_safe)]
+#[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
+fn gsnap_snapshots_raw() -> TableIterator<
+    'static,
+    (
+        name!(snap_id, i64),
+        name!(taken_at, Option<TimestampWithTimeZone>),
+        name!(lsn, String),
+        name!(state, String),
+        name!(tables, i32),
+        name!(pages_captured, i64),
+        name!(new_images, i64),
+        name!(bytes_stored, i64),
+        name!(carried_pages, i64),
+        name!(failure, Option<String>),
+    ),
+> {
+    require_gsnap_database();
+    let rows = protocol::decode_snapshots(&ipc::call_paged(Kind::Snapshots, &[0], 0).reply);
+    TableIterator::new(rows.into_iter().map(|r| {
+        (
+            r.id as i64,
+            timestamptz(r.taken_at_us),
+            lsn_text(r.lsn),
+            r.state,
+            r.tables as i32,
+            r.pages_captured as i64,
+            r.new_images as i64,
+            r.bytes_stored as i64,
+            r.carried_pages as i64,
+            r.failure,
+        )
+    }))
+}
+
+/// The tables of snapshot `snap_id`, with their size and storage at the time.
+#[pg_extern(stable, parallel_safe)]
+fn gsnap_snapshot_tables(
+    snap_id: i64,
+) -> TableIterator<
+    'static,
+    (
+        name!(table_oid, pg_sys::Oid),
+        name!(table_name, String),
+        name!(blocks, i64),
+        name!(relfilenode, pg_sys::Oid),
+        name!(incarnation, i64),
+    ),
+> {
+    require_gsnap_database();
+    let rows = protocol::decode_tables(&ipc::call_paged(Kind::SnapshotTables, &[snap_id, 0], 1).reply);
+    TableIterator::new(rows.into_iter().map(|r| {
+        (
+            pg_sys::Oid::from(r.relid),
+            r.name,
+            i64::from(r.nblocks),
+            pg_sys::Oid::from(r.relfilenode),
+            i64::from(r.rel),
+        )
+    }))
+}
+
+/// What the worker is doing: one row.
+#[pg_extern(volatile, parallel_safe)]
+#[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
+fn gsnap_progress() -> TableIterator<
+    'static,
+    (
+        name!(worker, String),
+        name!(worker_pid, Option<i32>),
+        name!(phase, String),
+        name!(snap_id, Option<i64>),
+        name!(declared_at, Option<TimestampWithTimeZone>),
+        name!(tables_total, i32),
+        name!(tables_done, i32),
+        name!(pages_total, i64),
+        name!(pages_done, i64),
+        name!(bytes_stored, i64),
+        name!(new_images, i64),
+        name!(queued, i32),
+        name!(waiting_for_table, Option<pg_sys::Oid>),
+        name!(last_durable, Option<i64>),
+        name!(last_durable_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    crate::require_preloaded();
+    let w = shmem::worker();
+    let p = shmem::progress().read();
+    let phase = p.phase.map(|p| p.as_str()).unwrap_or("idle");
+    TableIterator::once((
+        w.state().as_str().to_string(),
+        Some(w.pid()).filter(|&p| p != 0),
+        phase.to_string(),
+        (p.snapshot > 0).then_some(p.snapshot),
+        (p.started_at_us > 0).then(|| timestamptz(p.started_at_us)).flatten(),
+        p.relations_total as i32,
+        p.relations_done as i32,
+        p.pages_total as i64,
+        p.pages_done as i64,
+        p.bytes_stored as i64,
+        p.new_images as i64,
+        p.queued as i32,
+        (p.waiting_for != 0).then(|| pg_sys::Oid::from(p.waiting_for)),
+        (p.last_durable > 0).then_some(p.last_durable),
+        (p.last_durable_at_us > 0).then(|| timestamptz(p.last_durable_at_us)).flatten(),
+    ))
+}
+
+extension_sql!(
+    r#"
+CREATE FUNCTION gsnap_snapshots()
+RETURNS TABLE (snap_id bigint, taken_at timestamptz, lsn pg_lsn, state text, tables int,
+               pages_captured bigint, new_images bigint, bytes_stored bigint,
+               carried_pages bigint, failure text)
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT snap_id, taken_at, lsn::pg_lsn, state, tables, pages_captured, new_images,
+           bytes_stored, carried_pages, failure
+    FROM gsnap_snapshots_raw()
+$$;
+COMMENT ON FUNCTION gsnap_snapshots() IS 'every snapshot: when, at which WAL position, its state and size';
+
+-- Administration is restricted: superusers and members of gsnap_admin.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gsnap_admin') THEN
+        CREATE ROLE gsnap_admin NOLOGIN;
+    END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION gsnap_snapshot(boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_snapshot(boolean) TO gsnap_admin;
+REVOKE EXECUTE ON FUNCTION gsnap_debug_snapshot() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION gsnap_debug_release(bigint) FROM PUBLIC;
+"#,
+    name = "gsnap_snapshot_listing",
+    requires = [gsnap_snapshots_raw, gsnap_snapshot, gsnap_debug_snapshot, gsnap_debug_release],
+);

@@ -1,0 +1,229 @@
+//! What the worker publishes in shared memory: whether it runs, and how the current capture
+//! progresses (read by `gsnap_progress()`).
+
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
+
+/// Life cycle of the worker as backends see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WorkerState {
+    /// No worker process (not started yet, or restarting after an exit).
+    Down = 0,
+    /// Started, opening the store.
+    Starting = 1,
+    /// Serving requests.
+    Ready = 2,
+    /// Running, but the store cannot be opened: requests get the store's error.
+    StoreUnavailable = 3,
+}
+
+impl WorkerState {
+    fn from_u32(v: u32) -> WorkerState {
+        match v {
+            1 => WorkerState::Starting,
+            2 => WorkerState::Ready,
+            3 => WorkerState::StoreUnavailable,
+            _ => WorkerState::Down,
+        }
+    }
+
+    /// Lower-case name for listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Down => "down",
+            WorkerState::Starting => "starting",
+            WorkerState::Ready => "ready",
+            WorkerState::StoreUnavailable => "store unavailable",
+        }
+    }
+}
+
+/// The worker's identity and state.
+#[repr(C)]
+pub struct WorkerShared {
+    /// PGPROC number of the worker (whose latch backends set), -1 when down.
+    procno: AtomicI32,
+    pid: AtomicI32,
+    state: AtomicU32,
+}
+
+impl WorkerShared {
+    pub(super) fn new() -> WorkerShared {
+        WorkerShared {
+            procno: AtomicI32::new(-1),
+            pid: AtomicI32::new(0),
+            state: AtomicU32::new(WorkerState::Down as u32),
+        }
+    }
+
+    /// Published by the worker at start.
+    pub fn started(&self, procno: i32, pid: i32) {
+        self.pid.store(pid, Relaxed);
+        self.procno.store(procno, Relaxed);
+        self.state.store(WorkerState::Starting as u32, Relaxed);
+    }
+
+    /// Sets the state.
+    pub fn set_state(&self, state: WorkerState) {
+        self.state.store(state as u32, Relaxed);
+    }
+
+    /// Published by the worker when it exits.
+    pub fn stopped(&self) {
+        self.state.store(WorkerState::Down as u32, Relaxed);
+        self.procno.store(-1, Relaxed);
+        self.pid.store(0, Relaxed);
+    }
+
+    /// The worker's PGPROC number, if it runs.
+    pub fn procno(&self) -> Option<usize> {
+        usize::try_from(self.procno.load(Relaxed)).ok()
+    }
+
+    /// The worker's process id (0 when down).
+    pub fn pid(&self) -> i32 {
+        self.pid.load(Relaxed)
+    }
+
+    /// The state.
+    pub fn state(&self) -> WorkerState {
+        WorkerState::from_u32(self.state.load(Relaxed))
+    }
+}
+
+/// What the worker is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Phase {
+    /// Nothing to do.
+    Idle = 0,
+    /// Declaring a snapshot (possibly waiting for a table lock).
+    Declaring = 1,
+    /// Capturing pages.
+    Capturing = 2,
+    /// Writing the snapshot's final batch.
+    Committing = 3,
+}
+
+impl Phase {
+    /// Lower-case name for listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Declaring => "declaring",
+            Phase::Capturing => "capturing",
+            Phase::Committing => "committing",
+        }
+    }
+
+    fn from_u32(v: u32) -> Phase {
+        match v {
+            1 => Phase::Declaring,
+            2 => Phase::Capturing,
+            3 => Phase::Committing,
+            _ => Phase::Idle,
+        }
+    }
+}
+
+/// Progress of the capture in flight (all counters relaxed: a listing, not a protocol).
+#[repr(C)]
+#[derive(Default)]
+pub struct ProgressShared {
+    phase: AtomicU32,
+    snapshot: AtomicI64,
+    started_at_us: AtomicI64,
+    relations_total: AtomicU32,
+    relations_done: AtomicU32,
+    pages_total: AtomicU64,
+    pages_done: AtomicU64,
+    bytes_stored: AtomicU64,
+    new_images: AtomicU64,
+    /// Declared snapshots waiting for their capture.
+    queued: AtomicU32,
+    /// OID of the table whose lock a declaration waits for (0: none).
+    waiting_for: AtomicU32,
+    last_durable: AtomicI64,
+    last_durable_at_us: AtomicI64,
+}
+
+/// A copy of the progress counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    pub phase: Option<Phase>,
+    pub snapshot: i64,
+    pub started_at_us: i64,
+    pub relations_total: u32,
+    pub relations_done: u32,
+    pub pages_total: u64,
+    pub pages_done: u64,
+    pub bytes_stored: u64,
+    pub new_images: u64,
+    pub queued: u32,
+    pub waiting_for: u32,
+    pub last_durable: i64,
+    pub last_durable_at_us: i64,
+}
+
+impl ProgressShared {
+    /// Reads every counter.
+    pub fn read(&self) -> Progress {
+        Progress {
+            phase: Some(Phase::from_u32(self.phase.load(Relaxed))),
+            snapshot: self.snapshot.load(Relaxed),
+            started_at_us: self.started_at_us.load(Relaxed),
+            relations_total: self.relations_total.load(Relaxed),
+            relations_done: self.relations_done.load(Relaxed),
+            pages_total: self.pages_total.load(Relaxed),
+            pages_done: self.pages_done.load(Relaxed),
+            bytes_stored: self.bytes_stored.load(Relaxed),
+            new_images: self.new_images.load(Relaxed),
+            queued: self.queued.load(Relaxed),
+            waiting_for: self.waiting_for.load(Relaxed),
+            last_durable: self.last_durable.load(Relaxed),
+            last_durable_at_us: self.last_durable_at_us.load(Relaxed),
+        }
+    }
+
+    /// Sets the phase.
+    pub fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u32, Relaxed);
+    }
+
+    /// A capture of `snapshot` begins with `pages` pages in `relations` tables.
+    pub fn begin(&self, snapshot: i64, started_at_us: i64, relations: u32, pages: u64) {
+        self.snapshot.store(snapshot, Relaxed);
+        self.started_at_us.store(started_at_us, Relaxed);
+        self.relations_total.store(relations, Relaxed);
+        self.relations_done.store(0, Relaxed);
+        self.pages_total.store(pages, Relaxed);
+        self.pages_done.store(0, Relaxed);
+        self.bytes_stored.store(0, Relaxed);
+        self.new_images.store(0, Relaxed);
+        self.set_phase(Phase::Capturing);
+    }
+
+    /// Updates the counters of the capture in flight.
+    pub fn advance(&self, relations_done: u32, pages_done: u64, bytes: u64, new_images: u64) {
+        self.relations_done.store(relations_done, Relaxed);
+        self.pages_done.store(pages_done, Relaxed);
+        self.bytes_stored.store(bytes, Relaxed);
+        self.new_images.store(new_images, Relaxed);
+    }
+
+    /// Snapshot `snapshot` became durable.
+    pub fn durable(&self, snapshot: i64, at_us: i64) {
+        self.last_durable.store(snapshot, Relaxed);
+        self.last_durable_at_us.store(at_us, Relaxed);
+    }
+
+    /// Declared snapshots waiting for capture.
+    pub fn set_queued(&self, n: u32) {
+        self.queued.store(n, Relaxed);
+    }
+
+    /// The table a declaration waits for (0: none).
+    pub fn set_waiting_for(&self, relid: u32) {
+        self.waiting_for.store(relid, Relaxed);
+    }
+}

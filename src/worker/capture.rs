@@ -1,0 +1,340 @@
+//! Capturing a declared snapshot (DESIGN.md, capture steps 3 and 4), in batches between the
+//! worker's looks at its requests.
+//!
+//! The pages of snapshot v are: the pages written in its span, the pages the previous
+//! capture left unsettled, and whatever an earlier failed capture or declaration could not
+//! cover; for a table in `Fresh` or `Rescan` mode, every block. For each page the v-view is
+//! computed and stored (identical views are stored once); a mapping is added only where the
+//! view differs from the page's image in the previous page table. The snapshot becomes
+//! readable only when the store commits it, and only then are its MVCC snapshot and table
+//! locks released.
+
+use super::declare::{self, Declared, Mode};
+use super::page::capture_page;
+use super::{code_of, xact, Store, Worker};
+use crate::ipc::protocol::ErrorCode;
+use crate::shmem::{self, Phase};
+use gsnap_shmem::dirty::Drained;
+use gsnap_store::{Capture, PageId, RelId, RocksBackend, SnapId, StoreError};
+use pgrx::pg_sys;
+use std::collections::BTreeSet;
+
+/// Pages (by table OID and block) that a later capture must include.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct CarryForward {
+    /// (table OID, block), sorted and distinct after [`CarryForward::normalize`].
+    pub pages: Vec<(u32, u32)>,
+    /// Tables to capture completely.
+    pub full: BTreeSet<u32>,
+    /// Capture every table completely.
+    pub all: bool,
+}
+
+impl CarryForward {
+    pub fn from_drained(d: Drained) -> CarryForward {
+        CarryForward { pages: d.pages, full: d.full_relations.into_iter().collect(), all: d.all_full }
+    }
+
+    pub fn absorb(&mut self, other: CarryForward) {
+        self.pages.extend(other.pages);
+        self.full.extend(other.full);
+        self.all |= other.all;
+        self.normalize();
+    }
+
+    fn normalize(&mut self) {
+        self.pages.sort_unstable();
+        self.pages.dedup();
+    }
+
+    pub fn needs_full(&self, relid: u32) -> bool {
+        self.all || self.full.contains(&relid)
+    }
+
+    fn blocks_of(&self, relid: u32) -> impl Iterator<Item = u32> + '_ {
+        let start = self.pages.partition_point(|&(r, _)| r < relid);
+        self.pages[start..].iter().take_while(move |&&(r, _)| r == relid).map(|&(_, b)| b)
+    }
+}
+
+/// The blocks of one table a capture visits.
+enum Blocks {
+    All(u32),
+    List(Vec<u32>),
+}
+
+impl Blocks {
+    fn len(&self) -> usize {
+        match self {
+            Blocks::All(n) => *n as usize,
+            Blocks::List(l) => l.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> u32 {
+        match self {
+            Blocks::All(_) => i as u32,
+            Blocks::List(l) => l[i],
+        }
+    }
+}
+
+struct Item {
+    relid: u32,
+    rel: RelId,
+    fresh: bool,
+    blocks: Blocks,
+}
+
+/// A capture in progress.
+pub(crate) struct CaptureJob {
+    decl: Declared,
+    capture: Capture<'static, RocksBackend>,
+    /// The latest committed snapshot before this one: the page table views are compared
+    /// with.
+    baseline: Option<SnapId>,
+    items: Vec<Item>,
+    item: usize,
+    cursor: usize,
+    /// Pages found unsettled: the next capture takes them again.
+    carried: Vec<(u32, u32)>,
+    /// What this capture covers, handed on if it fails.
+    covered: CarryForward,
+    pages_done: u64,
+    strategy: pg_sys::BufferAccessStrategy,
+}
+
+impl Worker {
+    /// Begins the capture of the oldest declared snapshot when none is running.
+    pub(super) fn start_capture(&mut self) {
+        if self.job.is_some() {
+            return;
+        }
+        let (Some(store), Some(decl)) = (self.store, self.queue.pop_front()) else { return };
+        shmem::progress().set_queued(self.queue.len() as u32);
+        let mut covered = std::mem::take(&mut self.carry);
+        covered.absorb(decl.pages.clone());
+        let items: Vec<Item> = decl
+            .tables
+            .iter()
+            .map(|t| {
+                let fresh = t.mode == Mode::Fresh;
+                let blocks = if fresh || t.mode == Mode::Rescan || covered.needs_full(t.relid) {
+                    Blocks::All(t.nblocks)
+                } else {
+                    Blocks::List(covered.blocks_of(t.relid).filter(|&b| b < t.nblocks).collect())
+                };
+                Item { relid: t.relid, rel: t.rel, fresh, blocks }
+            })
+            .collect();
+        let total: u64 = items.iter().map(|i| i.blocks.len() as u64).sum();
+        let capture = match store.begin_capture(SnapId(decl.snap)) {
+            Ok(c) => c,
+            Err(e) => {
+                let reason = format!("its capture could not begin: {}", e.message());
+                let _ = store.abandon(SnapId(decl.snap), &reason);
+                self.fail(decl, covered, code_of(&e), &reason);
+                return;
+            }
+        };
+        shmem::progress().begin(decl.snap as i64, decl.declared_at_us, items.len() as u32, total);
+        // SAFETY: allocated in TopMemoryContext so it outlives the subtransactions of the
+        // capture; freed when the job ends.
+        let strategy = unsafe {
+            let old = pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
+            let s = pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD);
+            pg_sys::MemoryContextSwitchTo(old);
+            s
+        };
+        self.job = Some(CaptureJob {
+            baseline: store.latest_committed(),
+            decl,
+            capture,
+            items,
+            item: 0,
+            cursor: 0,
+            carried: Vec::new(),
+            covered,
+            pages_done: 0,
+            strategy,
+        });
+    }
+
+    /// Captures one batch of pages; returns true while there is more to do.
+    pub(super) fn capture_step(&mut self) -> bool {
+        let (Some(store), Some(job)) = (self.store, self.job.as_mut()) else { return false };
+        let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
+        let outcome = xact::in_subtransaction(|| job.run(store, budget));
+        match outcome {
+            Ok(Ok(true)) => true,
+            Ok(Ok(false)) => {
+                let job = self.job.take().expect("job");
+                self.commit(job);
+                !self.queue.is_empty()
+            }
+            Ok(Err(e)) => {
+                let job = self.job.take().expect("job");
+                self.abort(job, code_of(&e), &format!("its capture failed: {}", e.message()));
+                true
+            }
+            Err(message) => {
+                let job = self.job.take().expect("job");
+                self.abort(job, ErrorCode::Internal, &format!("its capture failed: {message}"));
+                true
+            }
+        }
+    }
+
+    fn commit(&mut self, job: CaptureJob) {
+        shmem::progress().set_phase(Phase::Committing);
+        let CaptureJob { decl, capture, carried, covered, strategy, .. } = job;
+        free_strategy(strategy);
+        match capture.commit() {
+            Ok(info) => {
+                declare::release(&decl.locked, Some(decl.mvcc));
+                self.carry.absorb(CarryForward { pages: carried, ..Default::default() });
+                let p = shmem::progress();
+                p.advance(decl.tables.len() as u32, info.stats.pages_captured, info.stats.bytes_stored(), info.stats.new_images);
+                p.durable(decl.snap as i64, decl.declared_at_us);
+                p.set_phase(Phase::Idle);
+                self.catalog_changed();
+                self.notify_durable(decl.snap, None);
+            }
+            Err(e) => {
+                let reason = format!("its capture could not be committed: {}", e.message());
+                let mut covered = covered;
+                covered.absorb(CarryForward { pages: carried, ..Default::default() });
+                self.fail(decl, covered, code_of(&e), &reason);
+            }
+        }
+    }
+
+    fn abort(&mut self, job: CaptureJob, code: ErrorCode, reason: &str) {
+        let CaptureJob { decl, capture, carried, mut covered, strategy, .. } = job;
+        free_strategy(strategy);
+        if let Err(e) = capture.abort(reason) {
+            pgrx::warning!("gsnap: could not record the failure of snapshot {}: {}", decl.snap, e.message());
+        }
+        covered.absorb(CarryForward { pages: carried, ..Default::default() });
+        self.fail(decl, covered, code, reason);
+    }
+
+    /// Gives up a declared snapshot: its pages go to the next capture, its waiters get
+    /// `reason`.
+    fn fail(&mut self, decl: Declared, mut covered: CarryForward, code: ErrorCode, reason: &str) {
+        pgrx::warning!("gsnap: snapshot {} failed: {reason}", decl.snap);
+        declare::release(&decl.locked, Some(decl.mvcc));
+        // Tables the failed capture would have captured completely must be captured
+        // completely by the next one.
+        for t in &decl.tables {
+            if t.mode != Mode::Incremental {
+                covered.full.insert(t.relid);
+            }
+        }
+        self.carry.absorb(covered);
+        shmem::progress().set_phase(Phase::Idle);
+        self.catalog_changed();
+        self.notify_durable(decl.snap, Some((code, format!("snapshot {} failed: {reason}", decl.snap))));
+    }
+
+    /// Answers the requests waiting for snapshot `snap` to become durable.
+    fn notify_durable(&mut self, snap: u64, error: Option<(ErrorCode, String)>) {
+        let (done, rest): (Vec<_>, Vec<_>) =
+            self.durable_waiters.drain(..).partition(|&(_, s)| s == snap);
+        self.durable_waiters = rest;
+        for (slot, _) in done {
+            match &error {
+                None => declare::answer_snapshot(slot, snap, ""),
+                Some((code, message)) => declare::answer_error(Some(slot), *code, message),
+            }
+        }
+    }
+}
+
+fn free_strategy(s: pg_sys::BufferAccessStrategy) {
+    // SAFETY: allocated by start_capture and no longer used.
+    unsafe { pg_sys::FreeAccessStrategy(s) };
+}
+
+impl CaptureJob {
+    /// Captures up to `budget` pages; Ok(true) while pages remain.
+    fn run(&mut self, store: &Store, budget: usize) -> Result<bool, StoreError> {
+        let mut done = 0;
+        while self.item < self.items.len() {
+            let item = &self.items[self.item];
+            if self.cursor >= item.blocks.len() {
+                self.item += 1;
+                self.cursor = 0;
+                continue;
+            }
+            if done == budget {
+                break;
+            }
+            // SAFETY: the table is locked by this snapshot's session lock and we run inside
+            // the worker's transaction; the relation is closed before the step ends.
+            let rel = unsafe {
+                pg_sys::relation_open(pg_sys::Oid::from(item.relid), pg_sys::NoLock as i32)
+            };
+            let end = (self.cursor + budget - done).min(item.blocks.len());
+            let result = (self.cursor..end).try_for_each(|i| {
+                let block = item.blocks.get(i);
+                capture_one(
+                    store,
+                    &mut self.capture,
+                    self.baseline,
+                    self.decl.mvcc,
+                    self.strategy,
+                    rel,
+                    item,
+                    block,
+                    &mut self.carried,
+                )
+            });
+            // SAFETY: opened above.
+            unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
+            result?;
+            done += end - self.cursor;
+            self.pages_done += (end - self.cursor) as u64;
+            self.cursor = end;
+        }
+        let st = self.capture.stats();
+        shmem::progress().advance(self.item as u32, self.pages_done, st.bytes_stored(), st.new_images);
+        Ok(self.item < self.items.len())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn capture_one(
+    store: &Store,
+    capture: &mut Capture<'static, RocksBackend>,
+    baseline: Option<SnapId>,
+    mvcc: pg_sys::Snapshot,
+    strategy: pg_sys::BufferAccessStrategy,
+    rel: pg_sys::Relation,
+    item: &Item,
+    block: u32,
+    carried: &mut Vec<(u32, u32)>,
+) -> Result<(), StoreError> {
+    // SAFETY: see CaptureJob::run; the block is below the size recorded at declaration and
+    // the table cannot shrink below it while locked.
+    let view = unsafe {
+        capture_page(rel, block, mvcc, strategy, &mut |bytes| capture.put_toast(bytes).map(|t| t.0))?
+    };
+    let page = PageId::new(item.rel, block);
+    let previous = match (item.fresh, baseline) {
+        (false, Some(b)) => store.lookup(page, b)?,
+        _ => None,
+    };
+    // A page with no mapping reads as empty, so an empty view needs no mapping then.
+    if view.tuples > 0 || previous.is_some() {
+        let image = capture.put_image(&view.view)?;
+        if previous != Some(image) {
+            capture.add_mapping(page, image)?;
+        }
+    }
+    if view.unsettled {
+        capture.carry(page)?;
+        carried.push((item.relid, block));
+    }
+    Ok(())
+}

@@ -1,0 +1,326 @@
+//! Declaring a snapshot (DESIGN.md, capture step 2), in this order:
+//!
+//! 1. ACCESS SHARE session locks on every gsnap table, without waiting: if one is taken by
+//!    a rewrite or DROP in progress, the declaration is postponed (never declared in the
+//!    middle of one) and retried by the main loop;
+//! 2. the MVCC snapshot, registered until the capture is durable;
+//! 3. the WAL insert LSN, then each table's storage identity, size and row type (after the
+//!    snapshot, so a block extended before it is within the recorded size);
+//! 4. only then the switch to a fresh dirty set: a write recorded before the switch is in
+//!    this snapshot's span, one recorded after it in the next.
+//!
+//! Then the declaration is made durable in the store and the snapshot joins the capture
+//! queue. Writers never wait for any of this.
+
+use super::capture::CarryForward;
+use super::catalog::{self, TableInfo};
+use super::xact;
+use super::{Store, Worker};
+use crate::ipc::protocol::ErrorCode;
+use crate::shmem::{self, Phase};
+use gsnap_store::{Rank, RelId, RelIncarnation, RelationSnapshot, SnapshotDecl, StoreError};
+use pgrx::pg_sys;
+use std::collections::HashMap;
+use std::ffi::CStr;
+
+/// A request for a snapshot that is not declared yet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PendingDeclare {
+    /// The request slot to answer (None for a periodic snapshot).
+    pub slot: Option<usize>,
+    /// Answer only when the capture is durable.
+    pub wait: bool,
+    /// Export the MVCC snapshot and hold it until released (test support).
+    pub export: bool,
+    /// Declared by the interval timer.
+    pub periodic: bool,
+}
+
+impl PendingDeclare {
+    pub fn periodic() -> PendingDeclare {
+        PendingDeclare { slot: None, wait: false, export: false, periodic: true }
+    }
+}
+
+/// What the worker knows about a gsnap table between snapshots.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Known {
+    pub rel: RelId,
+    pub relfilenode: u32,
+}
+
+/// How a table is captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// A new incarnation (new table, new storage, or worker restart): every block.
+    Fresh,
+    /// Every block, compared with the previous page table (the dirty set overflowed, or an
+    /// earlier capture failed).
+    Rescan,
+    /// Only the written and carried pages.
+    Incremental,
+}
+
+/// A table as declared in a snapshot.
+#[derive(Debug, Clone)]
+pub(crate) struct DeclaredTable {
+    pub relid: u32,
+    pub rel: RelId,
+    pub nblocks: u32,
+    pub mode: Mode,
+}
+
+/// A declared snapshot waiting for (or in) its capture.
+pub(crate) struct Declared {
+    pub snap: u64,
+    pub mvcc: pg_sys::Snapshot,
+    pub declared_at_us: i64,
+    pub tables: Vec<DeclaredTable>,
+    /// The span's written pages, plus leftovers of failed declarations.
+    pub pages: CarryForward,
+    /// Tables locked for this snapshot (released when its capture ends).
+    pub locked: Vec<u32>,
+}
+
+/// The PostgreSQL part of a declaration.
+struct Prepared {
+    lsn: u64,
+    declared_at_us: i64,
+    tables: Vec<TableInfo>,
+}
+
+enum Prepare {
+    Ready(Prepared),
+    /// A table's lock is taken (by a rewrite or DROP in progress).
+    Postponed(u32),
+}
+
+/// Steps 1 to 3. Locks taken are pushed to `locked`, the registered snapshot to `mvcc`, so
+/// the caller can undo them whatever happens.
+///
+/// # Safety
+/// Must run inside the worker's transaction.
+unsafe fn prepare(locked: &mut Vec<u32>, mvcc: &mut Option<pg_sys::Snapshot>) -> Prepare {
+    // SAFETY: catalog reads, lock requests and snapshot registration inside a transaction.
+    unsafe {
+        pg_sys::AcceptInvalidationMessages();
+        pg_sys::InvalidateCatalogSnapshot();
+        for relid in catalog::gsnap_tables() {
+            if !xact::try_lock_table(relid) {
+                return Prepare::Postponed(relid);
+            }
+            locked.push(relid);
+        }
+        // A table dropped (or converted) between listing and locking is no longer one.
+        pg_sys::AcceptInvalidationMessages();
+        pg_sys::InvalidateCatalogSnapshot();
+        let still = catalog::gsnap_tables();
+        locked.retain(|r| {
+            let keep = still.binary_search(r).is_ok();
+            if !keep {
+                xact::unlock_table(*r);
+            }
+            keep
+        });
+        let snapshot =
+            pg_sys::RegisterSnapshotOnOwner(pg_sys::GetLatestSnapshot(), pg_sys::TopTransactionResourceOwner);
+        *mvcc = Some(snapshot);
+        let lsn = pg_sys::GetXLogInsertRecPtr();
+        let declared_at_us = catalog::now_unix_us();
+        let tables = locked.iter().filter_map(|&r| catalog::table_info(r)).collect();
+        Prepare::Ready(Prepared { lsn, declared_at_us, tables })
+    }
+}
+
+pub(super) fn release(locked: &[u32], mvcc: Option<pg_sys::Snapshot>) {
+    for &r in locked {
+        xact::unlock_table(r);
+    }
+    if let Some(s) = mvcc {
+        // SAFETY: registered on the top transaction's owner by `prepare`.
+        unsafe { pg_sys::UnregisterSnapshotFromOwner(s, pg_sys::TopTransactionResourceOwner) };
+    }
+}
+
+impl Worker {
+    /// Tries to declare one snapshot for every pending request.
+    pub(super) fn declare_pending(&mut self) {
+        self.pending.retain(|p| match p.slot {
+            Some(s) if shmem::request_slot(s).abandoned() => {
+                shmem::request_slot(s).finish(|_| {});
+                false
+            }
+            _ => true,
+        });
+        if self.pending.is_empty() {
+            return;
+        }
+        let Some(store) = self.store else {
+            let (code, message) = self.store_problem.clone().unwrap_or((
+                ErrorCode::Io,
+                "the gsnap store is not open".to_string(),
+            ));
+            for p in std::mem::take(&mut self.pending) {
+                answer_error(p.slot, code, &message);
+            }
+            return;
+        };
+        if self.queue.len() + usize::from(self.job.is_some())
+            >= crate::gucs::MAX_QUEUED_SNAPSHOTS.get() as usize
+        {
+            return; // wait for captures to make room
+        }
+        self.xact.ensure_open();
+        shmem::progress().set_phase(Phase::Declaring);
+        let mut locked = Vec::new();
+        let mut mvcc = None;
+        // SAFETY: the transaction is open.
+        let prepared = xact::in_subtransaction(|| unsafe { prepare(&mut locked, &mut mvcc) });
+        let prepared = match prepared {
+            Ok(Prepare::Ready(p)) => p,
+            Ok(Prepare::Postponed(relid)) => {
+                release(&locked, mvcc);
+                shmem::progress().set_waiting_for(relid);
+                return;
+            }
+            Err(message) => {
+                release(&locked, mvcc);
+                let message = format!("could not declare a snapshot: {message}");
+                pgrx::warning!("{message}");
+                for p in std::mem::take(&mut self.pending) {
+                    answer_error(p.slot, ErrorCode::Internal, &message);
+                }
+                return;
+            }
+        };
+        shmem::progress().set_waiting_for(0);
+        let mvcc = mvcc.expect("a prepared declaration has a snapshot");
+
+        // Step 4: the span ends here.
+        let dirty = shmem::dirty_sets();
+        let retired = dirty.begin_span(|| {
+            // SAFETY: a short sleep while a writer finishes recording.
+            unsafe { pg_sys::pg_usleep(10) }
+        });
+        let drained = dirty.drain(retired);
+        if drained.overflowed > 0 || drained.all_full {
+            pgrx::warning!(
+                "gsnap: {} written pages did not fit the dirty set (gsnap.max_dirty_pages = {}); \
+                 their tables are captured completely",
+                drained.overflowed,
+                crate::gucs::MAX_DIRTY_PAGES.get()
+            );
+        }
+        let mut pages = CarryForward::from_drained(drained);
+        pages.absorb(std::mem::take(&mut self.span_leftover));
+
+        match self.record(store, &prepared, mvcc, pages.clone(), locked.clone()) {
+            Ok(declared) => {
+                let snap = declared.snap;
+                self.queue.push_back(declared);
+                shmem::progress().set_queued(self.queue.len() as u32);
+                self.catalog_changed();
+                let export = if self.pending.iter().any(|p| p.export) {
+                    // SAFETY: at the top level of the worker's transaction (exporting from a
+                    // subtransaction is not allowed); the name is a C string.
+                    let name = unsafe { CStr::from_ptr(pg_sys::ExportSnapshot(mvcc)) };
+                    self.exports.push(snap);
+                    name.to_string_lossy().into_owned()
+                } else {
+                    String::new()
+                };
+                for p in std::mem::take(&mut self.pending) {
+                    match p.slot {
+                        Some(s) if p.wait => self.durable_waiters.push((s, snap)),
+                        Some(s) => answer_snapshot(s, snap, &export),
+                        None => {}
+                    }
+                }
+            }
+            Err(e) => {
+                release(&locked, Some(mvcc));
+                self.span_leftover = pages;
+                let message = format!("could not declare a snapshot: {}", e.message());
+                pgrx::warning!("{message}");
+                for p in std::mem::take(&mut self.pending) {
+                    answer_error(p.slot, super::code_of(&e), &message);
+                }
+            }
+        }
+    }
+
+    /// Makes the declaration durable and decides how each table is captured.
+    fn record(
+        &mut self,
+        store: &Store,
+        p: &Prepared,
+        mvcc: pg_sys::Snapshot,
+        pages: CarryForward,
+        locked: Vec<u32>,
+    ) -> Result<Declared, StoreError> {
+        let mut relations = Vec::with_capacity(p.tables.len());
+        let mut tables = Vec::with_capacity(p.tables.len());
+        let mut known = HashMap::with_capacity(p.tables.len());
+        for t in &p.tables {
+            let previous = self.known.get(&t.relid).filter(|k| k.relfilenode == t.relfilenode);
+            let (rel, mode) = match previous {
+                Some(k) if !self.fresh_start => {
+                    let mode = if pages.needs_full(t.relid) { Mode::Rescan } else { Mode::Incremental };
+                    (k.rel, mode)
+                }
+                _ => {
+                    let rel = store.allocate_rel(&RelIncarnation {
+                        pg_relid: t.relid,
+                        relfilenode: t.relfilenode,
+                        name: t.name.clone(),
+                    })?;
+                    (rel, Mode::Fresh)
+                }
+            };
+            let row_type = store.put_row_type(&t.row_type.encode())?;
+            relations.push(RelationSnapshot {
+                pg_relid: t.relid,
+                rel,
+                relfilenode: t.relfilenode,
+                nblocks: t.nblocks,
+                row_type,
+                name: t.name.clone(),
+            });
+            tables.push(DeclaredTable { relid: t.relid, rel, nblocks: t.nblocks, mode });
+            known.insert(t.relid, Known { rel, relfilenode: t.relfilenode });
+        }
+        let snap = store.declare(SnapshotDecl {
+            declared_at_us: p.declared_at_us,
+            wal_lsn: p.lsn,
+            rank: Rank(0),
+            relations,
+        })?;
+        self.known = known;
+        self.fresh_start = false;
+        Ok(Declared { snap: snap.0, mvcc, declared_at_us: p.declared_at_us, tables, pages, locked })
+    }
+}
+
+/// Answers a declaration request with the snapshot id (and the exported snapshot's name).
+pub(super) fn answer_snapshot(slot: usize, snap: u64, export: &str) {
+    let s = shmem::request_slot(slot);
+    // SAFETY: the worker took this request and has not finished it.
+    let body = unsafe { s.taken_body() };
+    body.result = snap as i64;
+    body.set_reply(export.as_bytes());
+    let requester = body.requester;
+    s.finish(|_| {});
+    crate::ipc::set_latch_of(requester as usize);
+}
+
+/// Answers a request the worker took with an error.
+pub(super) fn answer_error(slot: Option<usize>, code: ErrorCode, message: &str) {
+    let Some(slot) = slot else { return };
+    let s = shmem::request_slot(slot);
+    // SAFETY: the worker took this request and has not finished it.
+    let body = unsafe { s.taken_body() };
+    body.set_error(code as u32, message);
+    let requester = body.requester;
+    s.finish(|_| {});
+    crate::ipc::set_latch_of(requester as usize);
+}

@@ -1,0 +1,264 @@
+//! The gsnap background worker: declares snapshots (on request and periodically), captures
+//! them, writes the store, and answers backends' requests (DESIGN.md, Processes).
+//!
+//! It is the only process that opens the store. Its main loop never blocks on anything a
+//! user controls: a declaration that cannot lock a table is retried later, captures run in
+//! batches between looks at the request slots, and every unit of PostgreSQL work runs in a
+//! subtransaction so an ERROR fails one snapshot, not the worker.
+
+mod capture;
+mod catalog;
+mod declare;
+mod page;
+mod serve;
+mod xact;
+
+use crate::gucs;
+use crate::ipc::protocol::ErrorCode;
+use crate::shmem::{self, Phase, WorkerState};
+use capture::{CaptureJob, CarryForward};
+use declare::{Declared, Known, PendingDeclare};
+use gsnap_store::{ErrorKind, RocksBackend, SnapshotStore, StoreError, StoreOptions};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CStr;
+use std::time::{Duration, Instant};
+
+pub(crate) type Store = SnapshotStore<RocksBackend>;
+pub(crate) use catalog::UNIX_TO_PG_EPOCH_US;
+
+/// Registers the worker with the postmaster; called from `_PG_init` during preload.
+pub fn register() {
+    BackgroundWorkerBuilder::new("gsnap worker")
+        .set_type("gsnap worker")
+        .set_library("gsnap")
+        .set_function("gsnap_worker_main")
+        .enable_spi_access()
+        .set_start_time(pgrx::bgworkers::BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+}
+
+/// Maps a store error to the error code a backend reports.
+pub(crate) fn code_of(e: &StoreError) -> ErrorCode {
+    match e.kind() {
+        ErrorKind::NotFound => ErrorCode::UnknownSnapshot,
+        ErrorKind::Incompatible => ErrorCode::Incompatible,
+        ErrorKind::Corrupt => ErrorCode::Corrupt,
+        ErrorKind::NoSpace => ErrorCode::NoSpace,
+        ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+        ErrorKind::InvalidArgument => ErrorCode::InvalidArgument,
+        _ => ErrorCode::Io,
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn gsnap_worker_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let db = gucs::database();
+    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
+    // SAFETY: MyProc and MyProcPid are set for a connected background worker.
+    let (procno, pid) = unsafe { ((*pg_sys::MyProc).pgprocno, pg_sys::MyProcPid) };
+    let w = shmem::worker();
+    w.started(procno, pid);
+    recover_request_slots();
+    let mut worker = Worker::new();
+    log!("gsnap worker started in database \"{db}\"");
+    worker.run();
+    w.stopped();
+}
+
+/// Answers requests a previous worker took but never finished.
+fn recover_request_slots() {
+    for i in 0..shmem::request_slot_count() {
+        let slot = shmem::request_slot(i);
+        if slot.recover_after_worker_exit(
+            ErrorCode::WorkerRestarted as u32,
+            "the gsnap worker restarted while working on this request; try again",
+        ) {
+            crate::ipc::set_latch_of(i);
+        }
+    }
+}
+
+/// Everything the worker holds between loop iterations.
+pub(crate) struct Worker {
+    store: Option<&'static Store>,
+    store_problem: Option<(ErrorCode, String)>,
+    next_open_attempt: Instant,
+    xact: xact::Xact,
+    /// Declaration requests not yet satisfied (waiting for a lock, or for queue room).
+    pending: Vec<PendingDeclare>,
+    /// Declared snapshots waiting for their capture, oldest first.
+    queue: VecDeque<Declared>,
+    /// The capture in progress.
+    job: Option<CaptureJob>,
+    /// Current incarnation of each gsnap table (by OID).
+    known: HashMap<u32, Known>,
+    /// No snapshot declared since the worker started: capture every table completely.
+    fresh_start: bool,
+    /// Pages written in spans whose declaration failed: they belong to the next one.
+    span_leftover: CarryForward,
+    /// Pages the next capture must include (unsettled, or from a failed capture).
+    carry: CarryForward,
+    /// Requests waiting for a snapshot to become durable: (slot, snapshot).
+    durable_waiters: Vec<(usize, u64)>,
+    /// Snapshots exported (for tests) and held until released.
+    exports: Vec<u64>,
+    next_periodic: Option<Instant>,
+    /// Serialized answers (catalog listings) by key, rebuilt when the catalog changes.
+    answers: HashMap<(u32, i64), std::rc::Rc<Vec<u8>>>,
+}
+
+impl Worker {
+    fn new() -> Worker {
+        Worker {
+            store: None,
+            store_problem: None,
+            next_open_attempt: Instant::now(),
+            xact: xact::Xact::default(),
+            pending: Vec::new(),
+            queue: VecDeque::new(),
+            job: None,
+            known: HashMap::new(),
+            fresh_start: true,
+            span_leftover: CarryForward::default(),
+            carry: CarryForward::default(),
+            durable_waiters: Vec::new(),
+            exports: Vec::new(),
+            next_periodic: None,
+            answers: HashMap::new(),
+        }
+    }
+
+    fn run(&mut self) {
+        self.schedule_periodic();
+        while !BackgroundWorker::sigterm_received() {
+            if BackgroundWorker::sighup_received() {
+                // SAFETY: reloading the configuration file in the main loop, as workers do.
+                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+                self.schedule_periodic();
+            }
+            self.ensure_store();
+            self.serve_requests();
+            self.periodic_due();
+            self.declare_pending();
+            self.start_capture();
+            let busy = self.capture_step();
+            self.release_transaction_if_idle();
+            let timeout = if busy || !self.pending.is_empty() && self.store.is_some() {
+                Duration::from_millis(if busy { 0 } else { 20 })
+            } else {
+                self.idle_timeout()
+            };
+            wait(timeout);
+        }
+        log!("gsnap worker stopping");
+    }
+
+    fn idle_timeout(&self) -> Duration {
+        let mut t = Duration::from_secs(1);
+        if let Some(due) = self.next_periodic {
+            t = t.min(due.saturating_duration_since(Instant::now()));
+        }
+        t
+    }
+
+    fn schedule_periodic(&mut self) {
+        let secs = gucs::SNAPSHOT_INTERVAL.get();
+        self.next_periodic = (secs > 0).then(|| {
+            let interval = Duration::from_secs(secs as u64);
+            match self.next_periodic {
+                Some(due) => due.min(Instant::now() + interval),
+                None => Instant::now() + interval,
+            }
+        });
+    }
+
+    fn periodic_due(&mut self) {
+        let Some(due) = self.next_periodic else { return };
+        if Instant::now() < due || self.pending.iter().any(|p| p.periodic) {
+            return;
+        }
+        self.pending.push(PendingDeclare::periodic());
+        let secs = gucs::SNAPSHOT_INTERVAL.get().max(1) as u64;
+        self.next_periodic = Some(Instant::now() + Duration::from_secs(secs));
+    }
+
+    /// Opens the store if it is not open, at most every few seconds after a failure.
+    fn ensure_store(&mut self) {
+        if self.store.is_some() || Instant::now() < self.next_open_attempt {
+            return;
+        }
+        let dir = store_directory();
+        // SAFETY: reading the cluster's system identifier.
+        let sysid = unsafe { pg_sys::GetSystemIdentifier() };
+        match Store::open_dir(std::path::Path::new(&dir), StoreOptions::new(sysid)) {
+            Ok(store) => {
+                if self.store_problem.take().is_some() {
+                    log!("gsnap store at \"{dir}\" is open again");
+                }
+                self.store = Some(Box::leak(Box::new(store)));
+                shmem::worker().set_state(WorkerState::Ready);
+            }
+            Err(e) => {
+                let message = format!("gsnap store at \"{dir}\" cannot be opened: {}", e.message());
+                if self.store_problem.as_ref().map(|(_, m)| m) != Some(&message) {
+                    warning!("{message}");
+                }
+                self.store_problem = Some((code_of(&e), message));
+                self.next_open_attempt = Instant::now() + Duration::from_secs(5);
+                shmem::worker().set_state(WorkerState::StoreUnavailable);
+            }
+        }
+    }
+
+    /// Commits the worker's transaction once it holds no snapshot.
+    fn release_transaction_if_idle(&mut self) {
+        if self.xact.is_open() && self.queue.is_empty() && self.job.is_none() && self.exports.is_empty()
+        {
+            self.xact.close();
+            shmem::progress().set_phase(Phase::Idle);
+        }
+    }
+
+    /// Invalidates cached catalog answers (a snapshot was declared, committed or failed).
+    fn catalog_changed(&mut self) {
+        self.answers.clear();
+    }
+}
+
+/// Sleeps on the worker's latch (or just checks signals, for a zero timeout).
+fn wait(timeout: Duration) {
+    // SAFETY: the standard latch wait of a background worker.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            timeout.as_millis() as i64,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+}
+
+/// The store directory: `gsnap.store_directory`, relative to the data directory, or
+/// `gsnap` in the data directory.
+pub(crate) fn store_directory() -> String {
+    // SAFETY: DataDir is set in every backend and worker.
+    let data_dir = unsafe { CStr::from_ptr(pg_sys::DataDir) }.to_string_lossy().into_owned();
+    match gucs::STORE_DIRECTORY.get() {
+        Some(d) if !d.as_bytes().is_empty() => {
+            let d = d.to_string_lossy().into_owned();
+            if d.starts_with('/') {
+                d
+            } else {
+                format!("{data_dir}/{d}")
+            }
+        }
+        _ => format!("{data_dir}/gsnap"),
+    }
+}

@@ -1,0 +1,257 @@
+//! Computing the v-view of one heap page (DESIGN.md, capture step 3).
+//!
+//! Under a share lock on the buffer: every normal line pointer's tuple is tested against the
+//! declared MVCC snapshot, visible tuples are copied with their header *normalized* (so the
+//! view depends only on what the snapshot sees), and the page is *unsettled* if a tuple
+//! version's inserter or deleter is still unknown to the snapshot (in progress at
+//! declaration, or started after it) and has not aborted: its view will change for a later
+//! snapshot without a recorded write. Out-of-line TOAST values of the visible tuples are
+//! copied into the store after the buffer is released, and the tuple's TOAST pointer is
+//! rewritten to name the stored copy, so a snapshot never depends on TOAST chunks.
+
+use gsnap_format::view::ViewBuilder;
+use pgrx::pg_sys;
+
+/// Bytes of a heap tuple header up to `t_infomask2` (xmin, xmax, cid/xvac, ctid).
+const HEADER_IDS: usize = 18;
+const INFOMASK2: usize = 18;
+const INFOMASK: usize = 20;
+/// The infomask bits that describe the tuple's layout (kept in views).
+const LAYOUT_BITS: u16 = 0x0007; // HEAP_HASNULL | HEAP_HASVARWIDTH | HEAP_HASEXTERNAL
+/// Offset of the TOAST value id inside an on-disk TOAST pointer: 1-byte header, tag byte,
+/// then va_rawsize and va_extinfo.
+const POINTER_ID_AT: usize = 2 + 8;
+
+/// The result of capturing one page.
+pub struct PageView {
+    /// The encoded view.
+    pub view: Vec<u8>,
+    /// Tuples in the view.
+    pub tuples: usize,
+    /// The view may change without a recorded write: capture the page again next time.
+    pub unsettled: bool,
+}
+
+/// A visible tuple copied out of the page, 8-byte aligned so it can be deformed in place.
+struct Copied {
+    lp: u16,
+    len: usize,
+    words: Vec<u64>,
+    has_external: bool,
+}
+
+impl Copied {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len` initialized bytes.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+/// True if `xid` is unknown to `snapshot` (in progress at declaration, or later) and has
+/// not aborted.
+///
+/// # Safety
+/// `snapshot` must be a valid MVCC snapshot.
+unsafe fn unsettled_xid(xid: pg_sys::TransactionId, snapshot: pg_sys::Snapshot) -> bool {
+    // SAFETY: plain calls into PostgreSQL's transaction status functions.
+    unsafe {
+        xid.into_inner() >= pg_sys::TransactionId::FIRST_NORMAL.into_inner()
+            && pg_sys::XidInMVCCSnapshot(xid, snapshot)
+            && !pg_sys::TransactionIdDidAbort(xid)
+    }
+}
+
+/// True if the tuple version at `header` may still change which snapshots see it.
+///
+/// # Safety
+/// `header` points to a tuple header on a buffer the caller holds locked.
+unsafe fn tuple_unsettled(header: pg_sys::HeapTupleHeader, snapshot: pg_sys::Snapshot) -> bool {
+    // SAFETY: the caller holds the buffer lock; reading header fields and transaction status.
+    unsafe {
+        let infomask = u32::from((*header).t_infomask);
+        let xmin_frozen = infomask & pg_sys::HEAP_XMIN_FROZEN == pg_sys::HEAP_XMIN_FROZEN;
+        let xmin_aborted = !xmin_frozen && infomask & pg_sys::HEAP_XMIN_INVALID != 0;
+        if xmin_aborted {
+            return false; // never visible to anyone
+        }
+        if !xmin_frozen && unsettled_xid((*header).t_choice.t_heap.t_xmin, snapshot) {
+            return true;
+        }
+        if infomask & pg_sys::HEAP_XMAX_INVALID != 0 {
+            return false;
+        }
+        let lock_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
+            || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
+                == pg_sys::HEAP_XMAX_EXCL_LOCK;
+        if lock_only {
+            return false; // a row lock does not change visibility
+        }
+        let xmax = if infomask & pg_sys::HEAP_XMAX_IS_MULTI != 0 {
+            pg_sys::HeapTupleGetUpdateXid(header)
+        } else {
+            (*header).t_choice.t_heap.t_xmax
+        };
+        unsettled_xid(xmax, snapshot)
+    }
+}
+
+/// Reads block `block` of `rel` and returns its view at `snapshot`. `store_toast` stores
+/// one out-of-line value (the bytes of its varlena, possibly compressed) and returns the id
+/// of the stored copy.
+///
+/// # Safety
+/// `rel` must be open and locked against storage replacement, `block` below its size, and
+/// `snapshot` a registered MVCC snapshot. Must run inside a transaction.
+pub unsafe fn capture_page<E>(
+    rel: pg_sys::Relation,
+    block: u32,
+    snapshot: pg_sys::Snapshot,
+    strategy: pg_sys::BufferAccessStrategy,
+    store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
+) -> Result<PageView, E> {
+    let mut copied = Vec::new();
+    let mut unsettled = false;
+    // SAFETY: the caller's contract; the buffer is pinned and share-locked while its
+    // tuples are examined and copied, then released.
+    unsafe {
+        let buffer = pg_sys::ReadBufferExtended(
+            rel,
+            pg_sys::ForkNumber::MAIN_FORKNUM,
+            block,
+            pg_sys::ReadBufferMode::RBM_NORMAL,
+            strategy,
+        );
+        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let page = pg_sys::BufferGetPage(buffer);
+        if !pg_sys::PageIsNew(page) {
+            let max = pg_sys::PageGetMaxOffsetNumber(page);
+            for off in 1..=max {
+                let item = pg_sys::PageGetItemId(page, off);
+                if (*item).lp_flags() != pg_sys::LP_NORMAL {
+                    continue;
+                }
+                let header = pg_sys::PageGetItem(page, item).cast::<pg_sys::HeapTupleHeaderData>();
+                let len = (*item).lp_len() as usize;
+                let mut tuple = pg_sys::HeapTupleData {
+                    t_len: len as u32,
+                    t_self: pg_sys::ItemPointerData::default(),
+                    t_tableOid: (*rel).rd_id,
+                    t_data: header,
+                };
+                pgrx::itemptr::item_pointer_set_all(&mut tuple.t_self, block, off);
+                if tuple_unsettled(header, snapshot) {
+                    unsettled = true;
+                }
+                if pg_sys::HeapTupleSatisfiesVisibility(&mut tuple, snapshot, buffer) {
+                    let mut words = vec![0u64; len.div_ceil(8)];
+                    std::ptr::copy_nonoverlapping(
+                        header.cast::<u8>(),
+                        words.as_mut_ptr().cast::<u8>(),
+                        len,
+                    );
+                    let has_external =
+                        u32::from((*header).t_infomask) & pg_sys::HEAP_HASEXTERNAL != 0;
+                    copied.push(Copied { lp: off, len, words, has_external });
+                }
+            }
+        }
+        pg_sys::UnlockReleaseBuffer(buffer);
+    }
+
+    let mut builder = ViewBuilder::new();
+    for mut t in copied {
+        if t.has_external {
+            // SAFETY: `t` is a complete heap tuple of `rel` (aligned copy).
+            unsafe { copy_out_toast(rel, &mut t, store_toast)? };
+        }
+        normalize(t.bytes_mut());
+        builder.push(t.lp, t.bytes());
+    }
+    Ok(PageView { tuples: builder.len(), view: builder.finish(), unsettled })
+}
+
+/// Zeroes the transaction ids, command id and ctid, and keeps only the layout bits of the
+/// infomasks: what remains depends only on the tuple's contents.
+fn normalize(t: &mut [u8]) {
+    t[..HEADER_IDS].fill(0);
+    let m2 = u16::from_ne_bytes([t[INFOMASK2], t[INFOMASK2 + 1]]) & pg_sys::HEAP_NATTS_MASK as u16;
+    t[INFOMASK2..INFOMASK2 + 2].copy_from_slice(&m2.to_ne_bytes());
+    let m = u16::from_ne_bytes([t[INFOMASK], t[INFOMASK + 1]]) & LAYOUT_BITS;
+    t[INFOMASK..INFOMASK + 2].copy_from_slice(&m.to_ne_bytes());
+}
+
+/// Stores each out-of-line TOAST value of `t` and points its TOAST pointer at the copy.
+///
+/// # Safety
+/// `t` holds a complete heap tuple of `rel`; must run inside a transaction with a registered
+/// snapshot (TOAST fetches need one).
+unsafe fn copy_out_toast<E>(
+    rel: pg_sys::Relation,
+    t: &mut Copied,
+    store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
+) -> Result<(), E> {
+    // SAFETY: deforming an aligned copy of a tuple of `rel` with `rel`'s descriptor; the
+    // datums of varlena attributes point into the copy, so their offsets locate the TOAST
+    // pointers to rewrite.
+    unsafe {
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts as usize;
+        let base = t.words.as_mut_ptr().cast::<u8>();
+        let mut tuple = pg_sys::HeapTupleData {
+            t_len: t.len as u32,
+            t_self: pg_sys::ItemPointerData::default(),
+            t_tableOid: (*rel).rd_id,
+            t_data: base.cast(),
+        };
+        let mut values = vec![pg_sys::Datum::from(0usize); natts];
+        let mut nulls = vec![false; natts];
+        pg_sys::heap_deform_tuple(&mut tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        for i in 0..natts {
+            let att = (*desc).attrs.as_slice(natts)[i];
+            if nulls[i] || att.attlen != -1 || att.attisdropped {
+                continue;
+            }
+            let ptr = values[i].cast_mut_ptr::<u8>();
+            // VARATT_IS_EXTERNAL_ONDISK: a 1-byte external header (0x01 on little-endian
+            // machines) followed by the VARTAG_ONDISK tag.
+            if *ptr != 0x01 || u32::from(*ptr.add(1)) != pg_sys::vartag_external::VARTAG_ONDISK {
+                continue;
+            }
+            let offset = ptr.offset_from(base) as usize;
+            let value = pg_sys::detoast_external_attr(ptr.cast());
+            let size = varsize_any(value.cast());
+            let id = store_toast(std::slice::from_raw_parts(value.cast::<u8>(), size))?;
+            pg_sys::pfree(value.cast());
+            t.bytes_mut()[offset + POINTER_ID_AT..offset + POINTER_ID_AT + 8]
+                .copy_from_slice(&id.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// VARSIZE_ANY of an in-memory varlena.
+///
+/// # Safety
+/// `p` points to a valid varlena (not external).
+pub unsafe fn varsize_any(p: *const u8) -> usize {
+    // SAFETY: reading the header of a valid varlena (little-endian layouts).
+    unsafe {
+        let first = *p;
+        if first == 0x01 {
+            // external: header + tag + payload (callers never pass one)
+            2 + match u32::from(*p.add(1)) {
+                pg_sys::vartag_external::VARTAG_ONDISK => 16,
+                _ => 8,
+            }
+        } else if first & 0x01 == 0x01 {
+            (first >> 1) as usize // 1-byte header
+        } else {
+            (u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]) >> 2) as usize
+        }
+    }
+}

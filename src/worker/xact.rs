@@ -1,0 +1,128 @@
+//! The worker's transaction, subtransactions and session locks.
+//!
+//! A declared snapshot's MVCC snapshot must stay registered until its capture is durable
+//! (DESIGN.md, third ordering), and PostgreSQL ties registered snapshots to a transaction.
+//! So the worker keeps one transaction open while it holds any snapshot and commits it
+//! when it holds none. Its snapshots are registered on the top transaction's resource owner;
+//! each unit of work (one declaration, one batch of pages) runs in a subtransaction, so an
+//! ERROR fails that unit only, not every snapshot held.
+//!
+//! Tables are locked with *session* locks (ACCESS SHARE), taken at declaration and released
+//! when the snapshot's capture ends, independently of transactions: TRUNCATE, VACUUM FULL,
+//! CLUSTER, rewriting ALTER TABLE and DROP TABLE wait for them, so no storage a declared
+//! snapshot needs can disappear, while ordinary reads and writes never conflict.
+
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::PgTryBuilder;
+
+/// The worker's top-level transaction.
+#[derive(Default)]
+pub struct Xact {
+    open: bool,
+}
+
+impl Xact {
+    /// Starts the transaction if none is open.
+    pub fn ensure_open(&mut self) {
+        if !self.open {
+            // SAFETY: the worker's main loop runs outside any transaction when `open` is
+            // false, and these calls are PostgreSQL's way to start one in a background worker.
+            unsafe {
+                pg_sys::SetCurrentStatementStartTimestamp();
+                pg_sys::StartTransactionCommand();
+            }
+            self.open = true;
+        }
+    }
+
+    /// True while the transaction is open.
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// Commits the transaction (the caller holds no snapshot any more).
+    pub fn close(&mut self) {
+        if self.open {
+            // SAFETY: started by ensure_open; no subtransaction is open between units.
+            unsafe { pg_sys::CommitTransactionCommand() };
+            self.open = false;
+        }
+    }
+}
+
+/// Runs `f` in a subtransaction of the open transaction. A PostgreSQL ERROR (or a Rust
+/// panic) inside `f` rolls the subtransaction back and comes back as `Err(message)`.
+pub fn in_subtransaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    // SAFETY: called with the worker's transaction open and no subtransaction open; the
+    // memory context and resource owner are restored as PL/pgSQL does for its blocks.
+    unsafe {
+        let context = pg_sys::CurrentMemoryContext;
+        let owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(context);
+        let f = std::panic::AssertUnwindSafe(f);
+        let outcome = PgTryBuilder::new(move || {
+            let f = f;
+            Ok((f.0)())
+        })
+            .catch_others(|e| Err(describe(e)))
+            .execute();
+        match outcome {
+            Ok(r) => {
+                pg_sys::ReleaseCurrentSubTransaction();
+                pg_sys::MemoryContextSwitchTo(context);
+                pg_sys::CurrentResourceOwner = owner;
+                Ok(r)
+            }
+            Err(message) => {
+                pg_sys::MemoryContextSwitchTo(context);
+                pg_sys::RollbackAndReleaseCurrentSubTransaction();
+                pg_sys::MemoryContextSwitchTo(context);
+                pg_sys::CurrentResourceOwner = owner;
+                Err(message)
+            }
+        }
+    }
+}
+
+fn describe(e: CaughtError) -> String {
+    match e {
+        CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => r.message().to_string(),
+        CaughtError::RustPanic { ereport, .. } => ereport.message().to_string(),
+    }
+}
+
+fn relation_locktag(relid: u32) -> pg_sys::LOCKTAG {
+    // SAFETY: reading MyDatabaseId of a connected worker.
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    // SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid)
+    pg_sys::LOCKTAG {
+        locktag_field1: db,
+        locktag_field2: relid,
+        locktag_field3: 0,
+        locktag_field4: 0,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_RELATION as u8,
+        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+    }
+}
+
+/// Takes an ACCESS SHARE session lock on a table without waiting; false if another
+/// transaction holds a conflicting lock (a TRUNCATE, VACUUM FULL, ... in progress).
+pub fn try_lock_table(relid: u32) -> bool {
+    let tag = relation_locktag(relid);
+    // SAFETY: a session-level lock request on a relation of the worker's database.
+    let r = unsafe {
+        pg_sys::LockAcquire(&tag, pg_sys::AccessShareLock as i32, true, true)
+    };
+    r != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
+/// Releases one session lock taken by [`try_lock_table`].
+pub fn unlock_table(relid: u32) {
+    let tag = relation_locktag(relid);
+    // SAFETY: releases a session lock this process holds.
+    unsafe {
+        pg_sys::LockRelease(&tag, pg_sys::AccessShareLock as i32, true);
+    }
+}
