@@ -34,9 +34,20 @@ if ! grep -qs "pg$PG_MAJOR = \"$PG_CONFIG\"" "$PGRX_HOME/config.toml"; then
     cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG" >/dev/null
 fi
 
-log "building and installing the gsnap extension (the first build compiles RocksDB: ~10 minutes)"
+log "building the gsnap extension (the first build compiles RocksDB: ~10 minutes)"
 start=$(date +%s)
-(cd "$GSNAP_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG")
+package="$GSNAP_CACHE/package"
+rm -rf "$package"
+(cd "$GSNAP_ROOT" && cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$package")
+# Install each file by renaming a complete copy into place, so servers running the old
+# library keep their mapped file intact (an in-place overwrite can crash them).
+(cd "$package" && find . -type f) | while read -r f; do
+    dest="/${f#./}"
+    mkdir -p "$(dirname "$dest")"
+    cp "$package/$f" "$dest.gsnap-new"
+    chmod 644 "$dest.gsnap-new"
+    mv -f "$dest.gsnap-new" "$dest"
+done
 log "extension built and installed in $(( $(date +%s) - start )) s"
 ensure_dev_null
 ensure_os_user

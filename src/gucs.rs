@@ -21,11 +21,27 @@ pub static MAX_DIRTY_PAGES: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
 /// Shared image cache size, in kB.
 pub static IMAGE_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 
+/// Shared group cache size, in kB.
+pub static INDEX_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+
+/// L_1*: the first index group's length budget (snapshots per group until queries tell).
+pub static GROUP_LENGTH: GucSetting<i32> = GucSetting::<i32>::new(20);
+
+/// p: GSnap's punish factor for a group that did not use its page budget.
+pub static GROUP_PUNISH_FACTOR: GucSetting<f64> = GucSetting::<f64>::new(0.75);
+
 /// Pages the worker captures between two looks at its requests.
 pub static CAPTURE_BATCH_PAGES: GucSetting<i32> = GucSetting::<i32>::new(256);
 
 /// Declared snapshots that may wait for their capture.
 pub static MAX_QUEUED_SNAPSHOTS: GucSetting<i32> = GucSetting::<i32>::new(16);
+
+/// Test hook: milliseconds the worker pauses between taking a declaration's MVCC snapshot
+/// and switching dirty sets (widens the window the first capture ordering is about).
+pub static DEBUG_DECLARE_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// Test hook: milliseconds between two capture batches (keeps a capture in flight).
+pub static DEBUG_CAPTURE_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// Registers the settings; called from `_PG_init` during preload.
 pub fn init() {
@@ -83,6 +99,39 @@ pub fn init() {
         GucFlags::UNIT_KB,
     );
     GucRegistry::define_int_guc(
+        c"gsnap.index_cache_size",
+        c"Shared memory for the snapshot index groups queries read.",
+        c"Holds the active group and recently used sealed groups of the GSnap index, \
+          evicted whole, least recently used first. A group never exceeds a quarter of it.",
+        &INDEX_CACHE_SIZE,
+        1024,
+        64 * 1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.group_length",
+        c"Snapshots in the first index group (GSnap's initial length budget L1*).",
+        c"Later groups adapt their length to the update ratio and to the length of the \
+          snapshot ranges queries actually read (GSnap Algorithm 1).",
+        &GROUP_LENGTH,
+        1,
+        4096,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_float_guc(
+        c"gsnap.group_punish_factor",
+        c"GSnap's punish factor p: how much a group that did not use its page budget shrinks.",
+        c"The next group's length budget is max(p x length, C), where C is the average \
+          length of recent snapshot-range queries.",
+        &GROUP_PUNISH_FACTOR,
+        0.05,
+        1.0,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
         c"gsnap.capture_batch_pages",
         c"Pages the worker captures before it looks at waiting requests again.",
         c"Smaller keeps queries over snapshots responsive during big captures; larger \
@@ -103,6 +152,26 @@ pub fn init() {
         1024,
         GucContext::Sighup,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.debug_declare_pause_ms",
+        c"Test hook: pause between a declaration's MVCC snapshot and its dirty-set switch.",
+        c"For tests of the capture orderings only; keep 0 in production.",
+        &DEBUG_DECLARE_PAUSE_MS,
+        0,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS | GucFlags::NO_SHOW_ALL,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.debug_capture_pause_ms",
+        c"Test hook: pause between two capture batches.",
+        c"For tests that need a capture in flight; keep 0 in production.",
+        &DEBUG_CAPTURE_PAUSE_MS,
+        0,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS | GucFlags::NO_SHOW_ALL,
     );
     // SAFETY: called from _PG_init on the main thread.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"gsnap".as_ptr()) };

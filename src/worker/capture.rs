@@ -102,6 +102,8 @@ pub(crate) struct CaptureJob {
     covered: CarryForward,
     pages_done: u64,
     strategy: pg_sys::BufferAccessStrategy,
+    /// Test hook (gsnap.debug_capture_pause_ms): no batch before this time.
+    pub(super) next_batch_at: std::time::Instant,
 }
 
 impl Worker {
@@ -157,12 +159,21 @@ impl Worker {
             covered,
             pages_done: 0,
             strategy,
+            next_batch_at: std::time::Instant::now(),
         });
     }
 
     /// Captures one batch of pages; returns true while there is more to do.
     pub(super) fn capture_step(&mut self) -> bool {
         let (Some(store), Some(job)) = (self.store, self.job.as_mut()) else { return false };
+        let pause = crate::gucs::DEBUG_CAPTURE_PAUSE_MS.get();
+        if pause > 0 {
+            let now = std::time::Instant::now();
+            if now < job.next_batch_at {
+                return false;
+            }
+            job.next_batch_at = now + std::time::Duration::from_millis(pause as u64);
+        }
         let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
         let outcome = xact::in_subtransaction(|| job.run(store, budget));
         match outcome {

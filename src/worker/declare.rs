@@ -195,6 +195,11 @@ impl Worker {
         };
         shmem::progress().set_waiting_for(0);
         let mvcc = mvcc.expect("a prepared declaration has a snapshot");
+        let pause = crate::gucs::DEBUG_DECLARE_PAUSE_MS.get();
+        if pause > 0 {
+            // SAFETY: test hook: a plain sleep.
+            unsafe { pg_sys::pg_usleep(i64::from(pause) * 1000) };
+        }
 
         // Step 4: the span ends here.
         let dirty = shmem::dirty_sets();

@@ -9,6 +9,7 @@
 mod capture;
 mod catalog;
 mod declare;
+mod index;
 mod page;
 mod serve;
 mod xact;
@@ -69,6 +70,11 @@ pub extern "C-unwind" fn gsnap_worker_main(_arg: pg_sys::Datum) {
     log!("gsnap worker started in database \"{db}\"");
     worker.run();
     w.stopped();
+    // Exit code 1 makes the postmaster start the worker again (after 5 s) unless the server
+    // is shutting down; code 0 would unregister it, so a pg_terminate_backend() of the
+    // worker would stop snapshots for good.
+    // SAFETY: ends the worker process.
+    unsafe { pg_sys::proc_exit(1) };
 }
 
 /// Answers requests a previous worker took but never finished.
@@ -161,6 +167,9 @@ impl Worker {
 
     fn idle_timeout(&self) -> Duration {
         let mut t = Duration::from_secs(1);
+        if let Some(job) = &self.job {
+            t = t.min(job.next_batch_at.saturating_duration_since(Instant::now()));
+        }
         if let Some(due) = self.next_periodic {
             t = t.min(due.saturating_duration_since(Instant::now()));
         }
