@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# The main job: installs everything, starts a PostgreSQL 15 cluster with gsnap, initializes
-# pgbench on gsnap tables, runs pgbench, and shows a few queries. Safe to run again (the
-# cluster and its data are kept under $GSNAP_DEMO_DIR and reused).
+# The main job: installs everything, starts a PostgreSQL 15 cluster with gsnap (a snapshot
+# of every gsnap table every 10 s), initializes pgbench on gsnap tables, runs pgbench with
+# those periodic snapshots, and shows AS OF queries over them. Safe to run again: the
+# cluster and its data are kept under $GSNAP_DEMO_DIR and reused.
 #
-#   scripts/demo.sh            GSNAP_DEMO_SCALE=10 GSNAP_DEMO_SECONDS=30 GSNAP_DEMO_PORT=5433
+#   scripts/demo.sh        (GSNAP_DEMO_SCALE=10 GSNAP_DEMO_SECONDS=40 GSNAP_DEMO_PORT=5433)
 . "$(dirname "$0")/lib.sh"
 
 DEMO_DIR=${GSNAP_DEMO_DIR:-$GSNAP_CACHE/demo}
 PORT=${GSNAP_DEMO_PORT:-5433}
 SCALE=${GSNAP_DEMO_SCALE:-10}
-SECONDS_TO_RUN=${GSNAP_DEMO_SECONDS:-30}
+SECONDS_TO_RUN=${GSNAP_DEMO_SECONDS:-40}
 
 "$GSNAP_ROOT/scripts/install.sh"
 pg_owned_dir "$DEMO_DIR"
-"$GSNAP_ROOT/scripts/cluster.sh" start "$DEMO_DIR/data" "$PORT"
+"$GSNAP_ROOT/scripts/cluster.sh" start "$DEMO_DIR/data" "$PORT" "gsnap.snapshot_interval = 10"
 
 export PGHOST="$DEMO_DIR/data" PGPORT="$PORT" PGUSER=postgres PGDATABASE=postgres
 psql() { "$PGBIN/psql" -X -v ON_ERROR_STOP=1 "$@"; }
@@ -28,12 +29,35 @@ psql -c "SELECT c.relname AS table, a.amname AS access_method,
          FROM pg_class c JOIN pg_am a ON a.oid = c.relam
          WHERE c.relname LIKE 'pgbench%' ORDER BY 1"
 
-log "pgbench for $SECONDS_TO_RUN s on gsnap tables"
-"$PGBIN/pgbench" -c 4 -j 2 -T "$SECONDS_TO_RUN" -P 5 -n
+log "a first snapshot (it waits until the capture is durable)"
+first=$(psql -tAc "SELECT gsnap_snapshot()")
+echo "snapshot $first"
 
-log "a few queries"
-psql -c "SELECT count(*) AS accounts, sum(abalance) AS total_balance FROM pgbench_accounts"
-psql -c "SELECT (SELECT sum(abalance) FROM pgbench_accounts) = (SELECT sum(bbalance) FROM pgbench_branches) AS balances_consistent"
+log "pgbench for $SECONDS_TO_RUN s on gsnap tables, with a snapshot every 10 s"
+"$PGBIN/pgbench" -c 4 -j 2 -T "$SECONDS_TO_RUN" -P 10 -n
+last=$(psql -tAc "SELECT gsnap_snapshot()")
+
+log "the snapshots"
+psql -c "SELECT snap_id, taken_at, lsn, state, pages_captured,
+                pg_size_pretty(bytes_stored) AS stored
+         FROM gsnap_snapshots() WHERE snap_id >= $first ORDER BY snap_id"
+
+log "every snapshot is transactionally consistent: accounts, tellers and branches balance"
+psql -c "SELECT s.snap_id,
+                (SELECT sum(abalance) FROM gsnap_asof(NULL::pgbench_accounts, s.snap_id)) AS accounts,
+                (SELECT sum(tbalance) FROM gsnap_asof(NULL::pgbench_tellers, s.snap_id)) AS tellers,
+                (SELECT sum(bbalance) FROM gsnap_asof(NULL::pgbench_branches, s.snap_id)) AS branches
+         FROM gsnap_snapshots() s
+         WHERE s.state = 'committed' AND s.snap_id >= $first ORDER BY s.snap_id"
+
+log "the history table as of 20 seconds ago, and what changed since the first snapshot"
+psql -c "SELECT count(*) AS history_rows_20_seconds_ago
+         FROM gsnap_asof(NULL::pgbench_history, now() - interval '20 seconds')"
+psql -c "SELECT count(*) AS accounts_changed, sum(b.abalance - a.abalance) AS net_change
+         FROM gsnap_asof(NULL::pgbench_accounts, $first) a
+         JOIN gsnap_asof(NULL::pgbench_accounts, $last) b USING (aid)
+         WHERE a.abalance <> b.abalance"
+psql -c "SELECT worker, phase, last_durable, last_durable_at FROM gsnap_progress()"
 
 log "the cluster is still running: psql -h $DEMO_DIR/data -p $PORT -U postgres"
 log "stop it with: bash scripts/cluster.sh stop $DEMO_DIR/data"

@@ -8,11 +8,13 @@
 //! | request slots | one [`RequestSlot`] per PGPROC (`MaxBackends + NUM_AUXILIARY_PROCS`) |
 //! | cache metadata | [`SlotMeta`] per cache slot, then the cache's hash table |
 //! | cache data | `gsnap.image_cache_size` of 8 KB slots |
+//! | group cache | its metadata region, then `gsnap.index_cache_size` of group bytes |
 //! | dirty sets | two arrays of `gsnap.max_dirty_pages` keys |
 //!
 //! The data structures live in the pure `gsnap-shmem` crate; this module only places them
 //! in PostgreSQL's shared memory and gives the rest of the extension safe accessors.
 
+pub mod groups;
 mod state;
 
 pub use state::{Phase, ProgressShared, WorkerShared, WorkerState};
@@ -32,13 +34,16 @@ pub const CACHE_SLOT_BYTES: usize = 8192;
 
 /// The fixed part of gsnap's shared memory.
 #[repr(C)]
-struct Shared {
+pub(crate) struct Shared {
     spans: SpansHeader,
     worker: WorkerShared,
     progress: ProgressShared,
     dirty_capacity: u64,
     request_slots: u64,
     cache_slots: u64,
+    groups_data: u64,
+    /// The LWLock that guards the group cache's bookkeeping.
+    groups_lock: AtomicPtr<pg_sys::LWLock>,
     /// The LWLock that guards the cache index (inside the main LWLock array, so at the same
     /// address in every process).
     cache_lock: AtomicPtr<pg_sys::LWLock>,
@@ -47,7 +52,7 @@ struct Shared {
 
 /// Offsets of the parts of the segment, from the sizes fixed at postmaster start.
 #[derive(Clone, Copy)]
-struct Layout {
+pub(crate) struct LayoutInfo {
     request_slots: usize,
     cache_slots: usize,
     dirty_capacity: usize,
@@ -55,19 +60,31 @@ struct Layout {
     meta_at: usize,
     table_at: usize,
     data_at: usize,
+    pub groups_meta_at: usize,
+    pub groups_data_at: usize,
+    pub groups_data: usize,
     dirty_at: usize,
     total: usize,
 }
 
+type Layout = LayoutInfo;
+
 impl Layout {
-    fn new(request_slots: usize, cache_slots: usize, dirty_capacity: usize) -> Layout {
+    fn new(
+        request_slots: usize,
+        cache_slots: usize,
+        groups_data: usize,
+        dirty_capacity: usize,
+    ) -> Layout {
         let align = |n: usize| n.next_multiple_of(64);
         let slots_at = align(size_of::<Shared>());
         let meta_at = align(slots_at + request_slots * size_of::<RequestSlot>());
         let table_at = align(meta_at + cache_slots * size_of::<SlotMeta>());
         let data_at =
             align(table_at + CacheIndex::table_len(cache_slots) * size_of::<u32>());
-        let dirty_at = align(data_at + cache_slots * CACHE_SLOT_BYTES);
+        let groups_meta_at = align(data_at + cache_slots * CACHE_SLOT_BYTES);
+        let groups_data_at = align(groups_meta_at + groups::meta_size());
+        let dirty_at = align(groups_data_at + groups_data);
         let total = dirty_at + 2 * dirty_capacity * size_of::<AtomicU64>();
         Layout {
             request_slots,
@@ -77,6 +94,9 @@ impl Layout {
             meta_at,
             table_at,
             data_at,
+            groups_meta_at,
+            groups_data_at,
+            groups_data,
             dirty_at,
             total,
         }
@@ -90,6 +110,7 @@ impl Layout {
         Layout::new(
             procs,
             (cache_bytes / CACHE_SLOT_BYTES).max(256),
+            gucs::INDEX_CACHE_SIZE.get() as usize * 1024,
             usize::try_from(gucs::MAX_DIRTY_PAGES.get()).expect("positive"),
         )
     }
@@ -119,7 +140,7 @@ unsafe extern "C-unwind" fn shmem_request() {
             prev();
         }
         pg_sys::RequestAddinShmemSpace(Layout::from_settings().total);
-        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 2);
     }
 }
 
@@ -154,6 +175,10 @@ unsafe extern "C-unwind" fn shmem_startup() {
                 dirty_capacity: layout.dirty_capacity as u64,
                 request_slots: layout.request_slots as u64,
                 cache_slots: layout.cache_slots as u64,
+                groups_data: layout.groups_data as u64,
+                groups_lock: AtomicPtr::new(
+                    &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()).add(1)).lock,
+                ),
                 cache_lock: AtomicPtr::new(
                     &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock,
                 ),
@@ -166,13 +191,14 @@ unsafe extern "C-unwind" fn shmem_startup() {
             let shared = &*base.cast::<Shared>();
             let (meta, table) = cache_arrays(shared, &layout);
             CacheIndex::new(&mut *shared.cache_header.get(), meta, table, true);
+            groups::init(base.cast::<u8>().add(layout.groups_meta_at), layout.groups_data);
         }
         SHARED.store(base.cast(), Ordering::Release);
         pg_sys::LWLockRelease(init_lock);
     }
 }
 
-fn shared() -> &'static Shared {
+pub(crate) fn shared() -> &'static Shared {
     let ptr = SHARED.load(Ordering::Acquire);
     if ptr.is_null() {
         crate::require_preloaded();
@@ -186,8 +212,14 @@ fn layout(shared: &Shared) -> Layout {
     Layout::new(
         shared.request_slots as usize,
         shared.cache_slots as usize,
+        shared.groups_data as usize,
         shared.dirty_capacity as usize,
     )
+}
+
+/// The layout of the attached segment.
+pub(crate) fn layout_info() -> LayoutInfo {
+    layout(shared())
 }
 
 fn base_of(shared: &Shared) -> *mut u8 {

@@ -154,6 +154,16 @@ impl GroupDividing {
         &self.config
     }
 
+    /// The policy as it was after a group was split with `outcome` (the budgets a restarted
+    /// process continues with; the access window starts empty).
+    pub fn resume(config: DividingConfig, length_budget: u32, page_budget: u64) -> Self {
+        let mut d = GroupDividing::new(config);
+        d.length_budget =
+            length_budget.clamp(d.config.min_length.max(1), d.config.max_length.max(1));
+        d.page_budget = page_budget.max(1);
+        d
+    }
+
     /// (L_n*, O_n*) of the active group.
     pub fn budgets(&self) -> (u32, u64) {
         (self.length_budget, self.page_budget)
@@ -220,6 +230,20 @@ impl GroupDividing {
 mod tests {
     use super::*;
     use crate::SnapId;
+
+    #[test]
+    fn resume_continues_with_the_saved_budgets() {
+        let mut d = GroupDividing::new(DividingConfig::default());
+        let out = d.split(20, 400);
+        let r = GroupDividing::resume(
+            DividingConfig::default(),
+            out.next_length_budget,
+            out.next_page_budget,
+        );
+        assert_eq!(r.budgets(), d.budgets());
+        assert_eq!(r.after_snapshot(1, out.next_page_budget, 0), Decision::Seal);
+        assert_eq!(r.after_snapshot(1, 0, 0), Decision::Continue);
+    }
 
     #[test]
     fn access_length_is_a_sliding_average() {

@@ -45,6 +45,7 @@ mod mem;
 mod read;
 mod records;
 mod rocks;
+mod skippy;
 mod store;
 
 pub use backend::{BatchOp, KvBackend, KvCursor, Scan, WriteBatch};
@@ -59,6 +60,7 @@ pub use records::{
     StoreIdentity, ToastInfo, FORMAT_VERSION,
 };
 pub use rocks::{RocksBackend, RocksConfig};
+pub use skippy::StoreLogStore;
 pub use store::{SnapshotStore, StoreOptions};
 
 /// Compile-time check that the store can be shared with helper threads.
