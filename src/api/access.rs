@@ -32,7 +32,12 @@ pub fn require_gsnap_database() {
     let wanted = crate::gucs::database();
     let name = std::ffi::CString::new(wanted.clone()).unwrap_or_default();
     // SAFETY: catalog lookup of a database by name; MyDatabaseId is set in a backend.
-    let (oid, mine) = unsafe { (pg_sys::get_database_oid(name.as_ptr(), true), pg_sys::MyDatabaseId) };
+    let (oid, mine) = unsafe {
+        (
+            pg_sys::get_database_oid(name.as_ptr(), true),
+            pg_sys::MyDatabaseId,
+        )
+    };
     if oid != mine {
         error(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,

@@ -8,8 +8,8 @@
 use super::access::{relation_name, require_gsnap_database, require_read_access};
 use super::scan::read_table;
 use crate::error::error;
-use crate::ipc::protocol::Kind;
 use crate::ipc;
+use crate::ipc::protocol::Kind;
 use crate::worker::UNIX_TO_PG_EPOCH_US;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -19,16 +19,26 @@ use pgrx::PgSqlErrorCode;
 ///
 /// # Safety
 /// `fcinfo` must be a valid call of one of the functions below.
-unsafe fn table_of_first_argument(fcinfo: pg_sys::FunctionCallInfo, function: &str) -> pg_sys::Oid {
+pub(super) unsafe fn table_of_first_argument(
+    fcinfo: pg_sys::FunctionCallInfo,
+    function: &str,
+) -> pg_sys::Oid {
     // SAFETY: reading the call's argument types and the catalog.
     unsafe {
         let argtype = pg_sys::get_fn_expr_argtype((*fcinfo).flinfo, 0);
         let relid = pg_sys::get_typ_typrelid(argtype);
-        let kind = if relid == pg_sys::InvalidOid { 0 } else { pg_sys::get_rel_relkind(relid) as u8 };
+        let kind = if relid == pg_sys::InvalidOid {
+            0
+        } else {
+            pg_sys::get_rel_relkind(relid) as u8
+        };
         if kind == pg_sys::RELKIND_PARTITIONED_TABLE {
             error(
                 PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
-                format!("{function} reads one table, and {} is partitioned", relation_name(relid)),
+                format!(
+                    "{function} reads one table, and {} is partitioned",
+                    relation_name(relid)
+                ),
             )
             .hint("Read each partition, for example with UNION ALL over its partitions.")
             .raise();
@@ -57,7 +67,12 @@ unsafe fn materialize(fcinfo: pg_sys::FunctionCallInfo, relid: pg_sys::Oid, snap
         let desc = (*rsinfo).setDesc;
         let store = (*rsinfo).setResult;
         read_table(snap, relid, desc, &mut |values, nulls| {
-            pg_sys::tuplestore_putvalues(store, desc, values.as_ptr().cast_mut(), nulls.as_ptr().cast_mut());
+            pg_sys::tuplestore_putvalues(
+                store,
+                desc,
+                values.as_ptr().cast_mut(),
+                nulls.as_ptr().cast_mut(),
+            );
         });
     }
 }
@@ -100,9 +115,12 @@ pub extern "C-unwind" fn gsnap_asof_id(fcinfo: pg_sys::FunctionCallInfo) -> pg_s
         let (relid, snap) = prologue(fcinfo, "snapshot id");
         let snap = snap.value() as i64;
         if snap <= 0 {
-            error(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, format!("snapshot {snap} does not exist"))
-                .hint("Snapshot ids start at 1; gsnap_snapshots() lists them.")
-                .raise();
+            error(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("snapshot {snap} does not exist"),
+            )
+            .hint("Snapshot ids start at 1; gsnap_snapshots() lists them.")
+            .raise();
         }
         materialize(fcinfo, relid, snap as u64);
     }

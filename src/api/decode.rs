@@ -25,7 +25,13 @@ use std::ffi::CString;
 enum Plan {
     Null,
     Copy(usize),
-    Convert { old: usize, out_fn: pg_sys::Oid, in_fn: pg_sys::Oid, ioparam: pg_sys::Oid, typmod: i32 },
+    Convert {
+        old: usize,
+        out_fn: pg_sys::Oid,
+        in_fn: pg_sys::Oid,
+        ioparam: pg_sys::Oid,
+        typmod: i32,
+    },
 }
 
 /// Decodes the views of one table at one snapshot into rows of `out_desc`.
@@ -54,7 +60,12 @@ impl Decoder {
     ///
     /// # Safety
     /// `out_desc` must be the table's current row type descriptor; call in a transaction.
-    pub unsafe fn new(snap: u64, relid: pg_sys::Oid, row_type: RowType, out_desc: pg_sys::TupleDesc) -> Decoder {
+    pub unsafe fn new(
+        snap: u64,
+        relid: pg_sys::Oid,
+        row_type: RowType,
+        out_desc: pg_sys::TupleDesc,
+    ) -> Decoder {
         // SAFETY: builds a private descriptor and reads the catalog.
         unsafe {
             let natts = row_type.attributes.len();
@@ -82,7 +93,12 @@ impl Decoder {
                         let mut ioparam = pg_sys::InvalidOid;
                         pg_sys::getTypeInputInfo(a.atttypid, &mut in_fn, &mut ioparam);
                         let c = CString::new(text.as_str()).unwrap_or_default();
-                        Some(pg_sys::OidInputFunctionCall(in_fn, c.as_ptr().cast_mut(), ioparam, rt.typmod))
+                        Some(pg_sys::OidInputFunctionCall(
+                            in_fn,
+                            c.as_ptr().cast_mut(),
+                            ioparam,
+                            rt.typmod,
+                        ))
                     }
                     _ => None,
                 });
@@ -108,10 +124,20 @@ impl Decoder {
                                 .raise();
                             }
                             let (mut out_fn, mut varlena) = (pg_sys::InvalidOid, false);
-                            pg_sys::getTypeOutputInfo(pg_sys::Oid::from(old.type_oid), &mut out_fn, &mut varlena);
+                            pg_sys::getTypeOutputInfo(
+                                pg_sys::Oid::from(old.type_oid),
+                                &mut out_fn,
+                                &mut varlena,
+                            );
                             let (mut in_fn, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
                             pg_sys::getTypeInputInfo(out.atttypid, &mut in_fn, &mut ioparam);
-                            Plan::Convert { old: j, out_fn, in_fn, ioparam, typmod: out.atttypmod }
+                            Plan::Convert {
+                                old: j,
+                                out_fn,
+                                in_fn,
+                                ioparam,
+                                typmod: out.atttypmod,
+                            }
                         }
                     }
                     _ => Plan::Null,
@@ -145,26 +171,43 @@ impl Decoder {
         let tuples = view::decode(image).unwrap_or_else(|e| {
             error(
                 PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
-                format!("snapshot {} holds a corrupt page view for block {block}: {e}", self.snap),
+                format!(
+                    "snapshot {} holds a corrupt page view for block {block}: {e}",
+                    self.snap
+                ),
             )
             .raise()
         });
         for t in tuples {
-            self.decode_tuple(block, t.lp, t.bytes);
-            emit(&self.values, &self.nulls);
+            let (values, nulls) = self.decode_tuple(block, t.lp, t.bytes);
+            emit(values, nulls);
         }
     }
 
-    fn decode_tuple(&mut self, block: u32, lp: u16, bytes: &[u8]) {
+    /// Decodes one tuple of a view (at `block`, line pointer `lp`) into the output row type.
+    pub fn decode_tuple(
+        &mut self,
+        block: u32,
+        lp: u16,
+        bytes: &[u8],
+    ) -> (&[pg_sys::Datum], &[bool]) {
         if bytes.len() < 23 {
-            error(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, "a page view holds a truncated tuple").raise();
+            error(
+                PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+                "a page view holds a truncated tuple",
+            )
+            .raise();
         }
         self.buf.clear();
         self.buf.resize(bytes.len().div_ceil(8), 0);
         // SAFETY: `buf` has room for `bytes`; deforming an aligned copy with the descriptor
         // recorded for these tuples.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.buf.as_mut_ptr().cast::<u8>(), bytes.len());
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.buf.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            );
             let mut tuple = pg_sys::HeapTupleData {
                 t_len: bytes.len() as u32,
                 t_self: pg_sys::ItemPointerData::default(),
@@ -172,8 +215,15 @@ impl Decoder {
                 t_data: self.buf.as_mut_ptr().cast(),
             };
             pgrx::itemptr::item_pointer_set_all(&mut tuple.t_self, block, lp);
-            let natts_in_tuple = usize::from(u16::from_ne_bytes([bytes[18], bytes[19]]) & pg_sys::HEAP_NATTS_MASK as u16);
-            pg_sys::heap_deform_tuple(&mut tuple, self.old_desc, self.old_values.as_mut_ptr(), self.old_nulls.as_mut_ptr());
+            let natts_in_tuple = usize::from(
+                u16::from_ne_bytes([bytes[18], bytes[19]]) & pg_sys::HEAP_NATTS_MASK as u16,
+            );
+            pg_sys::heap_deform_tuple(
+                &mut tuple,
+                self.old_desc,
+                self.old_values.as_mut_ptr(),
+                self.old_nulls.as_mut_ptr(),
+            );
             for i in natts_in_tuple..self.old_values.len() {
                 if let Some(d) = self.missing[i] {
                     self.old_values[i] = d;
@@ -194,16 +244,24 @@ impl Decoder {
                         self.values[j] = self.old_values[i];
                         self.nulls[j] = self.old_nulls[i];
                     }
-                    Plan::Convert { old, out_fn, in_fn, ioparam, typmod } => {
+                    Plan::Convert {
+                        old,
+                        out_fn,
+                        in_fn,
+                        ioparam,
+                        typmod,
+                    } => {
                         self.nulls[j] = self.old_nulls[old];
                         if !self.nulls[j] {
                             let text = pg_sys::OidOutputFunctionCall(out_fn, self.old_values[old]);
-                            self.values[j] = pg_sys::OidInputFunctionCall(in_fn, text, ioparam, typmod);
+                            self.values[j] =
+                                pg_sys::OidInputFunctionCall(in_fn, text, ioparam, typmod);
                         }
                     }
                 }
             }
         }
+        (&self.values, &self.nulls)
     }
 }
 
@@ -256,7 +314,11 @@ fn fetch_toast(id: u64) -> pg_sys::Datum {
         for e in &pinned.entries {
             let bytes = pinned.bytes(e);
             if filled + bytes.len() > total {
-                error(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("stored TOAST value {id} is longer than recorded")).raise();
+                error(
+                    PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+                    format!("stored TOAST value {id} is longer than recorded"),
+                )
+                .raise();
             }
             // SAFETY: `out` has `total` bytes.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.add(filled), bytes.len()) };
@@ -268,7 +330,11 @@ fn fetch_toast(id: u64) -> pg_sys::Datum {
         }
     }
     if filled != total {
-        error(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("stored TOAST value {id} is incomplete")).raise();
+        error(
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!("stored TOAST value {id} is incomplete"),
+        )
+        .raise();
     }
     pg_sys::Datum::from(out)
 }

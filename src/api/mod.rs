@@ -3,7 +3,9 @@
 mod access;
 mod asof;
 mod decode;
+mod index;
 mod scan;
+mod sets;
 mod snapshots;
 mod spans;
 

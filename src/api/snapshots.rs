@@ -27,7 +27,8 @@ fn gsnap_snapshot(wait: default!(bool, true)) -> i64 {
 /// Test support: declares a snapshot, exports its MVCC snapshot (for `SET TRANSACTION
 /// SNAPSHOT`) and keeps it until `gsnap_debug_release()`. Superuser only.
 #[pg_extern(volatile, parallel_unsafe)]
-fn gsnap_debug_snapshot() -> TableIterator<'static, (name!(snap_id, i64), name!(exported, String))> {
+fn gsnap_debug_snapshot() -> TableIterator<'static, (name!(snap_id, i64), name!(exported, String))>
+{
     require_gsnap_database();
     let a = ipc::call(Kind::Declare, &[0, 1]);
     TableIterator::once((a.result, String::from_utf8_lossy(&a.reply).into_owned()))
@@ -38,7 +39,6 @@ fn gsnap_debug_snapshot() -> TableIterator<'static, (name!(snap_id, i64), name!(
 fn gsnap_debug_release(snap_id: i64) {
     ipc::call(Kind::ReleaseExport, &[snap_id]);
 }
-
 
 /// Every snapshot the store knows, oldest first (the raw listing behind
 /// `gsnap_snapshots()`).
@@ -92,7 +92,8 @@ fn gsnap_snapshot_tables(
     ),
 > {
     require_gsnap_database();
-    let rows = protocol::decode_tables(&ipc::call_paged(Kind::SnapshotTables, &[snap_id, 0], 1).reply);
+    let rows =
+        protocol::decode_tables(&ipc::call_paged(Kind::SnapshotTables, &[snap_id, 0], 1).reply);
     TableIterator::new(rows.into_iter().map(|r| {
         (
             pg_sys::Oid::from(r.relid),
@@ -136,7 +137,9 @@ fn gsnap_progress() -> TableIterator<
         Some(w.pid()).filter(|&p| p != 0),
         phase.to_string(),
         (p.snapshot > 0).then_some(p.snapshot),
-        (p.started_at_us > 0).then(|| timestamptz(p.started_at_us)).flatten(),
+        (p.started_at_us > 0)
+            .then(|| timestamptz(p.started_at_us))
+            .flatten(),
         p.relations_total as i32,
         p.relations_done as i32,
         p.pages_total as i64,
@@ -146,7 +149,9 @@ fn gsnap_progress() -> TableIterator<
         p.queued as i32,
         (p.waiting_for != 0).then(|| pg_sys::Oid::from(p.waiting_for)),
         (p.last_durable > 0).then_some(p.last_durable),
-        (p.last_durable_at_us > 0).then(|| timestamptz(p.last_durable_at_us)).flatten(),
+        (p.last_durable_at_us > 0)
+            .then(|| timestamptz(p.last_durable_at_us))
+            .flatten(),
     ))
 }
 
@@ -176,5 +181,90 @@ REVOKE EXECUTE ON FUNCTION gsnap_debug_snapshot() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION gsnap_debug_release(bigint) FROM PUBLIC;
 "#,
     name = "gsnap_snapshot_listing",
-    requires = [gsnap_snapshots_raw, gsnap_snapshot, gsnap_debug_snapshot, gsnap_debug_release],
+    requires = [
+        gsnap_snapshots_raw,
+        gsnap_snapshot,
+        gsnap_debug_snapshot,
+        gsnap_debug_release
+    ],
 );
+
+/// The GSnap index groups: each group's snapshots, state, size and the budgets GSnap's
+/// Algorithm 1 gave it.
+#[pg_extern(stable, parallel_safe)]
+#[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
+fn gsnap_groups() -> TableIterator<
+    'static,
+    (
+        name!(group_id, i64),
+        name!(state, String),
+        name!(first_snap, i64),
+        name!(last_snap, i64),
+        name!(snapshots, i64),
+        name!(pages_changed, i64),
+        name!(bytes, i64),
+        name!(loaded, bool),
+        name!(length_budget, i64),
+        name!(page_budget, Option<i64>),
+    ),
+> {
+    require_gsnap_database();
+    let rows = protocol::decode_group_rows(&ipc::call_paged(Kind::Groups, &[0], 0).reply);
+    TableIterator::new(rows.into_iter().map(|r| {
+        (
+            r.id as i64,
+            r.state,
+            r.first as i64,
+            r.last as i64,
+            r.snapshots as i64,
+            r.pages as i64,
+            r.bytes as i64,
+            r.loaded,
+            r.length_budget as i64,
+            i64::try_from(r.page_budget).ok(),
+        )
+    }))
+}
+
+/// The shared caches: the group cache (index groups) and the image cache (page images and
+/// TOAST chunks). One row.
+#[pg_extern(volatile, parallel_safe)]
+#[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
+fn gsnap_index_stats() -> TableIterator<
+    'static,
+    (
+        name!(group_cache_bytes, i64),
+        name!(group_cache_used, i64),
+        name!(groups_loaded, i64),
+        name!(group_hits, i64),
+        name!(group_misses, i64),
+        name!(group_loads, i64),
+        name!(group_evictions, i64),
+        name!(image_cache_slots, i64),
+        name!(image_cache_used, i64),
+        name!(image_hits, i64),
+        name!(image_misses, i64),
+        name!(image_loads, i64),
+        name!(image_evictions, i64),
+    ),
+> {
+    crate::require_preloaded();
+    let g = shmem::groups::with_groups(|c| c.stats()).unwrap_or_default();
+    let (capacity, used, i) =
+        shmem::with_cache(|c| (c.capacity() as i64, c.used() as i64, c.stats()));
+    TableIterator::once((
+        g.data_size as i64,
+        g.used_bytes as i64,
+        g.groups as i64,
+        g.hits as i64,
+        g.misses as i64,
+        g.loads as i64,
+        g.evictions as i64,
+        capacity,
+        used,
+        i.hits as i64,
+        i.misses as i64,
+        i.inserts as i64,
+        i.evictions as i64,
+    ))
+}

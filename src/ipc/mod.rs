@@ -65,7 +65,8 @@ fn worker_procno() -> usize {
     let deadline = Instant::now() + WORKER_START_TIMEOUT;
     loop {
         let w = shmem::worker();
-        if let (Some(p), WorkerState::Ready | WorkerState::StoreUnavailable) = (w.procno(), w.state())
+        if let (Some(p), WorkerState::Ready | WorkerState::StoreUnavailable) =
+            (w.procno(), w.state())
         {
             return p;
         }
@@ -104,8 +105,8 @@ impl Drop for InFlight {
 fn abandon(slot: &RequestSlot, kind: Kind) {
     if slot.give_up() == GaveUp::AnswerArrived {
         if let Some(answer) = slot.answer() {
-            if kind.pins() && answer.error == 0 {
-                protocol::unpin_all(&protocol::decode_pinned(answer.reply()));
+            if answer.error == 0 {
+                kind.release_pins(answer.reply());
             }
         }
         slot.release();
@@ -130,8 +131,17 @@ pub fn call(kind: Kind, args: &[i64]) -> Answer {
     call_checked(kind, args).unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
 }
 
+/// Sends a request with a payload (at most `REPLY_BYTES`) and waits for its answer.
+pub fn call_with_payload(kind: Kind, args: &[i64], payload: &[u8]) -> Answer {
+    call_inner(kind, args, payload).unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
+}
+
 /// Sends a request and waits for its answer, or the worker's error (code and message).
 pub fn call_checked(kind: Kind, args: &[i64]) -> Result<Answer, (u32, Vec<u8>)> {
+    call_inner(kind, args, &[])
+}
+
+fn call_inner(kind: Kind, args: &[i64], payload: &[u8]) -> Result<Answer, (u32, Vec<u8>)> {
     let (slot, procno) = my_slot();
     wait_until_idle(slot);
     let worker = worker_procno();
@@ -140,9 +150,14 @@ pub fn call_checked(kind: Kind, args: &[i64]) -> Result<Answer, (u32, Vec<u8>)> 
         b.requester = procno;
         b.args = [0; gsnap_shmem::requests::ARGS];
         b.args[..args.len()].copy_from_slice(args);
+        b.set_reply(payload);
     });
     assert!(submitted, "the request slot was idle");
-    let mut guard = InFlight { slot, kind, armed: true };
+    let mut guard = InFlight {
+        slot,
+        kind,
+        armed: true,
+    };
     set_latch_of(worker);
     loop {
         if let Some(body) = slot.answer() {
@@ -189,7 +204,11 @@ pub fn call_paged_checked(
         let a = call_checked(kind, &args)?;
         bytes.extend_from_slice(&a.reply);
         if bytes.len() as u64 >= a.total || a.reply.is_empty() {
-            return Ok(Answer { result: a.result, total: a.total, reply: bytes });
+            return Ok(Answer {
+                result: a.result,
+                total: a.total,
+                reply: bytes,
+            });
         }
     }
 }
@@ -216,14 +235,18 @@ pub struct Pinned {
 impl Pinned {
     /// Takes ownership of the pins listed in `answer`.
     pub fn from_answer(answer: &Answer) -> Pinned {
-        Pinned { entries: protocol::decode_pinned(&answer.reply) }
+        Pinned {
+            entries: protocol::decode_pinned(&answer.reply),
+        }
     }
 
     /// The bytes of one pinned entry.
     pub fn bytes(&self, e: &PinnedEntry) -> &[u8] {
         // SAFETY: the slot is pinned by this backend, so the worker neither evicts nor
         // rewrites it; `len` bytes were written before the pin was handed to us.
-        unsafe { std::slice::from_raw_parts(shmem::cache_slot_ptr(e.slot as usize), e.len as usize) }
+        unsafe {
+            std::slice::from_raw_parts(shmem::cache_slot_ptr(e.slot as usize), e.len as usize)
+        }
     }
 }
 

@@ -22,14 +22,19 @@ pub enum Kind {
     /// Begin reading a table at a snapshot (paged). Args: snapshot, table OID, byte offset.
     /// Reply: [`ScanHeader`] then the row type bytes.
     ScanBegin = 6,
-    /// Images of a relation's blocks, pinned in the cache. Args: snapshot, relation
-    /// incarnation, first block, end block, most images. Result: the next block to ask for;
-    /// reply: pinned entries keyed by block.
-    ScanPages = 7,
+    /// The index groups holding snapshots `first..=last`, loaded into the group cache and
+    /// pinned for the requester. Args: first, last, record the access for the dividing
+    /// policy (0/1). Reply: [`GroupEntry`]s.
+    IndexPin = 7,
     /// Chunks of a stored TOAST value, pinned in the cache. Args: value id, first chunk, most
     /// chunks. Result: number of chunks; total: the value's length; reply: pinned entries
     /// keyed by chunk number.
     ToastFetch = 8,
+    /// Page images by id, pinned in the image cache. Payload (in the reply buffer): the ids,
+    /// u64 each. Reply: pinned entries keyed by the position in the payload.
+    LoadImages = 9,
+    /// The index groups, for `gsnap_groups()` (paged). Args: byte offset.
+    Groups = 10,
 }
 
 impl Kind {
@@ -42,15 +47,22 @@ impl Kind {
             4 => Kind::SnapshotTables,
             5 => Kind::ResolveTime,
             6 => Kind::ScanBegin,
-            7 => Kind::ScanPages,
+            7 => Kind::IndexPin,
             8 => Kind::ToastFetch,
+            9 => Kind::LoadImages,
+            10 => Kind::Groups,
             _ => return None,
         })
     }
 
-    /// True if the answer pins cache slots for the requester.
-    pub fn pins(self) -> bool {
-        matches!(self, Kind::ScanPages | Kind::ToastFetch)
+    /// Undoes the pins an answer of this kind holds for its requester (when the requester
+    /// gave up on it).
+    pub fn release_pins(self, reply: &[u8]) {
+        match self {
+            Kind::ToastFetch | Kind::LoadImages => unpin_all(&decode_pinned(reply)),
+            Kind::IndexPin => unpin_groups(&decode_groups(reply)),
+            _ => {}
+        }
     }
 }
 
@@ -120,9 +132,7 @@ impl ErrorCode {
             ErrorCode::NotReadable
             | ErrorCode::Incompatible
             | ErrorCode::WorkerRestarted
-            | ErrorCode::Capturing => {
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
-            }
+            | ErrorCode::Capturing => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             ErrorCode::NotInSnapshot => ERRCODE_UNDEFINED_TABLE,
             ErrorCode::Io => ERRCODE_IO_ERROR,
             ErrorCode::NoSpace => ERRCODE_DISK_FULL,
@@ -178,6 +188,114 @@ pub fn unpin_all(entries: &[PinnedEntry]) {
             c.unpin(e.slot as usize);
         }
     });
+}
+
+/// A group pinned in the group cache for the requester.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupEntry {
+    /// The cache key (a sealed group's id, or a published copy of the active group).
+    pub key: u64,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// Encodes group entries for a reply.
+pub fn encode_groups(entries: &[GroupEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len() * 24);
+    for e in entries {
+        for v in [e.key, e.offset, e.size] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Decodes the group entries of a reply.
+pub fn decode_groups(bytes: &[u8]) -> Vec<GroupEntry> {
+    bytes
+        .chunks_exact(24)
+        .map(|c| {
+            let u = |i: usize| u64::from_le_bytes(c[i..i + 8].try_into().expect("8"));
+            GroupEntry {
+                key: u(0),
+                offset: u(8),
+                size: u(16),
+            }
+        })
+        .collect()
+}
+
+/// Releases the group pins of `entries`.
+pub fn unpin_groups(entries: &[GroupEntry]) {
+    if entries.is_empty() {
+        return;
+    }
+    shmem::groups::with_groups(|c| {
+        for e in entries {
+            // A group this backend pinned is still there; an error here is a bug.
+            c.unpin(e.key).expect("a pinned group is in the cache");
+        }
+    });
+}
+
+/// A row of `gsnap_groups()`.
+#[derive(Debug, Clone, Default)]
+pub struct GroupRow {
+    pub id: u64,
+    pub state: String,
+    pub first: u64,
+    pub last: u64,
+    pub snapshots: u64,
+    pub pages: u64,
+    pub bytes: u64,
+    pub loaded: bool,
+    pub length_budget: u64,
+    pub page_budget: u64,
+}
+
+/// Encodes the group listing.
+pub fn encode_group_rows(rows: &[GroupRow]) -> Vec<u8> {
+    let mut e = Enc(Vec::new());
+    for r in rows {
+        e.u64(r.id)
+            .str(&r.state)
+            .u64(r.first)
+            .u64(r.last)
+            .u64(r.snapshots)
+            .u64(r.pages)
+            .u64(r.bytes)
+            .u64(u64::from(r.loaded))
+            .u64(r.length_budget)
+            .u64(r.page_budget);
+    }
+    e.0
+}
+
+/// Decodes the group listing.
+pub fn decode_group_rows(bytes: &[u8]) -> Vec<GroupRow> {
+    let mut d = Dec(bytes);
+    let mut rows = Vec::new();
+    while !d.0.is_empty() {
+        let row = (|| {
+            Some(GroupRow {
+                id: d.u64()?,
+                state: d.str()?,
+                first: d.u64()?,
+                last: d.u64()?,
+                snapshots: d.u64()?,
+                pages: d.u64()?,
+                bytes: d.u64()?,
+                loaded: d.u64()? != 0,
+                length_budget: d.u64()?,
+                page_budget: d.u64()?,
+            })
+        })();
+        match row {
+            Some(r) => rows.push(r),
+            None => break,
+        }
+    }
+    rows
 }
 
 /// The start of a [`Kind::ScanBegin`] answer.

@@ -35,7 +35,8 @@ pub fn data_capacity() -> usize {
 pub(super) unsafe fn init(meta: *mut u8, data_size: usize) {
     // SAFETY: the caller passes the metadata region reserved for the cache.
     let region = unsafe { std::slice::from_raw_parts_mut(meta, meta_size()) };
-    GroupCache::init(region, SLOTS, data_size as u64).expect("the group cache region is sized for its slots");
+    GroupCache::init(region, SLOTS, data_size as u64)
+        .expect("the group cache region is sized for its slots");
 }
 
 /// Runs `f` on the group cache under its lock.
@@ -55,7 +56,8 @@ pub fn with_groups<R>(f: impl FnOnce(&mut GroupCache<'_>) -> R) -> R {
     unsafe {
         pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let _release = Release(lock);
-        let region = std::slice::from_raw_parts_mut(super::base_of(s).add(l.groups_meta_at), meta_size());
+        let region =
+            std::slice::from_raw_parts_mut(super::base_of(s).add(l.groups_meta_at), meta_size());
         let mut cache = GroupCache::attach(region).expect("the group cache region is valid");
         f(&mut cache)
     }
@@ -65,7 +67,10 @@ pub fn with_groups<R>(f: impl FnOnce(&mut GroupCache<'_>) -> R) -> R {
 pub fn group_bytes(extent: Extent) -> &'static [u8] {
     let s = shared();
     let l = super::layout_info();
-    assert!(extent.offset + extent.size <= l.groups_data as u64, "extent within the data area");
+    assert!(
+        extent.offset + extent.size <= l.groups_data as u64,
+        "extent within the data area"
+    );
     // SAFETY: the extent lies in the data area; a pinned group is neither moved nor
     // rewritten, and callers only read while they hold the pin.
     unsafe {
@@ -80,7 +85,9 @@ pub fn group_bytes(extent: Extent) -> &'static [u8] {
 pub fn write_group(extent: Extent, bytes: &[u8]) {
     let s = shared();
     let l = super::layout_info();
-    assert!(bytes.len() as u64 == extent.size && extent.offset + extent.size <= l.groups_data as u64);
+    assert!(
+        bytes.len() as u64 == extent.size && extent.offset + extent.size <= l.groups_data as u64
+    );
     // SAFETY: the extent was reserved for this group and is still in the loading state, so no
     // other process reads it.
     unsafe {

@@ -80,8 +80,7 @@ impl Layout {
         let slots_at = align(size_of::<Shared>());
         let meta_at = align(slots_at + request_slots * size_of::<RequestSlot>());
         let table_at = align(meta_at + cache_slots * size_of::<SlotMeta>());
-        let data_at =
-            align(table_at + CacheIndex::table_len(cache_slots) * size_of::<u32>());
+        let data_at = align(table_at + CacheIndex::table_len(cache_slots) * size_of::<u32>());
         let groups_meta_at = align(data_at + cache_slots * CACHE_SLOT_BYTES);
         let groups_data_at = align(groups_meta_at + groups::meta_size());
         let dirty_at = align(groups_data_at + groups_data);
@@ -191,7 +190,10 @@ unsafe extern "C-unwind" fn shmem_startup() {
             let shared = &*base.cast::<Shared>();
             let (meta, table) = cache_arrays(shared, &layout);
             CacheIndex::new(&mut *shared.cache_header.get(), meta, table, true);
-            groups::init(base.cast::<u8>().add(layout.groups_meta_at), layout.groups_data);
+            groups::init(
+                base.cast::<u8>().add(layout.groups_meta_at),
+                layout.groups_data,
+            );
         }
         SHARED.store(base.cast(), Ordering::Release);
         pg_sys::LWLockRelease(init_lock);
@@ -231,7 +233,10 @@ fn base_of(shared: &Shared) -> *mut u8 {
 /// # Safety
 /// The caller holds the cache lock exclusively (or is initializing the segment).
 #[allow(clippy::mut_from_ref)]
-unsafe fn cache_arrays(shared: &Shared, l: &Layout) -> (&'static mut [SlotMeta], &'static mut [u32]) {
+unsafe fn cache_arrays(
+    shared: &Shared,
+    l: &Layout,
+) -> (&'static mut [SlotMeta], &'static mut [u32]) {
     // SAFETY: the layout reserved these arrays; exclusivity is the caller's promise.
     unsafe {
         let base = base_of(shared);
@@ -278,9 +283,17 @@ pub fn request_slot_count() -> usize {
 pub fn request_slot(procno: usize) -> &'static RequestSlot {
     let shared = shared();
     let l = layout(shared);
-    assert!(procno < l.request_slots, "PGPROC number {procno} out of range");
+    assert!(
+        procno < l.request_slots,
+        "PGPROC number {procno} out of range"
+    );
     // SAFETY: the layout reserved `request_slots` initialized slots at `slots_at`.
-    unsafe { &*base_of(shared).add(l.slots_at).cast::<RequestSlot>().add(procno) }
+    unsafe {
+        &*base_of(shared)
+            .add(l.slots_at)
+            .cast::<RequestSlot>()
+            .add(procno)
+    }
 }
 
 /// Runs `f` on the cache index under the cache lock.

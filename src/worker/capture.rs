@@ -10,10 +10,12 @@
 //! locks released.
 
 use super::declare::{self, Declared, Mode};
+use super::index::IndexState;
 use super::page::capture_page;
-use super::{code_of, xact, Store, Worker};
+use super::{code_of, xact, Worker};
 use crate::ipc::protocol::ErrorCode;
 use crate::shmem::{self, Phase};
+use gsnap_core::{ImageId as IndexImage, Mapping, PageKey, SnapId as IndexSnap};
 use gsnap_shmem::dirty::Drained;
 use gsnap_store::{Capture, PageId, RelId, RocksBackend, SnapId, StoreError};
 use pgrx::pg_sys;
@@ -32,7 +34,11 @@ pub(crate) struct CarryForward {
 
 impl CarryForward {
     pub fn from_drained(d: Drained) -> CarryForward {
-        CarryForward { pages: d.pages, full: d.full_relations.into_iter().collect(), all: d.all_full }
+        CarryForward {
+            pages: d.pages,
+            full: d.full_relations.into_iter().collect(),
+            all: d.all_full,
+        }
     }
 
     pub fn absorb(&mut self, other: CarryForward) {
@@ -53,7 +59,10 @@ impl CarryForward {
 
     fn blocks_of(&self, relid: u32) -> impl Iterator<Item = u32> + '_ {
         let start = self.pages.partition_point(|&(r, _)| r < relid);
-        self.pages[start..].iter().take_while(move |&&(r, _)| r == relid).map(|&(_, b)| b)
+        self.pages[start..]
+            .iter()
+            .take_while(move |&&(r, _)| r == relid)
+            .map(|&(_, b)| b)
     }
 }
 
@@ -90,10 +99,9 @@ struct Item {
 pub(crate) struct CaptureJob {
     decl: Declared,
     capture: Capture<'static, RocksBackend>,
-    /// The latest committed snapshot before this one: the page table views are compared
-    /// with.
-    baseline: Option<SnapId>,
     items: Vec<Item>,
+    /// The mappings added, for the index once the snapshot is committed.
+    mappings: Vec<Mapping>,
     item: usize,
     cursor: usize,
     /// Pages found unsettled: the next capture takes them again.
@@ -112,7 +120,9 @@ impl Worker {
         if self.job.is_some() {
             return;
         }
-        let (Some(store), Some(decl)) = (self.store, self.queue.pop_front()) else { return };
+        let (Some(store), Some(decl)) = (self.store, self.queue.pop_front()) else {
+            return;
+        };
         shmem::progress().set_queued(self.queue.len() as u32);
         let mut covered = std::mem::take(&mut self.carry);
         covered.absorb(decl.pages.clone());
@@ -124,9 +134,19 @@ impl Worker {
                 let blocks = if fresh || t.mode == Mode::Rescan || covered.needs_full(t.relid) {
                     Blocks::All(t.nblocks)
                 } else {
-                    Blocks::List(covered.blocks_of(t.relid).filter(|&b| b < t.nblocks).collect())
+                    Blocks::List(
+                        covered
+                            .blocks_of(t.relid)
+                            .filter(|&b| b < t.nblocks)
+                            .collect(),
+                    )
                 };
-                Item { relid: t.relid, rel: t.rel, fresh, blocks }
+                Item {
+                    relid: t.relid,
+                    rel: t.rel,
+                    fresh,
+                    blocks,
+                }
             })
             .collect();
         let total: u64 = items.iter().map(|i| i.blocks.len() as u64).sum();
@@ -139,7 +159,12 @@ impl Worker {
                 return;
             }
         };
-        shmem::progress().begin(decl.snap as i64, decl.declared_at_us, items.len() as u32, total);
+        shmem::progress().begin(
+            decl.snap as i64,
+            decl.declared_at_us,
+            items.len() as u32,
+            total,
+        );
         // SAFETY: allocated in TopMemoryContext so it outlives the subtransactions of the
         // capture; freed when the job ends.
         let strategy = unsafe {
@@ -149,7 +174,7 @@ impl Worker {
             s
         };
         self.job = Some(CaptureJob {
-            baseline: store.latest_committed(),
+            mappings: Vec::new(),
             decl,
             capture,
             items,
@@ -165,7 +190,11 @@ impl Worker {
 
     /// Captures one batch of pages; returns true while there is more to do.
     pub(super) fn capture_step(&mut self) -> bool {
-        let (Some(store), Some(job)) = (self.store, self.job.as_mut()) else { return false };
+        let (Some(_), Some(job), Some(index)) =
+            (self.store, self.job.as_mut(), self.index.as_ref())
+        else {
+            return false;
+        };
         let pause = crate::gucs::DEBUG_CAPTURE_PAUSE_MS.get();
         if pause > 0 {
             let now = std::time::Instant::now();
@@ -175,7 +204,7 @@ impl Worker {
             job.next_batch_at = now + std::time::Duration::from_millis(pause as u64);
         }
         let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
-        let outcome = xact::in_subtransaction(|| job.run(store, budget));
+        let outcome = xact::in_subtransaction(|| job.run(index, budget));
         match outcome {
             Ok(Ok(true)) => true,
             Ok(Ok(false)) => {
@@ -185,12 +214,20 @@ impl Worker {
             }
             Ok(Err(e)) => {
                 let job = self.job.take().expect("job");
-                self.abort(job, code_of(&e), &format!("its capture failed: {}", e.message()));
+                self.abort(
+                    job,
+                    code_of(&e),
+                    &format!("its capture failed: {}", e.message()),
+                );
                 true
             }
             Err(message) => {
                 let job = self.job.take().expect("job");
-                self.abort(job, ErrorCode::Internal, &format!("its capture failed: {message}"));
+                self.abort(
+                    job,
+                    ErrorCode::Internal,
+                    &format!("its capture failed: {message}"),
+                );
                 true
             }
         }
@@ -198,14 +235,32 @@ impl Worker {
 
     fn commit(&mut self, job: CaptureJob) {
         shmem::progress().set_phase(Phase::Committing);
-        let CaptureJob { decl, capture, carried, covered, strategy, .. } = job;
+        let CaptureJob {
+            decl,
+            capture,
+            carried,
+            covered,
+            strategy,
+            mut mappings,
+            ..
+        } = job;
         free_strategy(strategy);
         match capture.commit() {
             Ok(info) => {
+                mappings.sort_unstable_by_key(|m| m.page);
+                self.index_snapshot(decl.snap, &mappings);
                 declare::release(&decl.locked, Some(decl.mvcc));
-                self.carry.absorb(CarryForward { pages: carried, ..Default::default() });
+                self.carry.absorb(CarryForward {
+                    pages: carried,
+                    ..Default::default()
+                });
                 let p = shmem::progress();
-                p.advance(decl.tables.len() as u32, info.stats.pages_captured, info.stats.bytes_stored(), info.stats.new_images);
+                p.advance(
+                    decl.tables.len() as u32,
+                    info.stats.pages_captured,
+                    info.stats.bytes_stored(),
+                    info.stats.new_images,
+                );
                 p.durable(decl.snap as i64, decl.declared_at_us);
                 p.set_phase(Phase::Idle);
                 self.catalog_changed();
@@ -214,19 +269,36 @@ impl Worker {
             Err(e) => {
                 let reason = format!("its capture could not be committed: {}", e.message());
                 let mut covered = covered;
-                covered.absorb(CarryForward { pages: carried, ..Default::default() });
+                covered.absorb(CarryForward {
+                    pages: carried,
+                    ..Default::default()
+                });
                 self.fail(decl, covered, code_of(&e), &reason);
             }
         }
     }
 
     fn abort(&mut self, job: CaptureJob, code: ErrorCode, reason: &str) {
-        let CaptureJob { decl, capture, carried, mut covered, strategy, .. } = job;
+        let CaptureJob {
+            decl,
+            capture,
+            carried,
+            mut covered,
+            strategy,
+            ..
+        } = job;
         free_strategy(strategy);
         if let Err(e) = capture.abort(reason) {
-            pgrx::warning!("gsnap: could not record the failure of snapshot {}: {}", decl.snap, e.message());
+            pgrx::warning!(
+                "gsnap: could not record the failure of snapshot {}: {}",
+                decl.snap,
+                e.message()
+            );
         }
-        covered.absorb(CarryForward { pages: carried, ..Default::default() });
+        covered.absorb(CarryForward {
+            pages: carried,
+            ..Default::default()
+        });
         self.fail(decl, covered, code, reason);
     }
 
@@ -245,13 +317,18 @@ impl Worker {
         self.carry.absorb(covered);
         shmem::progress().set_phase(Phase::Idle);
         self.catalog_changed();
-        self.notify_durable(decl.snap, Some((code, format!("snapshot {} failed: {reason}", decl.snap))));
+        self.notify_durable(
+            decl.snap,
+            Some((code, format!("snapshot {} failed: {reason}", decl.snap))),
+        );
     }
 
     /// Answers the requests waiting for snapshot `snap` to become durable.
     fn notify_durable(&mut self, snap: u64, error: Option<(ErrorCode, String)>) {
-        let (done, rest): (Vec<_>, Vec<_>) =
-            self.durable_waiters.drain(..).partition(|&(_, s)| s == snap);
+        let (done, rest): (Vec<_>, Vec<_>) = self
+            .durable_waiters
+            .drain(..)
+            .partition(|&(_, s)| s == snap);
         self.durable_waiters = rest;
         for (slot, _) in done {
             match &error {
@@ -269,7 +346,7 @@ fn free_strategy(s: pg_sys::BufferAccessStrategy) {
 
 impl CaptureJob {
     /// Captures up to `budget` pages; Ok(true) while pages remain.
-    fn run(&mut self, store: &Store, budget: usize) -> Result<bool, StoreError> {
+    fn run(&mut self, index: &IndexState, budget: usize) -> Result<bool, StoreError> {
         let mut done = 0;
         while self.item < self.items.len() {
             let item = &self.items[self.item];
@@ -290,9 +367,10 @@ impl CaptureJob {
             let result = (self.cursor..end).try_for_each(|i| {
                 let block = item.blocks.get(i);
                 capture_one(
-                    store,
+                    index,
                     &mut self.capture,
-                    self.baseline,
+                    &mut self.mappings,
+                    self.decl.snap,
                     self.decl.mvcc,
                     self.strategy,
                     rel,
@@ -309,16 +387,22 @@ impl CaptureJob {
             self.cursor = end;
         }
         let st = self.capture.stats();
-        shmem::progress().advance(self.item as u32, self.pages_done, st.bytes_stored(), st.new_images);
+        shmem::progress().advance(
+            self.item as u32,
+            self.pages_done,
+            st.bytes_stored(),
+            st.new_images,
+        );
         Ok(self.item < self.items.len())
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn capture_one(
-    store: &Store,
+    index: &IndexState,
     capture: &mut Capture<'static, RocksBackend>,
-    baseline: Option<SnapId>,
+    mappings: &mut Vec<Mapping>,
+    snap: u64,
     mvcc: pg_sys::Snapshot,
     strategy: pg_sys::BufferAccessStrategy,
     rel: pg_sys::Relation,
@@ -329,18 +413,27 @@ fn capture_one(
     // SAFETY: see CaptureJob::run; the block is below the size recorded at declaration and
     // the table cannot shrink below it while locked.
     let view = unsafe {
-        capture_page(rel, block, mvcc, strategy, &mut |bytes| capture.put_toast(bytes).map(|t| t.0))?
+        capture_page(rel, block, mvcc, strategy, &mut |bytes| {
+            capture.put_toast(bytes).map(|t| t.0)
+        })?
     };
     let page = PageId::new(item.rel, block);
-    let previous = match (item.fresh, baseline) {
-        (false, Some(b)) => store.lookup(page, b)?,
-        _ => None,
+    let key = PageKey::new(item.rel.0, block);
+    let previous = if item.fresh {
+        None
+    } else {
+        // The previous page table is the newest one in the index.
+        index
+            .latest_image(key)
+            .map_err(|e| StoreError::new(gsnap_store::ErrorKind::Corrupt, e.to_string()))?
+            .map(|i| i.0)
     };
     // A page with no mapping reads as empty, so an empty view needs no mapping then.
     if view.tuples > 0 || previous.is_some() {
         let image = capture.put_image(&view.view)?;
-        if previous != Some(image) {
+        if previous != Some(image.0) {
             capture.add_mapping(page, image)?;
+            mappings.push(Mapping::new(key, IndexSnap(snap), IndexImage(image.0)));
         }
     }
     if view.unsettled {

@@ -145,7 +145,9 @@ pub unsafe fn row_type_of(desc: pg_sys::TupleDesc) -> RowType {
             };
             attributes.push(Attribute {
                 attnum: (i + 1) as i16,
-                name: CStr::from_ptr(a.attname.data.as_ptr()).to_string_lossy().into_owned(),
+                name: CStr::from_ptr(a.attname.data.as_ptr())
+                    .to_string_lossy()
+                    .into_owned(),
                 dropped,
                 type_oid: a.atttypid.to_u32(),
                 typmod: a.atttypmod,

@@ -38,7 +38,12 @@ pub(crate) struct PendingDeclare {
 
 impl PendingDeclare {
     pub fn periodic() -> PendingDeclare {
-        PendingDeclare { slot: None, wait: false, export: false, periodic: true }
+        PendingDeclare {
+            slot: None,
+            wait: false,
+            export: false,
+            periodic: true,
+        }
     }
 }
 
@@ -122,13 +127,22 @@ unsafe fn prepare(locked: &mut Vec<u32>, mvcc: &mut Option<pg_sys::Snapshot>) ->
             }
             keep
         });
-        let snapshot =
-            pg_sys::RegisterSnapshotOnOwner(pg_sys::GetLatestSnapshot(), pg_sys::TopTransactionResourceOwner);
+        let snapshot = pg_sys::RegisterSnapshotOnOwner(
+            pg_sys::GetLatestSnapshot(),
+            pg_sys::TopTransactionResourceOwner,
+        );
         *mvcc = Some(snapshot);
         let lsn = pg_sys::GetXLogInsertRecPtr();
         let declared_at_us = catalog::now_unix_us();
-        let tables = locked.iter().filter_map(|&r| catalog::table_info(r)).collect();
-        Prepare::Ready(Prepared { lsn, declared_at_us, tables })
+        let tables = locked
+            .iter()
+            .filter_map(|&r| catalog::table_info(r))
+            .collect();
+        Prepare::Ready(Prepared {
+            lsn,
+            declared_at_us,
+            tables,
+        })
     }
 }
 
@@ -156,10 +170,10 @@ impl Worker {
             return;
         }
         let Some(store) = self.store else {
-            let (code, message) = self.store_problem.clone().unwrap_or((
-                ErrorCode::Io,
-                "the gsnap store is not open".to_string(),
-            ));
+            let (code, message) = self
+                .store_problem
+                .clone()
+                .unwrap_or((ErrorCode::Io, "the gsnap store is not open".to_string()));
             for p in std::mem::take(&mut self.pending) {
                 answer_error(p.slot, code, &message);
             }
@@ -267,10 +281,17 @@ impl Worker {
         let mut tables = Vec::with_capacity(p.tables.len());
         let mut known = HashMap::with_capacity(p.tables.len());
         for t in &p.tables {
-            let previous = self.known.get(&t.relid).filter(|k| k.relfilenode == t.relfilenode);
+            let previous = self
+                .known
+                .get(&t.relid)
+                .filter(|k| k.relfilenode == t.relfilenode);
             let (rel, mode) = match previous {
                 Some(k) if !self.fresh_start => {
-                    let mode = if pages.needs_full(t.relid) { Mode::Rescan } else { Mode::Incremental };
+                    let mode = if pages.needs_full(t.relid) {
+                        Mode::Rescan
+                    } else {
+                        Mode::Incremental
+                    };
                     (k.rel, mode)
                 }
                 _ => {
@@ -291,8 +312,19 @@ impl Worker {
                 row_type,
                 name: t.name.clone(),
             });
-            tables.push(DeclaredTable { relid: t.relid, rel, nblocks: t.nblocks, mode });
-            known.insert(t.relid, Known { rel, relfilenode: t.relfilenode });
+            tables.push(DeclaredTable {
+                relid: t.relid,
+                rel,
+                nblocks: t.nblocks,
+                mode,
+            });
+            known.insert(
+                t.relid,
+                Known {
+                    rel,
+                    relfilenode: t.relfilenode,
+                },
+            );
         }
         let snap = store.declare(SnapshotDecl {
             declared_at_us: p.declared_at_us,
@@ -302,7 +334,14 @@ impl Worker {
         })?;
         self.known = known;
         self.fresh_start = false;
-        Ok(Declared { snap: snap.0, mvcc, declared_at_us: p.declared_at_us, tables, pages, locked })
+        Ok(Declared {
+            snap: snap.0,
+            mvcc,
+            declared_at_us: p.declared_at_us,
+            tables,
+            pages,
+            locked,
+        })
     }
 }
 

@@ -16,7 +16,9 @@
 use super::Store;
 use gsnap_core::dividing::{Decision, DividingConfig, GroupDividing};
 use gsnap_core::skippy::{SkippyConfig, SkippyLog, StopWhen};
-use gsnap_core::{last_page_table, GroupBuilder, GroupView, ImageId, IndexError, Mapping, PageKey, RelId, SnapId};
+use gsnap_core::{
+    last_page_table, GroupBuilder, GroupView, ImageId, IndexError, Mapping, PageKey, RelId, SnapId,
+};
 use gsnap_store::{GroupId, RocksBackend, StoreError, StoreLogStore};
 
 /// Cache keys of published copies of the active group (sealed groups use their id).
@@ -150,14 +152,21 @@ impl IndexState {
             }
         }
         let dividing = match sealed.last() {
-            Some(m) => GroupDividing::resume(dividing_config(), m.next_length_budget, m.next_page_budget),
+            Some(m) => {
+                GroupDividing::resume(dividing_config(), m.next_length_budget, m.next_page_budget)
+            }
             None => GroupDividing::new(dividing_config()),
         };
         let mut skippy = SkippyLog::open(StoreLogStore::new(store), SkippyConfig::default())?;
         let committed: Vec<u64> = store
             .snapshots()?
             .into_iter()
-            .filter(|s| matches!(s.state, gsnap_store::SnapshotState::Committed | gsnap_store::SnapshotState::Deleted))
+            .filter(|s| {
+                matches!(
+                    s.state,
+                    gsnap_store::SnapshotState::Committed | gsnap_store::SnapshotState::Deleted
+                )
+            })
             .map(|s| s.id.0)
             .collect();
         // Catch the Skippy log up with the mapping log (an append after a commit may have been
@@ -194,13 +203,20 @@ impl IndexState {
             if GroupView::new_verified(&bytes).is_ok() {
                 return Ok(bytes);
             }
-            pgrx::warning!("gsnap: index group {} is damaged; rebuilding it from the mapping log", meta.id);
+            pgrx::warning!(
+                "gsnap: index group {} is damaged; rebuilding it from the mapping log",
+                meta.id
+            );
         } else {
-            pgrx::warning!("gsnap: index group {} is missing; rebuilding it from the mapping log", meta.id);
+            pgrx::warning!(
+                "gsnap: index group {} is missing; rebuilding it from the mapping log",
+                meta.id
+            );
         }
         let snaps: Vec<SnapId> = meta.snaps.iter().map(|&s| SnapId(s)).collect();
         let bytes = self.skippy.build_group(&snaps, StopWhen::LogStart)?.seal();
-        self.store.put_group(GroupId(meta.id), &meta.encode(), &bytes)?;
+        self.store
+            .put_group(GroupId(meta.id), &meta.encode(), &bytes)?;
         Ok(bytes)
     }
 
@@ -217,15 +233,18 @@ impl IndexState {
                 Some(bytes) => last_page_table(&GroupView::new(bytes)?)?,
                 None => Vec::new(),
             };
-            self.builder.add_first_snapshot(SnapId(snap), &mut base.into_iter(), mappings)?;
+            self.builder
+                .add_first_snapshot(SnapId(snap), &mut base.into_iter(), mappings)?;
         } else {
             self.builder.add_snapshot(SnapId(snap), mappings)?;
         }
         self.active_version += 1;
         let len = self.builder.len() as u32;
-        let decision =
-            self.dividing
-                .after_snapshot(len, self.builder.pages_changed(), self.builder.node_area().len());
+        let decision = self.dividing.after_snapshot(
+            len,
+            self.builder.pages_changed(),
+            self.builder.node_area().len(),
+        );
         if decision == Decision::Seal {
             self.seal()?;
         }
@@ -240,7 +259,9 @@ impl IndexState {
             .into_iter()
             .map(|s| s.snap.0)
             .collect();
-        let outcome = self.dividing.split(snaps.len() as u32, self.builder.pages_changed());
+        let outcome = self
+            .dividing
+            .split(snaps.len() as u32, self.builder.pages_changed());
         let id = self.sealed.last().map_or(1, |m| m.id + 1);
         let meta = GroupMeta {
             id,
@@ -297,7 +318,10 @@ pub fn mappings_of(store: &Store, snap: u64) -> Result<Vec<Mapping>, StoreError>
         .map(|m| {
             m.map(|m| {
                 Mapping::new(
-                    PageKey { rel: RelId(m.page.rel.0), block: m.page.block },
+                    PageKey {
+                        rel: RelId(m.page.rel.0),
+                        block: m.page.block,
+                    },
                     SnapId(snap),
                     ImageId(m.image.0),
                 )

@@ -11,6 +11,7 @@ mod catalog;
 mod declare;
 mod index;
 mod page;
+mod publish;
 mod serve;
 mod xact;
 
@@ -93,6 +94,8 @@ fn recover_request_slots() {
 /// Everything the worker holds between loop iterations.
 pub(crate) struct Worker {
     store: Option<&'static Store>,
+    /// The GSnap index over the store (open whenever the store is).
+    index: Option<index::IndexState>,
     store_problem: Option<(ErrorCode, String)>,
     next_open_attempt: Instant,
     xact: xact::Xact,
@@ -110,6 +113,8 @@ pub(crate) struct Worker {
     span_leftover: CarryForward,
     /// Pages the next capture must include (unsettled, or from a failed capture).
     carry: CarryForward,
+    /// Cache keys of published copies of the active group not yet removed from the cache.
+    active_copies: Vec<u64>,
     /// Requests waiting for a snapshot to become durable: (slot, snapshot).
     durable_waiters: Vec<(usize, u64)>,
     /// Snapshots exported (for tests) and held until released.
@@ -123,6 +128,7 @@ impl Worker {
     fn new() -> Worker {
         Worker {
             store: None,
+            index: None,
             store_problem: None,
             next_open_attempt: Instant::now(),
             xact: xact::Xact::default(),
@@ -133,6 +139,7 @@ impl Worker {
             fresh_start: true,
             span_leftover: CarryForward::default(),
             carry: CarryForward::default(),
+            active_copies: Vec::new(),
             durable_waiters: Vec::new(),
             exports: Vec::new(),
             next_periodic: None,
@@ -188,7 +195,9 @@ impl Worker {
     }
 
     fn periodic_due(&mut self) {
-        let Some(due) = self.next_periodic else { return };
+        let Some(due) = self.next_periodic else {
+            return;
+        };
         if Instant::now() < due || self.pending.iter().any(|p| p.periodic) {
             return;
         }
@@ -197,9 +206,23 @@ impl Worker {
         self.next_periodic = Some(Instant::now() + Duration::from_secs(secs));
     }
 
-    /// Opens the store if it is not open, at most every few seconds after a failure.
+    /// Opens the store (and its index) if it is not open, at most every few seconds after a
+    /// failure.
     fn ensure_store(&mut self) {
-        if self.store.is_some() || Instant::now() < self.next_open_attempt {
+        if Instant::now() < self.next_open_attempt {
+            return;
+        }
+        if let (Some(store), None) = (self.store, &self.index) {
+            match index::IndexState::open(store) {
+                Ok(i) => self.index = Some(i),
+                Err(e) => {
+                    warning!("gsnap: the snapshot index cannot be opened: {e}");
+                    self.next_open_attempt = Instant::now() + Duration::from_secs(5);
+                }
+            }
+            return;
+        }
+        if self.store.is_some() {
             return;
         }
         let dir = store_directory();
@@ -207,11 +230,19 @@ impl Worker {
         let sysid = unsafe { pg_sys::GetSystemIdentifier() };
         match Store::open_dir(std::path::Path::new(&dir), StoreOptions::new(sysid)) {
             Ok(store) => {
+                let store: &'static Store = Box::leak(Box::new(store));
+                self.store = Some(store);
                 if self.store_problem.take().is_some() {
                     log!("gsnap store at \"{dir}\" is open again");
                 }
-                self.store = Some(Box::leak(Box::new(store)));
                 shmem::worker().set_state(WorkerState::Ready);
+                match index::IndexState::open(store) {
+                    Ok(index) => self.index = Some(index),
+                    Err(e) => {
+                        warning!("gsnap: the snapshot index in \"{dir}\" cannot be opened: {e}");
+                        self.next_open_attempt = Instant::now() + Duration::from_secs(5);
+                    }
+                }
             }
             Err(e) => {
                 let message = format!("gsnap store at \"{dir}\" cannot be opened: {}", e.message());
@@ -227,11 +258,37 @@ impl Worker {
 
     /// Commits the worker's transaction once it holds no snapshot.
     fn release_transaction_if_idle(&mut self) {
-        if self.xact.is_open() && self.queue.is_empty() && self.job.is_none() && self.exports.is_empty()
+        if self.xact.is_open()
+            && self.queue.is_empty()
+            && self.job.is_none()
+            && self.exports.is_empty()
         {
             self.xact.close();
             shmem::progress().set_phase(Phase::Idle);
         }
+    }
+
+    /// Adds a committed snapshot to the index; if that fails the index is reopened from the
+    /// store (the mapping log is the truth), so the snapshot is indexed either way.
+    pub(super) fn index_snapshot(&mut self, snap: u64, mappings: &[gsnap_core::Mapping]) {
+        let Some(index) = self.index.as_mut() else {
+            return;
+        };
+        if let Err(e) = index.add_snapshot(snap, mappings) {
+            warning!(
+                "gsnap: indexing snapshot {snap} failed ({e}); rebuilding the index from the store"
+            );
+            let store = self.store.expect("an index implies a store");
+            match index::IndexState::open(store) {
+                Ok(i) => self.index = Some(i),
+                Err(e) => {
+                    warning!("gsnap: the snapshot index cannot be rebuilt: {e}");
+                    self.index = None;
+                    self.next_open_attempt = Instant::now() + Duration::from_secs(5);
+                }
+            }
+        }
+        self.retire_active_copies();
     }
 
     /// Invalidates cached catalog answers (a snapshot was declared, committed or failed).
@@ -258,7 +315,9 @@ fn wait(timeout: Duration) {
 /// `gsnap` in the data directory.
 pub(crate) fn store_directory() -> String {
     // SAFETY: DataDir is set in every backend and worker.
-    let data_dir = unsafe { CStr::from_ptr(pg_sys::DataDir) }.to_string_lossy().into_owned();
+    let data_dir = unsafe { CStr::from_ptr(pg_sys::DataDir) }
+        .to_string_lossy()
+        .into_owned();
     match gucs::STORE_DIRECTORY.get() {
         Some(d) if !d.as_bytes().is_empty() => {
             let d = d.to_string_lossy().into_owned();

@@ -156,7 +156,12 @@ pub unsafe fn capture_page<E>(
                     );
                     let has_external =
                         u32::from((*header).t_infomask) & pg_sys::HEAP_HASEXTERNAL != 0;
-                    copied.push(Copied { lp: off, len, words, has_external });
+                    copied.push(Copied {
+                        lp: off,
+                        len,
+                        words,
+                        has_external,
+                    });
                 }
             }
         }
@@ -172,7 +177,11 @@ pub unsafe fn capture_page<E>(
         normalize(t.bytes_mut());
         builder.push(t.lp, t.bytes());
     }
-    Ok(PageView { tuples: builder.len(), view: builder.finish(), unsettled })
+    Ok(PageView {
+        tuples: builder.len(),
+        view: builder.finish(),
+        unsettled,
+    })
 }
 
 /// Zeroes the transaction ids, command id and ctid, and keeps only the layout bits of the

@@ -10,7 +10,7 @@ use crate::ipc::protocol::{
 use crate::shmem::{self, CACHE_SLOT_BYTES};
 use gsnap_shmem::cache::{CacheError, CacheKey};
 use gsnap_shmem::requests::RequestBody;
-use gsnap_store::{ImageId, RelId, SnapId, SnapshotState, StoreError, ToastId};
+use gsnap_store::{ImageId, SnapId, SnapshotState, StoreError, ToastId};
 use std::rc::Rc;
 
 /// A request's failure: code and message.
@@ -45,8 +45,8 @@ impl Worker {
                 body.set_error(code as u32, &message);
             }
             slot.finish(|b| {
-                if kind.is_some_and(Kind::pins) && b.error == 0 {
-                    protocol::unpin_all(&protocol::decode_pinned(b.reply()));
+                if let (Some(k), 0) = (kind, b.error) {
+                    k.release_pins(b.reply());
                 }
             });
             crate::ipc::set_latch_of(requester as usize);
@@ -54,7 +54,10 @@ impl Worker {
     }
 
     fn answer(&mut self, kind: Option<Kind>, body: &mut RequestBody) -> Result<(), Failure> {
-        let kind = kind.ok_or((ErrorCode::Internal, format!("unknown request kind {}", body.kind)))?;
+        let kind = kind.ok_or((
+            ErrorCode::Internal,
+            format!("unknown request kind {}", body.kind),
+        ))?;
         if kind == Kind::ReleaseExport {
             let snap = body.args[0] as u64;
             self.exports.retain(|&s| s != snap);
@@ -77,7 +80,16 @@ impl Worker {
             }
             Kind::ResolveTime => body.result = resolve_time(store, a[0])? as i64,
             Kind::ScanBegin => scan_begin(store, body)?,
-            Kind::ScanPages => scan_pages(store, body)?,
+            Kind::IndexPin => self.index_pin(body)?,
+            Kind::LoadImages => load_images(store, body)?,
+            Kind::Groups => {
+                if !self.answers.contains_key(&(kind as u32, 0)) {
+                    let rows = Rc::new(self.group_rows());
+                    self.answers.insert((kind as u32, 0), rows);
+                }
+                let blob = Rc::clone(&self.answers[&(kind as u32, 0)]);
+                page_out(body, &blob, a[0]);
+            }
             Kind::ToastFetch => toast_fetch(store, body)?,
             Kind::Declare | Kind::ReleaseExport => unreachable!("handled above"),
         }
@@ -145,16 +157,24 @@ fn tables(store: &Store, snap: u64) -> Result<Vec<u8>, Failure> {
 }
 
 fn unknown(snap: u64) -> Failure {
-    (ErrorCode::UnknownSnapshot, format!("snapshot {snap} does not exist"))
+    (
+        ErrorCode::UnknownSnapshot,
+        format!("snapshot {snap} does not exist"),
+    )
 }
 
 /// Ok if `snap` can be read; otherwise the error that says why not.
 fn readable(store: &Store, snap: u64) -> Result<(), Failure> {
-    let state = store.snapshot_state(SnapId(snap)).ok_or_else(|| unknown(snap))?;
+    let state = store
+        .snapshot_state(SnapId(snap))
+        .ok_or_else(|| unknown(snap))?;
     let why = match state {
         SnapshotState::Committed => return Ok(()),
         SnapshotState::Capturing => {
-            return Err((ErrorCode::Capturing, format!("snapshot {snap} is still being captured")))
+            return Err((
+                ErrorCode::Capturing,
+                format!("snapshot {snap} is still being captured"),
+            ))
         }
         SnapshotState::Deleted => format!("snapshot {snap} was deleted"),
         SnapshotState::Failed => {
@@ -202,7 +222,11 @@ fn scan_begin(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
         return Ok(());
     };
     let row_type = store.row_type(r.row_type).map_err(fail)?;
-    let blob = ScanHeader { rel: r.rel.0, nblocks: r.nblocks }.encode(&row_type);
+    let blob = ScanHeader {
+        rel: r.rel.0,
+        nblocks: r.nblocks,
+    }
+    .encode(&row_type);
     page_out(body, &blob, offset);
     Ok(())
 }
@@ -211,33 +235,30 @@ fn scan_begin(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
 /// concurrent scans cannot pin all of it.
 fn pin_budget(asked: i64) -> usize {
     let share = (shmem::cache_capacity() / 8).max(1);
-    usize::try_from(asked).unwrap_or(1).clamp(1, protocol::MAX_PINNED_PER_REPLY).min(share)
+    usize::try_from(asked)
+        .unwrap_or(1)
+        .clamp(1, protocol::MAX_PINNED_PER_REPLY)
+        .min(share)
 }
 
-fn scan_pages(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
-    let [snap, rel, start, end, max, ..] = body.args;
-    readable(store, snap as u64)?;
-    let (start, end) = (start as u32, end as u32);
-    let budget = pin_budget(max);
-    let mut wanted = Vec::with_capacity(budget);
-    let mut next = end;
-    for m in store.scan_relation_from(RelId(rel as u32), SnapId(snap as u64), start).map_err(fail)? {
-        let (block, image) = m.map_err(fail)?;
-        if block >= end {
-            break;
-        }
-        if wanted.len() == budget {
-            next = block;
-            break;
-        }
-        wanted.push((block, CacheKey::image(image.0)));
-    }
-    let (entries, resume) = pin(&wanted, |keys| {
+fn load_images(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
+    let ids: Vec<u64> = body
+        .reply()
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
+        .collect();
+    let budget = pin_budget(ids.len() as i64);
+    let wanted: Vec<(u32, CacheKey)> = ids
+        .iter()
+        .take(budget)
+        .enumerate()
+        .map(|(i, &id)| (i as u32, CacheKey::image(id)))
+        .collect();
+    let (entries, _) = pin(&wanted, |keys| {
         let ids: Vec<ImageId> = keys.iter().map(|k| ImageId(k.id)).collect();
         store.images(&ids)
     })
     .map_err(fail)?;
-    body.result = i64::from(resume.unwrap_or(next));
     body.set_reply(&encode_pinned(&entries));
     Ok(())
 }
@@ -247,11 +268,16 @@ fn toast_fetch(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
     let id = ToastId(id as u64);
     let info = store.toast_info(id).map_err(fail)?;
     let first = first as u32;
-    let last = first.saturating_add(pin_budget(max) as u32).min(info.chunks);
-    let wanted: Vec<(u32, CacheKey)> =
-        (first..last).map(|c| (c, CacheKey::toast_chunk(id.0, c))).collect();
+    let last = first
+        .saturating_add(pin_budget(max) as u32)
+        .min(info.chunks);
+    let wanted: Vec<(u32, CacheKey)> = (first..last)
+        .map(|c| (c, CacheKey::toast_chunk(id.0, c)))
+        .collect();
     let (entries, _) = pin(&wanted, |keys| {
-        keys.iter().map(|k| store.toast_chunk(id, k.sub - 1)).collect()
+        keys.iter()
+            .map(|k| store.toast_chunk(id, k.sub - 1))
+            .collect()
     })
     .map_err(fail)?;
     body.result = i64::from(info.chunks);
@@ -273,7 +299,11 @@ fn pin(
         for (i, (key, ck)) in wanted.iter().enumerate() {
             match c.lookup_pin(ck) {
                 Some((slot, len)) => {
-                    got[i] = Some(PinnedEntry { key: *key, slot: slot as u32, len: len as u32 })
+                    got[i] = Some(PinnedEntry {
+                        key: *key,
+                        slot: slot as u32,
+                        len: len as u32,
+                    })
                 }
                 None => misses.push(i),
             }
@@ -323,7 +353,10 @@ fn pin(
         Some(g) => {
             let after: Vec<PinnedEntry> = got[g..].iter().flatten().copied().collect();
             protocol::unpin_all(&after);
-            (got[..g].iter().flatten().copied().collect(), Some(wanted[g].0))
+            (
+                got[..g].iter().flatten().copied().collect(),
+                Some(wanted[g].0),
+            )
         }
     };
     Ok((entries, resume))

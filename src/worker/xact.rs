@@ -66,8 +66,8 @@ pub fn in_subtransaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
             let f = f;
             Ok((f.0)())
         })
-            .catch_others(|e| Err(describe(e)))
-            .execute();
+        .catch_others(|e| Err(describe(e)))
+        .execute();
         match outcome {
             Ok(r) => {
                 pg_sys::ReleaseCurrentSubTransaction();
@@ -112,9 +112,7 @@ fn relation_locktag(relid: u32) -> pg_sys::LOCKTAG {
 pub fn try_lock_table(relid: u32) -> bool {
     let tag = relation_locktag(relid);
     // SAFETY: a session-level lock request on a relation of the worker's database.
-    let r = unsafe {
-        pg_sys::LockAcquire(&tag, pg_sys::AccessShareLock as i32, true, true)
-    };
+    let r = unsafe { pg_sys::LockAcquire(&tag, pg_sys::AccessShareLock as i32, true, true) };
     r != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 

@@ -1,0 +1,122 @@
+//! A backend's use of the GSnap index and the image cache: pin the groups holding the
+//! snapshots a query reads (the worker loads them into the shared group cache), walk their
+//! trees in place to find each block's image, and pin the images in the image cache (asking
+//! the worker to load only the ones not there yet).
+
+use crate::error::error;
+use crate::ipc::protocol::{self, GroupEntry, Kind, PinnedEntry};
+use crate::ipc::{self, Pinned};
+use crate::shmem::{self, groups};
+use gsnap_core::cache::Extent;
+use gsnap_core::{GroupView, IndexError, SnapId};
+use gsnap_shmem::cache::CacheKey;
+use gsnap_shmem::requests::REPLY_BYTES;
+use pgrx::PgSqlErrorCode;
+use std::time::Duration;
+
+/// Raises an index error as a PostgreSQL ERROR.
+pub fn index_error(e: IndexError) -> ! {
+    error(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!("gsnap snapshot index: {e}"),
+    )
+    .raise()
+}
+
+/// Groups pinned in the shared group cache for this backend; unpinned when dropped.
+pub struct GroupPins {
+    entries: Vec<GroupEntry>,
+}
+
+impl GroupPins {
+    /// Pins the groups holding snapshots `first..=last`. `record` tells the dividing policy
+    /// about the access (queries do; internal lookups do not).
+    pub fn pin(first: u64, last: u64, record: bool) -> GroupPins {
+        let a = ipc::call(
+            Kind::IndexPin,
+            &[first as i64, last as i64, i64::from(record)],
+        );
+        GroupPins {
+            entries: protocol::decode_groups(&a.reply),
+        }
+    }
+
+    /// Views of the pinned groups, in snapshot order.
+    pub fn views(&self) -> Vec<GroupView<'_>> {
+        let mut v: Vec<GroupView<'_>> = self
+            .entries
+            .iter()
+            .map(|e| {
+                let bytes = groups::group_bytes(Extent {
+                    offset: e.offset,
+                    size: e.size,
+                });
+                GroupView::new(bytes).unwrap_or_else(|e| index_error(e))
+            })
+            .collect();
+        v.sort_by_key(|g| g.first_snap().unwrap_or(SnapId(0)));
+        v
+    }
+
+    /// The view of the group holding `snap`.
+    pub fn view_of(&self, snap: u64) -> GroupView<'_> {
+        self.views()
+            .into_iter()
+            .find(|v| v.contains(SnapId(snap)))
+            .unwrap_or_else(|| {
+                error(
+                    PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+                    format!("snapshot {snap} is committed but not in the snapshot index"),
+                )
+                .raise()
+            })
+    }
+}
+
+impl Drop for GroupPins {
+    fn drop(&mut self) {
+        protocol::unpin_groups(&self.entries);
+    }
+}
+
+/// Images per LoadImages request (the ids travel in the request's reply buffer).
+const IDS_PER_REQUEST: usize = REPLY_BYTES / 8;
+
+/// Pins the images `ids` in the image cache; entry `key` is the position in `ids`.
+pub fn pin_images(ids: &[u64]) -> Pinned {
+    let mut entries: Vec<PinnedEntry> = Vec::with_capacity(ids.len());
+    let mut missing = Vec::new();
+    shmem::with_cache(|c| {
+        for (i, &id) in ids.iter().enumerate() {
+            match c.lookup_pin(&CacheKey::image(id)) {
+                Some((slot, len)) => entries.push(PinnedEntry {
+                    key: i as u32,
+                    slot: slot as u32,
+                    len: len as u32,
+                }),
+                None => missing.push(i),
+            }
+        }
+    });
+    // Hold what we have while the rest loads (dropping `pinned` unpins on error).
+    let mut pinned = Pinned { entries };
+    let mut at = 0;
+    while at < missing.len() {
+        let chunk = &missing[at..(at + IDS_PER_REQUEST).min(missing.len())];
+        let payload: Vec<u8> = chunk.iter().flat_map(|&i| ids[i].to_le_bytes()).collect();
+        let answer = ipc::call_with_payload(Kind::LoadImages, &[], &payload);
+        let got = protocol::decode_pinned(&answer.reply);
+        if got.is_empty() {
+            // The cache is full of pages other queries hold: let them finish.
+            ipc::wait_latch(Duration::from_millis(5));
+            continue;
+        }
+        at += got.len();
+        pinned.entries.extend(got.into_iter().map(|e| PinnedEntry {
+            key: chunk[e.key as usize] as u32,
+            ..e
+        }));
+    }
+    pinned.entries.sort_unstable_by_key(|e| e.key);
+    pinned
+}

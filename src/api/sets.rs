@@ -1,0 +1,496 @@
+//! Queries over sets of snapshots, answered from the GSnap index:
+//!
+//! - `gsnap_range(NULL::t, from, to)`: the table's rows at every retained snapshot in
+//!   `from..=to`, as `(snap_id, rec)`. The index reports, per block, the runs of snapshots
+//!   that share one image, so an image shared by several snapshots is read and decoded once.
+//! - `gsnap_diff(NULL::t, a, b)`: rows present at b and not at a (`'added'`) and at a and not
+//!   at b (`'removed'`); an update is one of each. Only blocks whose images differ are read,
+//!   and subtrees the two page tables share are skipped whole, so the cost follows the change.
+
+use super::access::{relation_name, require_gsnap_database, require_read_access};
+use super::asof::table_of_first_argument;
+use super::decode::Decoder;
+use super::index::{index_error, pin_images, GroupPins};
+use super::scan::{scan_begin_if_present, TableAtSnapshot};
+use crate::error::error;
+use gsnap_core::{PageDiff, RelId, SnapId};
+use gsnap_format::view;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+use std::collections::HashMap;
+
+/// Receives one row of one snapshot: (snapshot, values, nulls).
+type RowSink<'a> = &'a mut dyn FnMut(u64, &[pg_sys::Datum], &[bool]);
+
+/// Decoders by row type (the row type can change between snapshots), allocated in the
+/// memory context of the call (not the scratch context reset between batches).
+struct Decoders {
+    snap: u64,
+    relid: pg_sys::Oid,
+    row_desc: pg_sys::TupleDesc,
+    context: pg_sys::MemoryContext,
+    by_row_type: HashMap<Vec<u8>, Decoder>,
+}
+
+impl Decoders {
+    fn get(&mut self, t: &TableAtSnapshot) -> &mut Decoder {
+        let (snap, relid, desc, context) = (self.snap, self.relid, self.row_desc, self.context);
+        self.by_row_type
+            .entry(t.row_type_bytes.clone())
+            .or_insert_with(|| {
+                // SAFETY: `row_desc` is the table's current row type; the decoder's allocations
+                // go to the call's context, which outlives it.
+                unsafe {
+                    let old = pg_sys::MemoryContextSwitchTo(context);
+                    let d = Decoder::new(snap, relid, t.row_type.clone(), desc);
+                    pg_sys::MemoryContextSwitchTo(old);
+                    d
+                }
+            })
+    }
+}
+
+/// The argument at `i`, which must not be NULL.
+///
+/// # Safety
+/// `fcinfo` must be a valid call with more than `i` arguments.
+unsafe fn int8_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize, what: &str) -> u64 {
+    // SAFETY: reading the call's arguments.
+    let arg = unsafe { &*(*fcinfo).args.as_ptr().add(i) };
+    if arg.isnull {
+        error(
+            PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            format!("{what} must not be NULL"),
+        )
+        .raise();
+    }
+    let v = arg.value.value() as i64;
+    if v <= 0 {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("snapshot {v} does not exist"),
+        )
+        .hint("Snapshot ids start at 1; gsnap_snapshots() lists them.")
+        .raise();
+    }
+    v as u64
+}
+
+/// The result set of a call returning `TABLE(x, rec anyelement)`, and the row type of `rec`.
+///
+/// # Safety
+/// `fcinfo` must be a valid set-returning call.
+unsafe fn result_set(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> (
+    pg_sys::TupleDesc,
+    *mut pg_sys::Tuplestorestate,
+    pg_sys::TupleDesc,
+) {
+    // SAFETY: the materialize-mode SRF protocol; the second result column is the table's
+    // composite type, whose descriptor comes from the type cache.
+    unsafe {
+        pg_sys::InitMaterializedSRF(fcinfo, 0);
+        let rsinfo = (*fcinfo).resultinfo.cast::<pg_sys::ReturnSetInfo>();
+        let desc = (*rsinfo).setDesc;
+        let rec_type = (*desc).attrs.as_slice(2)[1].atttypid;
+        let row_desc = pg_sys::lookup_rowtype_tupdesc_copy(rec_type, -1);
+        (desc, (*rsinfo).setResult, row_desc)
+    }
+}
+
+/// Forms a `rec` datum of the table's row type.
+///
+/// # Safety
+/// `values`/`nulls` match `row_desc`.
+unsafe fn record(
+    row_desc: pg_sys::TupleDesc,
+    values: &[pg_sys::Datum],
+    nulls: &[bool],
+) -> pg_sys::Datum {
+    // SAFETY: forming a tuple of a named composite type.
+    unsafe {
+        let tuple = pg_sys::heap_form_tuple(
+            row_desc,
+            values.as_ptr().cast_mut(),
+            nulls.as_ptr().cast_mut(),
+        );
+        pg_sys::Datum::from((*tuple).t_data)
+    }
+}
+
+#[no_mangle]
+#[doc(hidden)]
+pub extern "C" fn pg_finfo_gsnap_range() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// `gsnap_range(anyelement, from_snap bigint, to_snap bigint)`.
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: called by PostgreSQL as a set-returning function.
+    unsafe {
+        let relid = table_of_first_argument(fcinfo, "gsnap_range");
+        require_gsnap_database();
+        require_read_access(relid);
+        let from = int8_arg(fcinfo, 1, "the first snapshot of gsnap_range");
+        let to = int8_arg(fcinfo, 2, "the last snapshot of gsnap_range");
+        if from > to {
+            error(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("gsnap_range from snapshot {from} to snapshot {to}: the range is empty"),
+            )
+            .hint("Give the older snapshot first.")
+            .raise();
+        }
+        let (desc, store, row_desc) = result_set(fcinfo);
+        range_rows(relid, from, to, row_desc, &mut |snap, values, nulls| {
+            let cols = [
+                pg_sys::Datum::from(snap as i64),
+                record(row_desc, values, nulls),
+            ];
+            let cnulls = [false, false];
+            pg_sys::tuplestore_putvalues(
+                store,
+                desc,
+                cols.as_ptr().cast_mut(),
+                cnulls.as_ptr().cast_mut(),
+            );
+        });
+    }
+    pg_sys::Datum::from(0usize)
+}
+
+/// The retained snapshots in `from..=to`, with the table as declared in each (snapshots in
+/// which it was not a gsnap table are left out).
+fn snapshots_in(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnapshot)> {
+    let listing = crate::ipc::protocol::decode_snapshots(
+        &crate::ipc::call_paged(crate::ipc::protocol::Kind::Snapshots, &[0], 0).reply,
+    );
+    listing
+        .into_iter()
+        .filter(|s| s.state == "committed" && s.id >= from && s.id <= to)
+        .filter_map(|s| scan_begin_if_present(s.id, relid).map(|t| (s.id, t)))
+        .collect()
+}
+
+/// Calls `emit(snap, row)` for every row of the table at every retained snapshot of
+/// `from..=to`.
+///
+/// # Safety
+/// `row_desc` is the table's current row type; call in a transaction.
+unsafe fn range_rows(
+    relid: pg_sys::Oid,
+    from: u64,
+    to: u64,
+    row_desc: pg_sys::TupleDesc,
+    emit: RowSink<'_>,
+) {
+    let snaps = snapshots_in(relid, from, to);
+    let (Some(first), Some(last)) = (snaps.first(), snaps.last()) else {
+        return;
+    };
+    let groups = GroupPins::pin(first.0, last.0, true);
+    let views = groups.views();
+    let mut decoders = Decoders {
+        snap: first.0,
+        relid,
+        row_desc,
+        // SAFETY: reading the current memory context.
+        context: unsafe { pg_sys::CurrentMemoryContext },
+        by_row_type: HashMap::new(),
+    };
+    let scratch = pgrx::PgMemoryContexts::new("gsnap range");
+    // Segments of consecutive snapshots in which the table has one incarnation.
+    for segment in snaps.chunk_by(|a, b| a.1.rel == b.1.rel) {
+        let rel = segment[0].1.rel;
+        let (seg_first, seg_last) = (segment[0].0, segment[segment.len() - 1].0);
+        let mut runs = Vec::new();
+        gsnap_core::range(
+            &views,
+            SnapId(seg_first),
+            SnapId(seg_last),
+            RelId(rel),
+            &mut |r| runs.push(r),
+        )
+        .unwrap_or_else(|e| index_error(e));
+        for batch in runs.chunks(256) {
+            let ids: Vec<u64> = batch.iter().map(|r| r.image.0).collect();
+            let pinned = pin_images(&ids);
+            // SAFETY: temporary allocations in our scratch context, reset per batch.
+            let old = unsafe { pg_sys::MemoryContextSwitchTo(scratch.value()) };
+            for e in &pinned.entries {
+                let run = batch[e.key as usize];
+                let bytes = pinned.bytes(e);
+                // The snapshots of this run that hold the block (it may be beyond a snapshot's
+                // size, after the table shrank), grouped by row type.
+                let holders: Vec<&(u64, TableAtSnapshot)> = segment
+                    .iter()
+                    .filter(|(s, t)| *s >= run.first.0 && *s <= run.last.0 && run.block < t.nblocks)
+                    .collect();
+                for same_type in holders.chunk_by(|a, b| a.1.row_type_bytes == b.1.row_type_bytes) {
+                    let decoder = decoders.get(&same_type[0].1);
+                    for t in view::decode(bytes).unwrap_or_else(|e| corrupt(e)) {
+                        let (values, nulls) = decoder.decode_tuple(run.block, t.lp, t.bytes);
+                        for (s, _) in same_type {
+                            emit(*s, values, nulls);
+                        }
+                    }
+                }
+            }
+            // SAFETY: restoring and resetting our context.
+            unsafe {
+                pg_sys::MemoryContextSwitchTo(old);
+                pg_sys::MemoryContextReset(scratch.value());
+            }
+        }
+    }
+}
+
+fn corrupt(e: gsnap_format::FormatError) -> ! {
+    error(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!("a stored page view is corrupt: {e}"),
+    )
+    .raise()
+}
+
+#[no_mangle]
+#[doc(hidden)]
+pub extern "C" fn pg_finfo_gsnap_diff() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// `gsnap_diff(anyelement, a bigint, b bigint)`.
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn gsnap_diff(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: called by PostgreSQL as a set-returning function.
+    unsafe {
+        let relid = table_of_first_argument(fcinfo, "gsnap_diff");
+        require_gsnap_database();
+        require_read_access(relid);
+        let a = int8_arg(fcinfo, 1, "the first snapshot of gsnap_diff");
+        let b = int8_arg(fcinfo, 2, "the second snapshot of gsnap_diff");
+        let (desc, store, row_desc) = result_set(fcinfo);
+        let added = pg_sys::Datum::from(pg_sys::cstring_to_text(c"added".as_ptr()));
+        let removed = pg_sys::Datum::from(pg_sys::cstring_to_text(c"removed".as_ptr()));
+        diff_rows(relid, a, b, row_desc, &mut |is_added, rec| {
+            let cols = [if is_added { added } else { removed }, rec];
+            let cnulls = [false, false];
+            pg_sys::tuplestore_putvalues(
+                store,
+                desc,
+                cols.as_ptr().cast_mut(),
+                cnulls.as_ptr().cast_mut(),
+            );
+        });
+    }
+    pg_sys::Datum::from(0usize)
+}
+
+/// A row on one side of a diff, with its text form (the identity rows are compared by).
+struct Side {
+    text: String,
+    rec: pg_sys::Datum,
+}
+
+/// The rows of the pages `pages` of one side (`Some(image)` per block), except the tuples
+/// the other side has unchanged on the same page (same line pointer, same bytes).
+///
+/// # Safety
+/// In a transaction; `decoder` matches the side's row type.
+unsafe fn side_rows(
+    decoder: &mut Decoder,
+    row_desc: pg_sys::TupleDesc,
+    pages: &[(u32, u64)],
+    other: &HashMap<u32, Vec<(u16, Vec<u8>)>>,
+    out: &mut Vec<Side>,
+) {
+    for batch in pages.chunks(256) {
+        let ids: Vec<u64> = batch.iter().map(|&(_, id)| id).collect();
+        let pinned = pin_images(&ids);
+        for e in &pinned.entries {
+            let block = batch[e.key as usize].0;
+            let theirs = other.get(&block);
+            for t in view::decode(pinned.bytes(e)).unwrap_or_else(|e| corrupt(e)) {
+                if theirs.is_some_and(|v| v.iter().any(|(lp, b)| *lp == t.lp && b == t.bytes)) {
+                    continue;
+                }
+                let (values, nulls) = decoder.decode_tuple(block, t.lp, t.bytes);
+                // SAFETY: values match the table's row type.
+                let rec = unsafe { record(row_desc, values, nulls) };
+                // SAFETY: record_out of a datum of a named composite type.
+                let text = unsafe {
+                    std::ffi::CStr::from_ptr(pg_sys::OidOutputFunctionCall(
+                        pg_sys::Oid::from(2291u32),
+                        rec,
+                    ))
+                }
+                .to_string_lossy()
+                .into_owned();
+                out.push(Side { text, rec });
+            }
+        }
+    }
+}
+
+/// Calls `emit(added, rec)` for each row that differs between snapshots `a` and `b`.
+///
+/// # Safety
+/// `row_desc` is the table's current row type; call in a transaction.
+unsafe fn diff_rows(
+    relid: pg_sys::Oid,
+    a: u64,
+    b: u64,
+    row_desc: pg_sys::TupleDesc,
+    emit: &mut dyn FnMut(bool, pg_sys::Datum),
+) {
+    let ta = scan_begin_if_present(a, relid);
+    let tb = scan_begin_if_present(b, relid);
+    if ta.is_none() && tb.is_none() {
+        error(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!(
+                "table {} is in neither snapshot {a} nor snapshot {b}",
+                relation_name(relid)
+            ),
+        )
+        .raise();
+    }
+    let pins_a = GroupPins::pin(a, a, true);
+    let pins_b = GroupPins::pin(b, b, true);
+    // Pages whose image differs: (block, before, after).
+    let mut pages: Vec<PageDiff> = Vec::new();
+    match (&ta, &tb) {
+        (Some(x), Some(y)) if x.rel == y.rel => {
+            gsnap_core::diff(
+                pins_a.view_of(a),
+                SnapId(a),
+                pins_b.view_of(b),
+                SnapId(b),
+                RelId(x.rel),
+                &mut |d| pages.push(d),
+            )
+            .unwrap_or_else(|e| index_error(e));
+        }
+        _ => {
+            // Different incarnations (the table was rewritten, created or converted in
+            // between): every page of each side.
+            let mut all: HashMap<u32, PageDiff> = HashMap::new();
+            for (side, t, pins, snap) in [(0, &ta, &pins_a, a), (1, &tb, &pins_b, b)] {
+                let Some(t) = t else { continue };
+                let view = pins.view_of(snap);
+                let tree = view.tree(SnapId(snap)).unwrap_or_else(|e| index_error(e));
+                if let Some(rel) = tree
+                    .relation(RelId(t.rel))
+                    .unwrap_or_else(|e| index_error(e))
+                {
+                    rel.scan(0..t.nblocks, &mut |block, image| {
+                        let d = all.entry(block).or_insert(PageDiff {
+                            block,
+                            before: None,
+                            after: None,
+                        });
+                        if side == 0 {
+                            d.before = Some(image);
+                        } else {
+                            d.after = Some(image);
+                        }
+                    })
+                    .unwrap_or_else(|e| index_error(e));
+                }
+            }
+            pages = all.into_values().collect();
+            pages.sort_by_key(|d| d.block);
+        }
+    }
+    // Blocks beyond a side's size hold nothing on that side.
+    let before: Vec<(u32, u64)> = pages
+        .iter()
+        .filter(|d| ta.as_ref().is_some_and(|t| d.block < t.nblocks))
+        .filter_map(|d| d.before.map(|i| (d.block, i.0)))
+        .collect();
+    let after: Vec<(u32, u64)> = pages
+        .iter()
+        .filter(|d| tb.as_ref().is_some_and(|t| d.block < t.nblocks))
+        .filter_map(|d| d.after.map(|i| (d.block, i.0)))
+        .collect();
+    // Raw tuples of each side's changed pages, to skip tuples unchanged on a changed page.
+    let raw = |pages: &[(u32, u64)]| -> HashMap<u32, Vec<(u16, Vec<u8>)>> {
+        let mut m = HashMap::new();
+        for batch in pages.chunks(256) {
+            let ids: Vec<u64> = batch.iter().map(|&(_, id)| id).collect();
+            let pinned = pin_images(&ids);
+            for e in &pinned.entries {
+                let tuples = view::decode(pinned.bytes(e)).unwrap_or_else(|e| corrupt(e));
+                m.insert(
+                    batch[e.key as usize].0,
+                    tuples.iter().map(|t| (t.lp, t.bytes.to_vec())).collect(),
+                );
+            }
+        }
+        m
+    };
+    let (raw_before, raw_after) = (raw(&before), raw(&after));
+    let mut removed = Vec::new();
+    let mut added = Vec::new();
+    if let Some(t) = &ta {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut d = Decoder::new(a, relid, t.row_type.clone(), row_desc);
+            side_rows(&mut d, row_desc, &before, &raw_after, &mut removed);
+        }
+    }
+    if let Some(t) = &tb {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut d = Decoder::new(b, relid, t.row_type.clone(), row_desc);
+            side_rows(&mut d, row_desc, &after, &raw_before, &mut added);
+        }
+    }
+    // A row that only moved (the same values on another page) is no change.
+    let mut counts: HashMap<&str, i64> = HashMap::new();
+    for r in &removed {
+        *counts.entry(&r.text).or_default() += 1;
+    }
+    let mut moved: HashMap<&str, i64> = HashMap::new();
+    for r in &added {
+        let c = counts.entry(&r.text).or_default();
+        if *c > 0 {
+            *c -= 1;
+            *moved.entry(&r.text).or_default() += 1;
+        } else {
+            emit(true, r.rec);
+        }
+    }
+    for r in &removed {
+        let m = moved.entry(&r.text).or_default();
+        if *m > 0 {
+            *m -= 1;
+        } else {
+            emit(false, r.rec);
+        }
+    }
+}
+
+extension_sql!(
+    r#"
+CREATE FUNCTION gsnap_range(rel anyelement, from_snap bigint, to_snap bigint)
+    RETURNS TABLE (snap_id bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION gsnap_range(anyelement, bigint, bigint) IS
+    'rows of a table at every snapshot of a range: SELECT snap_id, (rec).* FROM gsnap_range(NULL::t, 40, 60)';
+CREATE FUNCTION gsnap_diff(rel anyelement, a bigint, b bigint)
+    RETURNS TABLE (change text, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_diff' LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION gsnap_diff(anyelement, bigint, bigint) IS
+    'rows added and removed between two snapshots (an update is one of each)';
+"#,
+    name = "gsnap_sets",
+    requires = ["gsnap_preload_check_call"],
+);
