@@ -36,6 +36,7 @@ pub extern "C-unwind" fn _PG_init() {
     PRELOADED.store(true, Ordering::Release);
     shmem::init();
     worker::register();
+    api::init_custom_scan();
 }
 
 /// Raises a clear ERROR unless gsnap was loaded through `shared_preload_libraries`.

@@ -71,6 +71,9 @@ impl Decoder {
             let natts = row_type.attributes.len();
             let old_desc = pg_sys::CreateTemplateTupleDesc(natts as i32);
             let attrs = (*old_desc).attrs.as_mut_slice(natts);
+            // CreateTemplateTupleDesc leaves the attributes uninitialized; every field we do
+            // not set (atthasmissing among them) must read as zero.
+            std::ptr::write_bytes(attrs.as_mut_ptr(), 0, natts);
             let mut missing = Vec::with_capacity(natts);
             for (a, rt) in attrs.iter_mut().zip(&row_type.attributes) {
                 let name = CString::new(rt.name.as_str()).unwrap_or_default();

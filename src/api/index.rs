@@ -41,9 +41,10 @@ impl GroupPins {
         }
     }
 
-    /// Views of the pinned groups, in snapshot order.
-    pub fn views(&self) -> Vec<GroupView<'_>> {
-        let mut v: Vec<GroupView<'_>> = self
+    /// Views of the pinned groups, in snapshot order. They read shared memory that stays
+    /// valid while `self` holds the pins: do not use them after dropping `self`.
+    pub fn views(&self) -> Vec<GroupView<'static>> {
+        let mut v: Vec<GroupView<'static>> = self
             .entries
             .iter()
             .map(|e| {
@@ -58,8 +59,8 @@ impl GroupPins {
         v
     }
 
-    /// The view of the group holding `snap`.
-    pub fn view_of(&self, snap: u64) -> GroupView<'_> {
+    /// The view of the group holding `snap` (valid while `self` holds the pins).
+    pub fn view_of(&self, snap: u64) -> GroupView<'static> {
         self.views()
             .into_iter()
             .find(|v| v.contains(SnapId(snap)))

@@ -2,6 +2,7 @@
 
 mod access;
 mod asof;
+mod custom_scan;
 mod decode;
 mod index;
 mod scan;
@@ -10,3 +11,4 @@ mod snapshots;
 mod spans;
 
 pub use access::require_gsnap_database;
+pub use custom_scan::init as init_custom_scan;

@@ -6,12 +6,13 @@ use super::access::relation_name;
 use super::decode::Decoder;
 use super::index::{index_error, pin_images, GroupPins};
 use crate::error::error;
-use crate::ipc;
 use crate::ipc::protocol::{ErrorCode, Kind, ScanHeader};
-use gsnap_core::{RelId, SnapId};
+use crate::ipc::{self, Pinned};
+use gsnap_core::{RelId, RelationTree, SnapId};
 use gsnap_format::rowtype::RowType;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 /// Blocks looked up in the index per step.
@@ -67,6 +68,96 @@ pub fn scan_begin_if_present(snap: u64, relid: pg_sys::Oid) -> Option<TableAtSna
     })
 }
 
+/// The page images of one table at one snapshot, in block order: the page table is walked
+/// in the shared group cache, the images are pinned in the image cache a batch at a time.
+pub struct PageReader {
+    /// Keeps the groups `rel` points into pinned; `rel` must not outlive it.
+    _groups: GroupPins,
+    rel: Option<RelationTree<'static>>,
+    nblocks: u32,
+    /// Next block to look up in the index.
+    next_block: u32,
+    /// Blocks looked up (block, image), not pinned yet.
+    looked_up: VecDeque<(u32, u64)>,
+    /// The batch being read: its pins and its blocks.
+    batch: Option<(Pinned, Vec<u32>)>,
+    at: usize,
+}
+
+impl PageReader {
+    /// Starts reading `table` (as held by snapshot `snap`).
+    pub fn open(snap: u64, table: &TableAtSnapshot) -> PageReader {
+        let groups = GroupPins::pin(snap, snap, true);
+        let tree = groups
+            .view_of(snap)
+            .tree(SnapId(snap))
+            .unwrap_or_else(|e| index_error(e));
+        let rel = tree
+            .relation(RelId(table.rel))
+            .unwrap_or_else(|e| index_error(e));
+        PageReader {
+            _groups: groups,
+            rel,
+            nblocks: table.nblocks,
+            next_block: 0,
+            looked_up: VecDeque::new(),
+            batch: None,
+            at: 0,
+        }
+    }
+
+    /// The next page (block, view bytes); the bytes stay valid until the next call.
+    pub fn next_page(&mut self) -> Option<(u32, &[u8])> {
+        loop {
+            if let Some((pinned, blocks)) = &self.batch {
+                if self.at < pinned.entries.len() {
+                    self.at += 1;
+                    let (pinned, blocks) = self.batch.as_ref().expect("checked");
+                    let e = &pinned.entries[self.at - 1];
+                    return Some((blocks[e.key as usize], pinned.bytes(e)));
+                }
+                let _ = blocks;
+                self.batch = None; // unpins
+            }
+            if self.looked_up.is_empty() {
+                let rel = self.rel?;
+                if self.next_block >= self.nblocks {
+                    return None;
+                }
+                let end = self
+                    .next_block
+                    .saturating_add(BLOCKS_PER_STEP as u32)
+                    .min(self.nblocks);
+                let looked_up = &mut self.looked_up;
+                rel.scan(self.next_block..end, &mut |b, image| {
+                    looked_up.push_back((b, image.0))
+                })
+                .unwrap_or_else(|e| index_error(e));
+                self.next_block = end;
+                continue;
+            }
+            let n = self.looked_up.len().min(IMAGES_PER_BATCH);
+            let chunk: Vec<(u32, u64)> = self.looked_up.drain(..n).collect();
+            let ids: Vec<u64> = chunk.iter().map(|&(_, id)| id).collect();
+            let pinned = pin_images(&ids);
+            self.batch = Some((pinned, chunk.iter().map(|&(b, _)| b).collect()));
+            self.at = 0;
+        }
+    }
+}
+
+/// What a snapshot holds of `relid`, or the ERROR that it does not hold the table.
+pub fn table_at(snap: u64, relid: pg_sys::Oid) -> TableAtSnapshot {
+    scan_begin_if_present(snap, relid).unwrap_or_else(|| {
+        error(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!("table {} is not in snapshot {snap}", relation_name(relid)),
+        )
+        .hint("A snapshot holds the tables that used the gsnap access method when it was taken; see gsnap_snapshot_tables().")
+        .raise()
+    })
+}
+
 /// Hands every row of table `relid` at snapshot `snap`, in `out_desc`'s row type, to `emit`.
 ///
 /// # Safety
@@ -77,53 +168,18 @@ pub unsafe fn read_table(
     out_desc: pg_sys::TupleDesc,
     emit: &mut dyn FnMut(&[pg_sys::Datum], &[bool]),
 ) {
-    let Some(table) = scan_begin_if_present(snap, relid) else {
-        error(
-            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
-            format!("table {} is not in snapshot {snap}", relation_name(relid)),
-        )
-        .hint("A snapshot holds the tables that used the gsnap access method when it was taken; see gsnap_snapshot_tables().")
-        .raise();
-    };
-    let header = ScanHeader {
-        rel: table.rel,
-        nblocks: table.nblocks,
-    };
-    let row_type = table.row_type;
+    let table = table_at(snap, relid);
     // SAFETY: per this function's contract.
-    let mut decoder = unsafe { Decoder::new(snap, relid, row_type, out_desc) };
-    let groups = GroupPins::pin(snap, snap, true);
-    let view = groups.view_of(snap);
-    let tree = view.tree(SnapId(snap)).unwrap_or_else(|e| index_error(e));
-    let Some(rel) = tree
-        .relation(RelId(header.rel))
-        .unwrap_or_else(|e| index_error(e))
-    else {
-        return; // no page of the table holds a row at this snapshot
-    };
+    let mut decoder = unsafe { Decoder::new(snap, relid, table.row_type.clone(), out_desc) };
+    let mut pages = PageReader::open(snap, &table);
     let scratch = pgrx::PgMemoryContexts::new("gsnap scan");
-    let mut blocks: Vec<(u32, u64)> = Vec::with_capacity(BLOCKS_PER_STEP);
-    let mut start = 0u32;
-    while start < header.nblocks {
-        let end = start
-            .saturating_add(BLOCKS_PER_STEP as u32)
-            .min(header.nblocks);
-        blocks.clear();
-        rel.scan(start..end, &mut |b, image| blocks.push((b, image.0)))
-            .unwrap_or_else(|e| index_error(e));
-        for chunk in blocks.chunks(IMAGES_PER_BATCH) {
-            let ids: Vec<u64> = chunk.iter().map(|&(_, id)| id).collect();
-            let pinned = pin_images(&ids);
-            // SAFETY: switching to our scratch context for the rows' temporary allocations.
-            unsafe {
-                let old = pg_sys::MemoryContextSwitchTo(scratch.value());
-                for e in &pinned.entries {
-                    decoder.decode_page(chunk[e.key as usize].0, pinned.bytes(e), emit);
-                }
-                pg_sys::MemoryContextSwitchTo(old);
-                pg_sys::MemoryContextReset(scratch.value());
-            }
+    while let Some((block, bytes)) = pages.next_page() {
+        // SAFETY: switching to our scratch context for the rows' temporary allocations.
+        unsafe {
+            let old = pg_sys::MemoryContextSwitchTo(scratch.value());
+            decoder.decode_page(block, bytes, emit);
+            pg_sys::MemoryContextSwitchTo(old);
+            pg_sys::MemoryContextReset(scratch.value());
         }
-        start = end;
     }
 }

@@ -1,30 +1,42 @@
 //! The view of a page: the tuples one snapshot sees on it, each with its line pointer number.
 //!
-//! Layout (little-endian): version `u8` = 1, tuple count `u16`, then per tuple its line
-//! pointer number `u16`, its length `u16` and its bytes. The tuple bytes are PostgreSQL's
-//! heap tuple with the header *normalized* by the extension (transaction ids, command id and
-//! ctid zeroed, only the layout bits of the infomasks kept), so that the view depends only on
-//! what the snapshot sees: hint bits, freezing and pruning never change it, and identical
-//! views are stored once. Tuples are in line-pointer order.
+//! Layout (little-endian), version 2: an 8-byte header (version `u8` = 2, a zero byte, the
+//! tuple count `u16`, four zero bytes), then a directory of `count` entries (line pointer
+//! number `u16`, tuple length `u16`), zero padding to a multiple of 8, then the tuples in
+//! directory order, each padded with zeros to a multiple of 8. So in a view stored at an
+//! 8-byte aligned address every tuple is 8-byte aligned, as on a heap page, and can be used
+//! in place; and a view is never larger than the page it describes (per tuple, 4 directory
+//! bytes and the tuple rounded up to 8, as a page spends a line pointer and the tuple rounded
+//! up to MAXALIGN).
+//!
+//! The tuple bytes are PostgreSQL's heap tuple with the header *normalized* by the extension
+//! (transaction ids, command id and ctid zeroed, only the layout bits of the infomasks kept),
+//! so that the view depends only on what the snapshot sees: hint bits, freezing and pruning
+//! never change it, and identical views are stored once. Tuples are in line-pointer order.
 
 use crate::{FormatError, Reader};
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+const HEADER: usize = 8;
+
+fn pad8(n: usize) -> usize {
+    n.next_multiple_of(8)
+}
 
 /// Builds a view tuple by tuple.
 #[derive(Debug, Default, Clone)]
 pub struct ViewBuilder {
-    bytes: Vec<u8>,
-    count: u16,
+    dir: Vec<(u16, u16)>,
+    tuples: Vec<u8>,
 }
 
 impl ViewBuilder {
     /// An empty view.
     pub fn new() -> Self {
-        let mut bytes = Vec::with_capacity(8192);
-        bytes.push(VERSION);
-        bytes.extend_from_slice(&0u16.to_le_bytes());
-        ViewBuilder { bytes, count: 0 }
+        ViewBuilder {
+            dir: Vec::new(),
+            tuples: Vec::with_capacity(8192),
+        }
     }
 
     /// Appends the tuple at line pointer `lp`. Line pointers must increase.
@@ -33,26 +45,36 @@ impl ViewBuilder {
     /// If the tuple is longer than 65535 bytes (a heap tuple never is).
     pub fn push(&mut self, lp: u16, tuple: &[u8]) {
         let len = u16::try_from(tuple.len()).expect("a heap tuple fits in a page");
-        self.bytes.extend_from_slice(&lp.to_le_bytes());
-        self.bytes.extend_from_slice(&len.to_le_bytes());
-        self.bytes.extend_from_slice(tuple);
-        self.count += 1;
+        self.dir.push((lp, len));
+        self.tuples.extend_from_slice(tuple);
+        self.tuples.resize(pad8(self.tuples.len()), 0);
     }
 
     /// Number of tuples so far.
     pub fn len(&self) -> usize {
-        self.count as usize
+        self.dir.len()
     }
 
     /// True if no tuple was added.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.dir.is_empty()
     }
 
     /// The encoded view.
-    pub fn finish(mut self) -> Vec<u8> {
-        self.bytes[1..3].copy_from_slice(&self.count.to_le_bytes());
-        self.bytes
+    pub fn finish(self) -> Vec<u8> {
+        let dir_end = pad8(HEADER + 4 * self.dir.len());
+        let mut out = Vec::with_capacity(dir_end + self.tuples.len());
+        out.push(VERSION);
+        out.push(0);
+        out.extend_from_slice(&(self.dir.len() as u16).to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        for (lp, len) in &self.dir {
+            out.extend_from_slice(&lp.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        out.resize(dir_end, 0);
+        out.extend_from_slice(&self.tuples);
+        out
     }
 }
 
@@ -61,7 +83,7 @@ impl ViewBuilder {
 pub struct ViewTuple<'a> {
     /// Line pointer number (the tuple's offset number in its block).
     pub lp: u16,
-    /// The normalized heap tuple.
+    /// The normalized heap tuple (8-byte aligned if the view is).
     pub bytes: &'a [u8],
 }
 
@@ -69,8 +91,10 @@ pub struct ViewTuple<'a> {
 pub fn decode(view: &[u8]) -> Result<Vec<ViewTuple<'_>>, FormatError> {
     let mut r = Reader::new(view, "page view");
     r.version(VERSION)?;
-    let n = r.u16()?;
-    let mut tuples = Vec::with_capacity(n as usize);
+    r.take(1)?;
+    let n = r.u16()? as usize;
+    r.take(4)?;
+    let mut dir = Vec::with_capacity(n);
     let mut last = 0u16;
     for _ in 0..n {
         let lp = r.u16()?;
@@ -80,11 +104,14 @@ pub fn decode(view: &[u8]) -> Result<Vec<ViewTuple<'_>>, FormatError> {
             )));
         }
         last = lp;
-        let len = r.u16()? as usize;
-        tuples.push(ViewTuple {
-            lp,
-            bytes: r.take(len)?,
-        });
+        dir.push((lp, r.u16()? as usize));
+    }
+    r.take(pad8(HEADER + 4 * n) - (HEADER + 4 * n))?;
+    let mut tuples = Vec::with_capacity(n);
+    for (lp, len) in dir {
+        let bytes = r.take(len)?;
+        r.take(pad8(len) - len)?;
+        tuples.push(ViewTuple { lp, bytes });
     }
     r.end()?;
     Ok(tuples)
@@ -128,6 +155,10 @@ mod tests {
         let mut wrong_version = good.clone();
         wrong_version[0] = 9;
         assert!(decode(&wrong_version).unwrap_err().0.contains("version 9"));
+        let mut short_tuple = good.clone();
+        short_tuple[10] = 200; // the first tuple's length
+        assert!(decode(&short_tuple).is_err());
+        assert!(decode(&wrong_version).unwrap_err().0.contains("version 9"));
         let mut b = ViewBuilder::new();
         b.push(3, b"a");
         b.push(3, b"b");
@@ -147,7 +178,13 @@ mod tests {
             prop_assert_eq!(decoded.len(), tuples.len());
             for (d, t) in decoded.iter().zip(&tuples) {
                 prop_assert_eq!(d.bytes, &t[..]);
+                // every tuple starts 8-byte aligned relative to the view
+                let offset = d.bytes.as_ptr() as usize - bytes.as_ptr() as usize;
+                prop_assert_eq!(offset % 8, 0);
             }
+            // never larger than a heap page holding the same tuples
+            let page: usize = 24 + tuples.iter().map(|t| 4 + t.len().next_multiple_of(8)).sum::<usize>();
+            prop_assert!(bytes.len() <= page);
         }
 
         #[test]

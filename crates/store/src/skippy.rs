@@ -28,7 +28,10 @@ pub struct StoreLogStore<'s, B: KvBackend> {
 impl<'s, B: KvBackend> StoreLogStore<'s, B> {
     /// The Skippy nodes of `store`.
     pub fn new(store: &'s SnapshotStore<B>) -> Self {
-        StoreLogStore { store, counts: [None; MAX_LEVELS + 1] }
+        StoreLogStore {
+            store,
+            counts: [None; MAX_LEVELS + 1],
+        }
     }
 }
 
@@ -43,7 +46,12 @@ impl<B: KvBackend> LogStore for StoreLogStore<'_, B> {
         }
         let start = keys::skippy_key(level, 0);
         let end = keys::prefix_end(&[level]).unwrap_or_else(|| vec![0xff; 10]);
-        match self.store.backend.last_in_range(Cf::Skippy, &start, &end).map_err(io)? {
+        match self
+            .store
+            .backend
+            .last_in_range(Cf::Skippy, &start, &end)
+            .map_err(io)?
+        {
             Some((k, _)) => Ok(keys::decode_tagged_u64(&k, level).map_err(io)? + 1),
             None => Ok(0),
         }
@@ -57,10 +65,14 @@ impl<B: KvBackend> LogStore for StoreLogStore<'_, B> {
     }
 
     fn write_nodes(&mut self, nodes: &[LogNode]) -> Result<(), IndexError> {
-        let encoded: Vec<(u8, u64, Vec<u8>)> =
-            nodes.iter().map(|n| (n.level, n.number, n.encode())).collect();
-        let refs: Vec<(u8, u64, &[u8])> =
-            encoded.iter().map(|(l, n, b)| (*l, *n, b.as_slice())).collect();
+        let encoded: Vec<(u8, u64, Vec<u8>)> = nodes
+            .iter()
+            .map(|n| (n.level, n.number, n.encode()))
+            .collect();
+        let refs: Vec<(u8, u64, &[u8])> = encoded
+            .iter()
+            .map(|(l, n, b)| (*l, *n, b.as_slice()))
+            .collect();
         self.store.put_skippy_nodes(&refs).map_err(io)?;
         for n in nodes {
             let level = n.level as usize;
@@ -84,7 +96,10 @@ mod tests {
     #[test]
     fn skippy_over_the_store_builds_page_tables_and_survives_reopening() {
         let store = SnapshotStore::open_in_memory(1);
-        let config = SkippyConfig { node_size: 4, height: 2 };
+        let config = SkippyConfig {
+            node_size: 4,
+            height: 2,
+        };
         let snaps: Vec<(SnapId, Vec<Mapping>)> = (1..=20u64)
             .map(|s| {
                 let hot = Mapping::new(PageKey::new(1, 0), SnapId(s), ImageId(s * 10));
@@ -103,9 +118,18 @@ mod tests {
         for (s, m) in &snaps[12..] {
             log.append_snapshot(*s, m).unwrap();
         }
-        let (table, _) = log.build_page_table(SnapId(15), StopWhen::LogStart).unwrap();
-        let hot = table.iter().find(|(p, _)| *p == PageKey::new(1, 0)).map(|(_, i)| *i);
-        assert_eq!(hot, Some(ImageId(150)), "the latest mapping at or before 15");
+        let (table, _) = log
+            .build_page_table(SnapId(15), StopWhen::LogStart)
+            .unwrap();
+        let hot = table
+            .iter()
+            .find(|(p, _)| *p == PageKey::new(1, 0))
+            .map(|(_, i)| *i);
+        assert_eq!(
+            hot,
+            Some(ImageId(150)),
+            "the latest mapping at or before 15"
+        );
         assert_eq!(table.len(), 16, "the hot page and blocks 1..=15");
         assert!(table.iter().all(|(p, _)| p.block <= 15));
     }

@@ -88,7 +88,10 @@ fn check<B: KvBackend>(store: &SnapshotStore<B>, model: &Model, rels: &[RelId]) 
                 .map(|r| r.unwrap())
                 .collect();
             let want_from: Vec<_> = want.iter().copied().filter(|(b, _)| *b >= from).collect();
-            assert_eq!(got_from, want_from, "scan of {rel} at {snap} from block {from}");
+            assert_eq!(
+                got_from, want_from,
+                "scan of {rel} at {snap} from block {from}"
+            );
         }
     }
     for snap in &model.deleted {
