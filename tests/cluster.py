@@ -76,12 +76,19 @@ class Cluster:
                 os.kill(int(child), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # Wait until every process is gone, zombies included (pg_ctl takes a postmaster that
+        # is dead but not yet reaped for a running one, and would not start a new one).
+        pids = [pid, *map(int, children)]
         deadline = time.time() + 30
         while time.time() < deadline:
             alive = subprocess.run(["pgrep", "-f", str(self.data)], capture_output=True).stdout
-            if not alive:
+            if not alive and not any(os.path.exists(f"/proc/{p}") for p in pids):
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(
+                f"the processes of the killed cluster {self.data} did not go away within 30 s "
+                "(zombies stay when PID 1 does not reap orphans: run containers with an init)")
 
     # -- configuration ---------------------------------------------------------------------
     def conf_text(self) -> str:

@@ -149,6 +149,17 @@ impl Worker {
                 }
             })
             .collect();
+        // Blocks written in this span beyond the size recorded at declaration were added to
+        // the table after the MVCC snapshot (the size is read after it): their view at this
+        // snapshot is empty, but a later snapshot sees their rows, so the next capture must
+        // take them even if nothing writes them again.
+        let beyond: Vec<(u32, u32)> = decl
+            .tables
+            .iter()
+            .flat_map(|t| {
+                covered.blocks_of(t.relid).filter(move |&b| b >= t.nblocks).map(move |b| (t.relid, b))
+            })
+            .collect();
         let total: u64 = items.iter().map(|i| i.blocks.len() as u64).sum();
         let capture = match store.begin_capture(SnapId(decl.snap)) {
             Ok(c) => c,
@@ -180,7 +191,7 @@ impl Worker {
             items,
             item: 0,
             cursor: 0,
-            carried: Vec::new(),
+            carried: beyond,
             covered,
             pages_done: 0,
             strategy,

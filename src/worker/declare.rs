@@ -186,6 +186,16 @@ impl Worker {
         }
         self.xact.ensure_open();
         shmem::progress().set_phase(Phase::Declaring);
+        // Whatever happens below, a capture in flight is what the worker does next.
+        struct Restore(bool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                if self.0 {
+                    shmem::progress().set_phase(Phase::Capturing);
+                }
+            }
+        }
+        let _restore = Restore(self.job.is_some());
         let mut locked = Vec::new();
         let mut mvcc = None;
         // SAFETY: the transaction is open.

@@ -1,0 +1,392 @@
+"""The three capture orderings of DESIGN.md ("Capture: how a snapshot is taken"), one focused
+test each (two for the second), built so that a violation makes them fail:
+
+1. the MVCC snapshot is taken before the dirty sets are switched: a write committed between
+   the two (widened with gsnap.debug_declare_pause_ms) is not in that snapshot, and is in the
+   next one although its page is never written again;
+2. a write is recorded after heap changed the page, inside the writing transaction: a
+   transaction that wrote before a snapshot and commits after it is not in that snapshot and
+   is in the next with no further write (its pages are carried as unsettled); the same for a
+   transaction that began after the declaration and wrote before the switch;
+3. a snapshot's MVCC snapshot is released only after its capture is durable: rows deleted
+   and VACUUMed while the capture is in flight (gsnap.debug_capture_pause_ms) are still in
+   the snapshot, and once it is durable VACUUM removes them.
+"""
+
+import re
+import threading
+import time
+
+import pytest
+
+from cluster import Cluster
+from workload import (contents, describe_diff, located_contents, progress, set_settings,
+                      snapshots, wait_until)
+
+DECLARE_PAUSE_MS = 2000
+
+
+@pytest.fixture(scope="module")
+def ocluster():
+    c = Cluster("orderings", conf=["autovacuum = off"]).start()
+    try:
+        with c.connect() as conn:
+            conn.execute("CREATE EXTENSION gsnap")
+        yield c
+    finally:
+        c.destroy()
+
+
+class Background:
+    """Runs one query on its own connection in a thread; `result()` joins it."""
+
+    def __init__(self, cluster, query: str):
+        self.value = None
+        self.error = None
+        self.conn = cluster.connect()
+
+        def run():
+            try:
+                self.value = self.conn.execute(query).fetchone()
+            except BaseException as e:  # re-raised by result()
+                self.error = e
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def result(self, timeout: float = 60):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the background query did not finish within {timeout} s"
+        self.conn.close()
+        if self.error:
+            raise self.error
+        return self.value
+
+
+def read_exported(cluster, snap: int, exported: str, tables: list[str], xmax: list | None = None) -> dict:
+    """The ground truth of an exported snapshot (and its xmax, appended to `xmax`), then
+    releases it."""
+    with cluster.connect() as r:
+        r.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        r.execute(f"SET TRANSACTION SNAPSHOT '{exported}'")
+        r.execute("SELECT gsnap_debug_release(%s)", (snap,))
+        truth = {t: located_contents(r, t) for t in tables}
+        if xmax is not None:
+            xmax.append(r.execute("SELECT txid_snapshot_xmax(txid_current_snapshot())").fetchone()[0])
+        r.execute("COMMIT")
+    return truth
+
+
+def in_pause_window(conn, pause_ms: int = DECLARE_PAUSE_MS):
+    """Waits until the worker is declaring, then until it is surely past its MVCC snapshot
+    (it takes it within milliseconds of starting; the pause that follows lasts pause_ms)."""
+    wait_until(lambda: progress(conn)["phase"] == "declaring", 20, "the worker to be declaring",
+               interval=0.01)
+    time.sleep(min(0.4, pause_ms / 5000))
+
+
+def written_blocks(conn, table: str) -> set[int]:
+    return {r[0] for r in conn.execute("SELECT gsnap_written_blocks(%s)", (table,))}
+
+
+def block_of(conn, table: str, where: str) -> set[int]:
+    return {r[0] for r in conn.execute(
+        f"SELECT DISTINCT (ctid::text::point)[0]::int FROM {table} WHERE {where}")}
+
+
+def assert_equal(expected, got, what, where=None):
+    if got != expected:
+        pytest.fail(f"{what}:\n" + describe_diff(expected, got, where))
+
+
+# --------------------------------------------------------------------------------------------
+# Ordering 1: MVCC snapshot before the dirty-set switch
+# --------------------------------------------------------------------------------------------
+
+def test_write_committed_between_mvcc_snapshot_and_switch_is_in_the_next_snapshot(ocluster):
+    c = ocluster
+    with c.connect() as conn:
+        conn.execute("CREATE TABLE ord1 (id int PRIMARY KEY, v text) USING gsnap")
+        conn.execute("INSERT INTO ord1 SELECT i, repeat('a', 200) FROM generate_series(1, 300) i")
+        conn.execute("SELECT gsnap_snapshot()")
+        set_settings(conn, debug_declare_pause_ms=f"{DECLARE_PAUSE_MS}ms")
+        try:
+            decl = Background(c, "SELECT snap_id, exported FROM gsnap_debug_snapshot()")
+            in_pause_window(conn)
+            # Committed after the MVCC snapshot, before the switch: an update in place (HOT)
+            # on one page, a non-HOT update and a delete on others.
+            conn.execute("UPDATE ord1 SET v = 'during the pause' WHERE id = 3")
+            conn.execute("UPDATE ord1 SET id = id + 1000 WHERE id = 150")
+            conn.execute("DELETE FROM ord1 WHERE id = 290")
+            snap, exported = decl.result()
+        finally:
+            set_settings(conn, debug_declare_pause_ms=None)
+        truth = read_exported(c, snap, exported, ["ord1"])["ord1"]
+        # Premises: the writes are after the MVCC snapshot (the ground truth does not have
+        # them) and before the switch (they are not in the span that followed it).
+        assert (3, conn.execute("SELECT md5(t::text) FROM ord1 t WHERE id = 3").fetchone()[0]) \
+            not in truth[0], "the update committed before the MVCC snapshot: timing premise failed"
+        assert written_blocks(conn, "ord1") == set(), (
+            "the writes were recorded after the dirty-set switch: timing premise failed")
+
+        assert_equal(truth[0], contents(conn, "ord1", snap), f"snapshot {snap} vs its MVCC snapshot",
+                     truth[1])
+        carried = snapshots(conn)[snap]["carried_pages"]
+        assert carried >= 3, f"snapshot {snap} carried {carried} unsettled pages, expected >= 3"
+
+        # No further write to ord1: the next snapshot must still see the three writes.
+        assert written_blocks(conn, "ord1") == set()
+        nxt = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+        live, where = located_contents(conn, "ord1")
+        assert_equal(live, contents(conn, "ord1", nxt), f"snapshot {nxt} vs the live table", where)
+
+
+def test_insert_extending_the_table_between_mvcc_snapshot_and_switch_is_in_the_next_snapshot(ocluster):
+    """As above, for an insert into a block the table did not have when the snapshot
+    recorded its size (the relation is extended during the declaration pause)."""
+    c = ocluster
+    with c.connect() as conn:
+        # fillfactor 10 and 600-byte rows: every insert goes to a new block.
+        conn.execute("CREATE TABLE ord1x (id int PRIMARY KEY, v text) USING gsnap WITH (fillfactor = 10)")
+        conn.execute("INSERT INTO ord1x SELECT i, repeat('b', 600) FROM generate_series(1, 20) i")
+        conn.execute("SELECT gsnap_snapshot()")
+        blocks_before = conn.execute("SELECT pg_relation_size('ord1x') / 8192").fetchone()[0]
+        set_settings(conn, debug_declare_pause_ms=f"{DECLARE_PAUSE_MS}ms")
+        try:
+            decl = Background(c, "SELECT snap_id, exported FROM gsnap_debug_snapshot()")
+            in_pause_window(conn)
+            conn.execute("INSERT INTO ord1x VALUES (1000, repeat('c', 600))")
+            snap, exported = decl.result()
+        finally:
+            set_settings(conn, debug_declare_pause_ms=None)
+        truth = read_exported(c, snap, exported, ["ord1x"])["ord1x"]
+        new_block = block_of(conn, "ord1x", "id = 1000")
+        assert new_block == {blocks_before}, f"premise: the insert extended the table ({new_block})"
+        assert all(i != 1000 for i, _ in truth[0]), "premise: the insert is after the MVCC snapshot"
+        assert written_blocks(conn, "ord1x") == set(), "premise: the insert is before the switch"
+
+        assert_equal(truth[0], contents(conn, "ord1x", snap), f"snapshot {snap} vs its MVCC snapshot")
+
+        nxt = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+        live, where = located_contents(conn, "ord1x")
+        assert_equal(live, contents(conn, "ord1x", nxt),
+                     f"snapshot {nxt} (taken after the insert committed, no write since) vs the live "
+                     f"table; the insert went to block {blocks_before}, beyond the size recorded at "
+                     f"snapshot {snap}", where)
+
+
+# --------------------------------------------------------------------------------------------
+# Ordering 2: writes recorded after the change, inside the transaction; unsettled pages
+# --------------------------------------------------------------------------------------------
+
+def test_transactions_spanning_snapshots_are_carried_until_they_finish(ocluster):
+    c = ocluster
+    with c.connect() as conn, c.connect() as a, c.connect() as b, c.connect() as lng:
+        conn.execute("CREATE TABLE ord2 (id int PRIMARY KEY, v int NOT NULL, pad text) USING gsnap")
+        conn.execute("INSERT INTO ord2 SELECT i, 0, repeat('p', 150) FROM generate_series(1, 400) i")
+        s0 = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+        before, _ = located_contents(conn, "ord2")
+
+        # a: writes before s1, commits after s1 is durable (insert, HOT update, delete,
+        #    non-HOT update, each on its page);
+        # b: writes before s1, rolls back after it;
+        # lng: writes before s1, stays open across s2, commits before s3.
+        a.execute("BEGIN")
+        a.execute("INSERT INTO ord2 VALUES (1001, 1, 'a')")
+        a.execute("UPDATE ord2 SET v = v + 1 WHERE id = 10")
+        a.execute("DELETE FROM ord2 WHERE id = 200")
+        a.execute("UPDATE ord2 SET id = 2000 WHERE id = 300")
+        b.execute("BEGIN")
+        b.execute("UPDATE ord2 SET v = -1 WHERE id BETWEEN 100 AND 120")
+        b.execute("INSERT INTO ord2 VALUES (1002, 2, 'b')")
+        lng.execute("BEGIN")
+        lng.execute("UPDATE ord2 SET v = 7 WHERE id = 50")
+        lng.execute("DELETE FROM ord2 WHERE id = 390")
+        pages = block_of(conn, "ord2", "id IN (10, 200, 300, 100, 50, 390)")
+
+        snap1, exported = conn.execute("SELECT snap_id, exported FROM gsnap_debug_snapshot()").fetchone()
+        truth1 = read_exported(c, snap1, exported, ["ord2"])["ord2"]
+        assert truth1[0] == before, "premise: the snapshot sees none of the open transactions"
+        assert_equal(before, contents(conn, "ord2", snap1), f"snapshot {snap1} (transactions open)")
+        carried = snapshots(conn)[snap1]["carried_pages"]
+        assert carried >= len(pages), (
+            f"snapshot {snap1} carried {carried} pages; the open transactions wrote {len(pages)} pages")
+
+        a.execute("COMMIT")
+        b.execute("ROLLBACK")
+        # Finishing a transaction writes no page: nothing is recorded.
+        assert written_blocks(conn, "ord2") == set(), "a commit or rollback recorded a write"
+        snap2 = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+        after_a = conn.execute("SELECT (SELECT count(*) FROM ord2 WHERE id IN (1001, 2000))").fetchone()[0]
+        assert after_a == 2
+        # lng is still open: s2 must have a's changes, not b's nor lng's.
+        lng_visible, where = located_contents(conn, "ord2")  # this session does not see lng's changes
+        assert_equal(lng_visible, contents(conn, "ord2", snap2),
+                     f"snapshot {snap2}: a committed and b rolled back after {snap1} with no write since",
+                     where)
+
+        lng.execute("COMMIT")
+        assert written_blocks(conn, "ord2") == set()
+        snap3 = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+        live, where = located_contents(conn, "ord2")
+        assert_equal(live, contents(conn, "ord2", snap3),
+                     f"snapshot {snap3}: a transaction open across {snap1} and {snap2} committed", where)
+        # and the earlier snapshots did not change
+        assert contents(conn, "ord2", s0) == before
+        assert contents(conn, "ord2", snap1) == before
+        assert contents(conn, "ord2", snap2) == lng_visible
+
+
+def test_transaction_begun_after_the_declaration_writing_before_the_switch(ocluster):
+    c = ocluster
+    with c.connect() as conn, c.connect() as a:
+        conn.execute("CREATE TABLE ord2b (id int PRIMARY KEY, v int NOT NULL, pad text) USING gsnap")
+        conn.execute("INSERT INTO ord2b SELECT i, 0, repeat('q', 150) FROM generate_series(1, 400) i")
+        conn.execute("SELECT gsnap_snapshot()")
+        before, _ = located_contents(conn, "ord2b")
+        set_settings(conn, debug_declare_pause_ms=f"{DECLARE_PAUSE_MS}ms")
+        try:
+            decl = Background(c, "SELECT snap_id, exported FROM gsnap_debug_snapshot()")
+            in_pause_window(conn)
+            a.execute("BEGIN")
+            xid = a.execute("SELECT txid_current()").fetchone()[0]
+            a.execute("UPDATE ord2b SET v = 5 WHERE id = 20")
+            a.execute("UPDATE ord2b SET id = 5000 WHERE id = 250")
+            a.execute("DELETE FROM ord2b WHERE id = 380")
+            snap, exported = decl.result()
+        finally:
+            set_settings(conn, debug_declare_pause_ms=None)
+        xmax = []
+        truth = read_exported(c, snap, exported, ["ord2b"], xmax)["ord2b"]
+        assert truth[0] == before
+        assert xid >= xmax[0], f"premise: the transaction ({xid}) began after the MVCC snapshot (xmax {xmax[0]})"
+        assert written_blocks(conn, "ord2b") == set(), "premise: the writes are before the switch"
+
+        assert_equal(before, contents(conn, "ord2b", snap), f"snapshot {snap}")
+        a.execute("COMMIT")
+        assert written_blocks(conn, "ord2b") == set()
+        nxt = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+        live, where = located_contents(conn, "ord2b")
+        assert_equal(live, contents(conn, "ord2b", nxt),
+                     f"snapshot {nxt}: a transaction that began during the declaration of {snap} "
+                     "and wrote before its switch committed after it", where)
+
+
+# --------------------------------------------------------------------------------------------
+# Ordering 3: the MVCC snapshot is held until the capture is durable
+# --------------------------------------------------------------------------------------------
+
+VACUUM_TUPLES = r'finished vacuuming "[^"]*\.{}":.*?tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet removable'
+
+
+def vacuum_verbose(conn, table: str) -> tuple[int, int, int]:
+    notices = []
+
+    def handler(d):
+        notices.append(d.message_primary)
+
+    conn.add_notice_handler(handler)
+    try:
+        conn.execute(f"VACUUM (VERBOSE) {table}")
+    finally:
+        conn.remove_notice_handler(handler)
+    for n in notices:
+        m = re.search(VACUUM_TUPLES.format(re.escape(table)), n, re.S)
+        if m:
+            return tuple(int(x) for x in m.groups())
+    raise AssertionError(f"no tuple counts in VACUUM VERBOSE output: {notices}")
+
+
+def dead_tuples(conn, table: str) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+                        (table,)).fetchone()[0]
+
+
+def worker_xmin(conn):
+    return conn.execute(
+        "SELECT backend_xmin FROM pg_stat_activity WHERE backend_type = 'gsnap worker'").fetchone()
+
+
+def test_snapshot_holds_vacuum_back_until_its_capture_is_durable(ocluster):
+    c = ocluster
+    with c.connect() as conn:
+        conn.execute("CREATE TABLE ord3 (id int PRIMARY KEY, pad text) USING gsnap")
+        conn.execute("INSERT INTO ord3 SELECT i, repeat('v', 150) FROM generate_series(1, 4000) i")
+        # and, in the last blocks, values TOASTed out of line: their chunks are vacuumed too
+        conn.execute("""INSERT INTO ord3 SELECT i, (SELECT string_agg(md5(i::text || j::text), '')
+                                                    FROM generate_series(1, 150) j)
+                        FROM generate_series(4001, 4100) i""")
+        assert conn.execute("SELECT pg_relation_size(reltoastrelid) FROM pg_class "
+                            "WHERE oid = 'ord3'::regclass").fetchone()[0] > 0
+        nblocks = conn.execute("SELECT pg_relation_size('ord3') / 8192").fetchone()[0]
+        assert nblocks >= 60
+        before, _ = located_contents(conn, "ord3")
+        set_settings(conn, capture_batch_pages=1, debug_capture_pause_ms="100ms")
+        try:
+            # The table's first snapshot captures every block, in block order, one per 100 ms.
+            snap = conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
+            wait_until(lambda: (lambda p: p["phase"] == "capturing" and p["snap_id"] == snap
+                                and p["pages_done"] > 0)(progress(conn)),
+                       30, f"the capture of snapshot {snap} to start")
+            assert worker_xmin(conn)[0] is not None, "the worker holds no xmin during a capture"
+            # Delete the rows of the last 15 blocks (not captured yet) and vacuum.
+            deleted = conn.execute(
+                "DELETE FROM ord3 WHERE (ctid::text::point)[0] >= %s", (nblocks - 15,)).rowcount
+            assert deleted > 500
+            assert conn.execute("SELECT count(*) FROM ord3 WHERE id > 4000").fetchone()[0] == 0
+            conn.execute("SELECT pg_stat_force_next_flush()")  # the DELETE's counts, before VACUUM's
+            conn.execute("SELECT 1")
+            removed, _, not_yet = vacuum_verbose(conn, "ord3")
+            p = progress(conn)
+            assert p["snap_id"] == snap and p["phase"] == "capturing" and p["pages_done"] < nblocks - 15, (
+                f"premise: the capture must still be in flight before the deleted rows' pages ({p})")
+            assert removed == 0 and not_yet == deleted, (
+                f"VACUUM removed {removed} of {deleted} rows snapshot {snap} sees before its "
+                f"capture was durable ({not_yet} kept)")
+            assert dead_tuples(conn, "ord3") == deleted
+        finally:
+            set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
+
+        got = contents(conn, "ord3", snap)  # waits for the capture
+        assert_equal(before, got, f"snapshot {snap}: rows deleted and vacuumed during its capture")
+
+        # Durable: the worker lets go of the horizon, and VACUUM can now remove the rows.
+        wait_until(lambda: progress(conn)["phase"] == "idle" and worker_xmin(conn)[0] is None, 20,
+                   f"the worker to release snapshot {snap} after its capture was durable")
+        removed, _, not_yet = vacuum_verbose(conn, "ord3")
+        assert (removed, not_yet) == (deleted, 0), (
+            f"after snapshot {snap} was durable VACUUM removed {removed} of {deleted} dead rows "
+            f"({not_yet} still not removable)")
+        assert dead_tuples(conn, "ord3") == 0
+        # and the snapshot does not depend on them
+        assert contents(conn, "ord3", snap) == before
+
+
+def test_progress_shows_a_capture_in_flight_as_capturing(ocluster):
+    """gsnap_progress() while a capture is held in flight and another snapshot is declared
+    (queued behind it): the worker is capturing, whatever it declared in between."""
+    c = ocluster
+    with c.connect() as conn:
+        conn.execute("CREATE TABLE prog (id int PRIMARY KEY, pad text) USING gsnap")
+        conn.execute("INSERT INTO prog SELECT i, repeat('w', 150) FROM generate_series(1, 2000) i")
+        set_settings(conn, capture_batch_pages=1, debug_capture_pause_ms="200ms")
+        try:
+            first = conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
+            wait_until(lambda: (lambda p: p["phase"] == "capturing" and p["snap_id"] == first
+                                and p["pages_done"] > 0)(progress(conn)),
+                       30, f"the capture of snapshot {first} to start")
+            second = conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
+            time.sleep(0.5)  # a few more batches of the first capture
+            p = progress(conn)
+            in_flight = snapshots(conn)[first]["state"] == "capturing"
+            assert in_flight and p["snap_id"] == first and p["pages_done"] < p["pages_total"], (
+                f"premise: the capture of {first} is still in flight ({p})")
+            assert p["queued"] == 1, f"snapshot {second} should be queued behind {first}: {p}"
+            assert p["phase"] == "capturing", (
+                f"gsnap_progress() reports phase '{p['phase']}' while the capture of snapshot "
+                f"{first} is in flight ({p['pages_done']} of {p['pages_total']} pages) and "
+                f"snapshot {second} waits behind it")
+        finally:
+            set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
+        conn.execute("SELECT count(*) FROM gsnap_asof(NULL::prog, %s)", (second,))
