@@ -29,6 +29,11 @@ use std::ffi::CStr;
 use std::time::{Duration, Instant};
 
 pub(crate) type Store = SnapshotStore<RocksBackend>;
+
+/// The version of what this gsnap writes into the store (page views, row types, index
+/// groups, Skippy nodes). Bump it with any of their formats; an older store is then refused
+/// with a clear error instead of being misread.
+const CONTENT_VERSION: u32 = 2;
 pub(crate) use catalog::UNIX_TO_PG_EPOCH_US;
 
 /// Registers the worker with the postmaster; called from `_PG_init` during preload.
@@ -228,7 +233,8 @@ impl Worker {
         let dir = store_directory();
         // SAFETY: reading the cluster's system identifier.
         let sysid = unsafe { pg_sys::GetSystemIdentifier() };
-        match Store::open_dir(std::path::Path::new(&dir), StoreOptions::new(sysid)) {
+        let options = StoreOptions { content_version: CONTENT_VERSION, ..StoreOptions::new(sysid) };
+        match Store::open_dir(std::path::Path::new(&dir), options) {
             Ok(store) => {
                 let store: &'static Store = Box::leak(Box::new(store));
                 self.store = Some(store);

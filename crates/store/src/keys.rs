@@ -81,6 +81,10 @@ impl Cf {
 /// `meta`: the format record (the first thing written to a new store).
 pub const FORMAT_KEY: &[u8] = b"F";
 
+/// `meta`: the version of the content the caller stores (page views, row types, index
+/// groups), a u32 big-endian; see `StoreOptions::content_version`.
+pub const CONTENT_VERSION_KEY: &[u8] = b"V";
+
 /// Which id counter a `meta` counter key holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counter {

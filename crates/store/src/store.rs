@@ -40,6 +40,10 @@ pub struct StoreOptions {
     pub max_batch_bytes: usize,
     /// How many image or TOAST ids one synced counter update reserves.
     pub id_lease: u64,
+    /// The version of what the caller stores in images, row types and groups (opaque to the
+    /// store). Recorded when the store is created; opening a store recorded with another
+    /// version is refused (Incompatible). 0: no check.
+    pub content_version: u32,
 }
 
 impl StoreOptions {
@@ -51,6 +55,7 @@ impl StoreOptions {
             create: true,
             max_batch_bytes: 4 << 20,
             id_lease: 1 << 16,
+            content_version: 0,
         }
     }
 }
@@ -140,6 +145,7 @@ impl<B: KvBackend> SnapshotStore<B> {
                 identity.system_identifier, options.system_identifier
             )));
         }
+        check_content_version(&backend, options.content_version, &where_)?;
         let ids = load_counters(&backend)?;
         let mut catalog = CatalogState::default();
         for entry in Scan::prefix(&backend, Cf::Catalog, &[keys::TAG_SNAPSHOT])? {
@@ -321,6 +327,35 @@ impl<B: KvBackend> SnapshotStore<B> {
 }
 
 /// Writes the format record and initial counters into an empty backend.
+/// Records (first time) or checks the caller's content version.
+fn check_content_version<B: KvBackend>(backend: &B, wanted: u32, where_: &str) -> Result<()> {
+    if wanted == 0 {
+        return Ok(());
+    }
+    match backend.get(Cf::Meta, keys::CONTENT_VERSION_KEY)? {
+        Some(v) => {
+            let found = v
+                .as_slice()
+                .try_into()
+                .map(u32::from_be_bytes)
+                .map_err(|_| StoreError::corrupt(format!("{where_}: content version record")))?;
+            if found != wanted {
+                return Err(StoreError::incompatible(format!(
+                    "{where_} holds snapshots written in content format {found}, and this gsnap \
+                     reads format {wanted}: keep it with the gsnap version that wrote it, or \
+                     move it aside to start a new store"
+                )));
+            }
+            Ok(())
+        }
+        None => {
+            let mut b = WriteBatch::new();
+            b.put(Cf::Meta, keys::CONTENT_VERSION_KEY, &wanted.to_be_bytes());
+            backend.write(&b, true)
+        }
+    }
+}
+
 fn initialize<B: KvBackend>(
     backend: &B,
     options: &StoreOptions,

@@ -609,3 +609,16 @@ fn declared_but_uncaptured_snapshots_fail_on_reopen() {
     assert_eq!(reopened.snapshot_state(v2), Some(SnapshotState::Failed));
     check_invariants(&reopened);
 }
+
+#[test]
+fn a_store_of_another_content_version_is_refused() {
+    let backend = MemBackend::new();
+    let v1 = StoreOptions { content_version: 1, ..StoreOptions::new(42) };
+    drop(SnapshotStore::open(backend.clone(), v1.clone()).unwrap());
+    // the same version opens again
+    drop(SnapshotStore::open(backend.clone(), v1).unwrap());
+    let v2 = StoreOptions { content_version: 2, ..StoreOptions::new(42) };
+    let err = SnapshotStore::open(backend, v2).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Incompatible);
+    assert!(err.message().contains("content format 1"), "{}", err.message());
+}
