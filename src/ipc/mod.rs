@@ -114,7 +114,7 @@ fn abandon(slot: &RequestSlot, kind: Kind) {
 }
 
 /// Waits until the slot is free again (a previous request was abandoned while the worker
-/// worked on it: the worker makes it idle when done).
+/// worked on it: the worker makes it idle when done). The wait can be cancelled.
 fn wait_until_idle(slot: &RequestSlot) {
     loop {
         match slot.give_up() {

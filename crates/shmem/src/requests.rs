@@ -97,11 +97,12 @@ pub enum Finished {
 /// Where a request stood when its backend gave up on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GaveUp {
-    /// Nothing was pending.
+    /// Nothing was pending: the slot is idle.
     Idle,
     /// The worker had not taken it: withdrawn, the slot is idle again.
     Withdrawn,
-    /// The worker is working on it and will clean up.
+    /// The worker is working on it (or still cleaning up a request given up earlier) and
+    /// makes the slot idle when done.
     LeftToWorker,
     /// The answer had arrived: the backend must undo side effects itself, then release.
     AnswerArrived,
@@ -230,7 +231,8 @@ impl RequestSlot {
     pub fn give_up(&self) -> GaveUp {
         loop {
             match self.state.load(Acquire) {
-                IDLE | ABANDONED => return GaveUp::Idle,
+                IDLE => return GaveUp::Idle,
+                ABANDONED => return GaveUp::LeftToWorker,
                 DONE => return GaveUp::AnswerArrived,
                 SUBMITTED => {
                     if self
@@ -320,6 +322,12 @@ mod tests {
         body.result = 1;
         assert_eq!(slot.give_up(), GaveUp::LeftToWorker);
         assert!(slot.abandoned());
+        assert_eq!(
+            slot.give_up(),
+            GaveUp::LeftToWorker,
+            "an abandoned request is not idle until the worker finishes it"
+        );
+        assert!(!slot.submit(|_| {}), "no new request over an abandoned one");
         let mut cleaned = None;
         assert_eq!(
             slot.finish(|b| cleaned = Some(b.args[1])),
