@@ -31,8 +31,8 @@ const MAX_PROBES: usize = 256;
 pub struct SetHeader {
     /// Number of occupied slots.
     used: AtomicU32,
-    /// Pages that did not fit and were covered by a full-capture mark instead.
-    overflowed: AtomicU32,
+    /// Relations marked for a full capture because one of their pages did not fit.
+    overflowed_relations: AtomicU32,
     /// Non-zero when every relation needs a full capture.
     all_full: AtomicU32,
     /// Relations marked for full capture (0 = free entry).
@@ -74,7 +74,7 @@ impl SetHeader {
     fn new() -> SetHeader {
         SetHeader {
             used: AtomicU32::new(0),
-            overflowed: AtomicU32::new(0),
+            overflowed_relations: AtomicU32::new(0),
             all_full: AtomicU32::new(0),
             full_relations: std::array::from_fn(|_| AtomicU32::new(0)),
         }
@@ -90,8 +90,9 @@ pub struct Drained {
     pub full_relations: Vec<u32>,
     /// Every relation needs a full capture.
     pub all_full: bool,
-    /// Pages that overflowed into a full-capture mark.
-    pub overflowed: u32,
+    /// Relations marked for a full capture because one of their written pages did not fit
+    /// (each counted once per span, however many of its writes overflowed).
+    pub overflowed_relations: u32,
 }
 
 impl Drained {
@@ -162,16 +163,19 @@ impl<'a> DirtySets<'a> {
     pub fn record(&self, rel: u32, block: u32) {
         debug_assert!(rel != 0, "relation 0 is not a relation");
         self.with_current(|set| {
-            if !self.insert(set, key_of(rel, block)) {
-                self.header.sets[set].overflowed.fetch_add(1, SeqCst);
-                self.mark_full_in(set, rel);
+            if !self.insert(set, key_of(rel, block)) && self.mark_full_in(set, rel) {
+                self.header.sets[set]
+                    .overflowed_relations
+                    .fetch_add(1, SeqCst);
             }
         });
     }
 
     /// Marks `rel` for a full capture at the end of the current span.
     pub fn mark_full(&self, rel: u32) {
-        self.with_current(|set| self.mark_full_in(set, rel));
+        self.with_current(|set| {
+            self.mark_full_in(set, rel);
+        });
     }
 
     fn insert(&self, set: usize, key: u64) -> bool {
@@ -203,16 +207,18 @@ impl<'a> DirtySets<'a> {
         false
     }
 
-    fn mark_full_in(&self, set: usize, rel: u32) {
+    /// Marks `rel` for a full capture in `set`; true if it was not marked before (an
+    /// overflow of the mark table marks every relation, once).
+    fn mark_full_in(&self, set: usize, rel: u32) -> bool {
         let header = &self.header.sets[set];
         for entry in &header.full_relations {
             match entry.compare_exchange(0, rel, SeqCst, SeqCst) {
-                Ok(_) => return,
-                Err(r) if r == rel => return,
+                Ok(_) => return true,
+                Err(r) if r == rel => return false,
                 Err(_) => {}
             }
         }
-        header.all_full.store(1, SeqCst);
+        header.all_full.swap(1, SeqCst) == 0
     }
 
     /// Switches writers to the other set and returns the index of the retired one, once no
@@ -260,7 +266,7 @@ impl<'a> DirtySets<'a> {
             pages,
             full_relations,
             all_full: header.all_full.swap(0, SeqCst) != 0,
-            overflowed: header.overflowed.swap(0, SeqCst),
+            overflowed_relations: header.overflowed_relations.swap(0, SeqCst),
         }
     }
 
@@ -343,12 +349,17 @@ mod tests {
     fn overflow_falls_back_to_full_capture_never_losing_a_page() {
         let o = owned(16);
         let d = o.sets();
-        for b in 0..100 {
-            d.record(5, b);
-        }
         d.record(6, 1);
+        for _ in 0..3 {
+            for b in 0..100 {
+                d.record(5, b);
+            }
+        }
         let drained = d.drain(d.begin_span(|| {}));
-        assert!(drained.overflowed > 0);
+        assert_eq!(
+            drained.overflowed_relations, 1,
+            "one relation overflowed, however many of its writes did not fit"
+        );
         assert!(drained.needs_full_capture(5));
         // Every page is either listed or covered by its relation's full capture.
         let listed: BTreeSet<_> = drained.pages.iter().copied().collect();
