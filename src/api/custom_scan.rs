@@ -495,7 +495,11 @@ unsafe fn open_scan(relid: pg_sys::Oid, snap: u64, heap_slot: bool) -> AsofScan 
             page: std::ptr::null(),
             next: 0,
             tuple: std::mem::zeroed(),
-            scratch: pgrx::PgMemoryContexts::new("gsnap AS OF scan"),
+            // Not a child of the query's context: PostgreSQL deletes child contexts before
+            // running the reset callback that drops an unfinished scan, and the scan deletes
+            // its own context. Dropping the scan always deletes it (see `drop_scan`).
+            scratch: pgrx::PgMemoryContexts::TopMemoryContext
+                .switch_to(|_| pgrx::PgMemoryContexts::new("gsnap AS OF scan")),
         }
     }
 }
