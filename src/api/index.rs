@@ -83,8 +83,30 @@ impl Drop for GroupPins {
 /// Images per LoadImages request (the ids travel in the request's reply buffer).
 const IDS_PER_REQUEST: usize = REPLY_BYTES / 8;
 
-/// Pins the images `ids` in the image cache; entry `key` is the position in `ids`.
+/// How many images one scan pins at once: a small share of the image cache, so concurrent
+/// scans never hold the whole cache between them.
+pub fn images_per_batch() -> usize {
+    (shmem::cache_capacity() / 8).clamp(1, 256)
+}
+
+/// Pins the images `ids` in the image cache; entry `key` is the position in `ids`. `ids`
+/// should number at most [`images_per_batch`].
 pub fn pin_images(ids: &[u64]) -> Pinned {
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        if let Some(pinned) = try_pin_images(ids) {
+            return pinned;
+        }
+        // The cache is full of pages other queries hold. Holding part of a batch while
+        // waiting for the rest could deadlock with a scan doing the same, so nothing is held
+        // while we wait (cancellably) for them to move on.
+        ipc::wait_latch(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Pins all of `ids`, or nothing if the cache has no room for the missing ones.
+fn try_pin_images(ids: &[u64]) -> Option<Pinned> {
     let mut entries: Vec<PinnedEntry> = Vec::with_capacity(ids.len());
     let mut missing = Vec::new();
     shmem::with_cache(|c| {
@@ -99,18 +121,17 @@ pub fn pin_images(ids: &[u64]) -> Pinned {
             }
         }
     });
-    // Hold what we have while the rest loads (dropping `pinned` unpins on error).
+    // Dropping `pinned` unpins, on an error as on giving up.
     let mut pinned = Pinned { entries };
     let mut at = 0;
     while at < missing.len() {
         let chunk = &missing[at..(at + IDS_PER_REQUEST).min(missing.len())];
         let payload: Vec<u8> = chunk.iter().flat_map(|&i| ids[i].to_le_bytes()).collect();
         let answer = ipc::call_with_payload(Kind::LoadImages, &[], &payload);
+        // The worker pins a prefix of the chunk, at most its share of the cache per request.
         let got = protocol::decode_pinned(&answer.reply);
         if got.is_empty() {
-            // The cache is full of pages other queries hold: let them finish.
-            ipc::wait_latch(Duration::from_millis(5));
-            continue;
+            return None;
         }
         at += got.len();
         pinned.entries.extend(got.into_iter().map(|e| PinnedEntry {
@@ -119,5 +140,5 @@ pub fn pin_images(ids: &[u64]) -> Pinned {
         }));
     }
     pinned.entries.sort_unstable_by_key(|e| e.key);
-    pinned
+    Some(pinned)
 }

@@ -4,7 +4,7 @@
 
 use super::access::relation_name;
 use super::decode::Decoder;
-use super::index::{index_error, pin_images, GroupPins};
+use super::index::{images_per_batch, index_error, pin_images, GroupPins};
 use crate::error::error;
 use crate::ipc::protocol::{ErrorCode, Kind, ScanHeader};
 use crate::ipc::{self, Pinned};
@@ -17,8 +17,6 @@ use std::time::Duration;
 
 /// Blocks looked up in the index per step.
 const BLOCKS_PER_STEP: usize = 4096;
-/// Images pinned at once.
-const IMAGES_PER_BATCH: usize = 256;
 
 /// What a snapshot holds of a table.
 pub struct TableAtSnapshot {
@@ -33,11 +31,19 @@ pub struct TableAtSnapshot {
 /// Begins reading `relid` at `snap` (None: the table is not in the snapshot); a snapshot
 /// whose capture is still running is waited for (the wait can be cancelled).
 pub fn scan_begin_if_present(snap: u64, relid: pg_sys::Oid) -> Option<TableAtSnapshot> {
+    let mut told = false;
     let begin = loop {
         let args = [snap as i64, i64::from(relid.to_u32()), 0];
         match ipc::call_paged_checked(Kind::ScanBegin, &args, 2) {
             Ok(a) => break a,
             Err((code, _)) if code == ErrorCode::Capturing as u32 => {
+                if !told {
+                    pgrx::notice!(
+                        "snapshot {snap} is still being captured; waiting for its capture to \
+                         end (see gsnap_progress())"
+                    );
+                    told = true;
+                }
                 ipc::wait_latch(Duration::from_millis(20))
             }
             Err((code, reply)) => ipc::raise_worker_error(code, &reply),
@@ -136,7 +142,7 @@ impl PageReader {
                 self.next_block = end;
                 continue;
             }
-            let n = self.looked_up.len().min(IMAGES_PER_BATCH);
+            let n = self.looked_up.len().min(images_per_batch());
             let chunk: Vec<(u32, u64)> = self.looked_up.drain(..n).collect();
             let ids: Vec<u64> = chunk.iter().map(|&(_, id)| id).collect();
             let pinned = pin_images(&ids);

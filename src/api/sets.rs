@@ -10,7 +10,7 @@
 use super::access::{relation_name, require_gsnap_database, require_read_access};
 use super::asof::table_of_first_argument;
 use super::decode::Decoder;
-use super::index::{index_error, pin_images, GroupPins};
+use super::index::{images_per_batch, index_error, pin_images, GroupPins};
 use super::scan::{scan_begin_if_present, TableAtSnapshot};
 use crate::error::error;
 use gsnap_core::{PageDiff, RelId, SnapId};
@@ -217,7 +217,7 @@ unsafe fn range_rows(
             &mut |r| runs.push(r),
         )
         .unwrap_or_else(|e| index_error(e));
-        for batch in runs.chunks(256) {
+        for batch in runs.chunks(images_per_batch()) {
             let ids: Vec<u64> = batch.iter().map(|r| r.image.0).collect();
             let pinned = pin_images(&ids);
             // SAFETY: temporary allocations in our scratch context, reset per batch.
@@ -311,7 +311,7 @@ unsafe fn side_rows(
     other: &HashMap<u32, Vec<(u16, Vec<u8>)>>,
     out: &mut Vec<Side>,
 ) {
-    for batch in pages.chunks(256) {
+    for batch in pages.chunks(images_per_batch()) {
         let ids: Vec<u64> = batch.iter().map(|&(_, id)| id).collect();
         let pinned = pin_images(&ids);
         for e in &pinned.entries {
@@ -423,7 +423,7 @@ unsafe fn diff_rows(
     // Raw tuples of each side's changed pages, to skip tuples unchanged on a changed page.
     let raw = |pages: &[(u32, u64)]| -> HashMap<u32, Vec<(u16, Vec<u8>)>> {
         let mut m = HashMap::new();
-        for batch in pages.chunks(256) {
+        for batch in pages.chunks(images_per_batch()) {
             let ids: Vec<u64> = batch.iter().map(|&(_, id)| id).collect();
             let pinned = pin_images(&ids);
             for e in &pinned.entries {
