@@ -48,6 +48,10 @@ pub(crate) struct Shared {
     /// address in every process).
     cache_lock: AtomicPtr<pg_sys::LWLock>,
     cache_header: UnsafeCell<CacheHeader>,
+    /// The last version number given to a published copy of the active index group. Kept
+    /// here, not in the worker, so a restarted worker never reuses a number whose old copy
+    /// may still sit in the group cache.
+    active_versions: AtomicU64,
 }
 
 /// Offsets of the parts of the segment, from the sizes fixed at postmaster start.
@@ -182,6 +186,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
                     &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock,
                 ),
                 cache_header: UnsafeCell::new(CacheHeader::default()),
+                active_versions: AtomicU64::new(0),
             });
             let slots = base.cast::<u8>().add(layout.slots_at).cast::<RequestSlot>();
             for i in 0..layout.request_slots {
@@ -267,6 +272,11 @@ pub fn dirty_sets() -> DirtySets<'static> {
 /// The worker's shared state.
 pub fn worker() -> &'static WorkerShared {
     &shared().worker
+}
+
+/// A new version number for the active index group, never used before in this server's life.
+pub fn next_active_version() -> u64 {
+    shared().active_versions.fetch_add(1, Ordering::AcqRel) + 1
 }
 
 /// The progress of the current capture.

@@ -181,7 +181,7 @@ impl IndexState {
             builder: GroupBuilder::new(),
             dividing,
             last_sealed: None,
-            active_version: 1,
+            active_version: crate::shmem::next_active_version(),
             sealed,
             skippy,
         };
@@ -238,7 +238,7 @@ impl IndexState {
         } else {
             self.builder.add_snapshot(SnapId(snap), mappings)?;
         }
-        self.active_version += 1;
+        self.active_version = crate::shmem::next_active_version();
         let len = self.builder.len() as u32;
         let decision = self.dividing.after_snapshot(
             len,
@@ -275,7 +275,7 @@ impl IndexState {
         self.sealed.push(meta);
         self.last_sealed = Some(bytes);
         self.builder = GroupBuilder::new();
-        self.active_version += 1;
+        self.active_version = crate::shmem::next_active_version();
         Ok(())
     }
 
