@@ -157,15 +157,21 @@ impl Worker {
             .tables
             .iter()
             .flat_map(|t| {
-                covered.blocks_of(t.relid).filter(move |&b| b >= t.nblocks).map(move |b| (t.relid, b))
+                covered
+                    .blocks_of(t.relid)
+                    .filter(move |&b| b >= t.nblocks)
+                    .map(move |b| (t.relid, b))
             })
             .collect();
         let total: u64 = items.iter().map(|i| i.blocks.len() as u64).sum();
         let capture = match store.begin_capture(SnapId(decl.snap)) {
             Ok(c) => c,
             Err(e) => {
+                self.note_store_error(&e);
                 let reason = format!("its capture could not begin: {}", e.message());
-                let _ = store.abandon(SnapId(decl.snap), &reason);
+                if let Err(e) = store.abandon(SnapId(decl.snap), &reason) {
+                    self.note_store_error(&e);
+                }
                 self.fail(decl, covered, code_of(&e), &reason);
                 return;
             }
@@ -224,6 +230,7 @@ impl Worker {
                 !self.queue.is_empty()
             }
             Ok(Err(e)) => {
+                self.note_store_error(&e);
                 let job = self.job.take().expect("job");
                 self.abort(
                     job,
@@ -278,6 +285,7 @@ impl Worker {
                 self.notify_durable(decl.snap, None);
             }
             Err(e) => {
+                self.note_store_error(&e);
                 let reason = format!("its capture could not be committed: {}", e.message());
                 let mut covered = covered;
                 covered.absorb(CarryForward {
@@ -289,7 +297,7 @@ impl Worker {
         }
     }
 
-    fn abort(&mut self, job: CaptureJob, code: ErrorCode, reason: &str) {
+    pub(super) fn abort(&mut self, job: CaptureJob, code: ErrorCode, reason: &str) {
         let CaptureJob {
             decl,
             capture,
@@ -305,6 +313,7 @@ impl Worker {
                 decl.snap,
                 e.message()
             );
+            self.note_store_error(&e);
         }
         covered.absorb(CarryForward {
             pages: carried,
@@ -315,8 +324,19 @@ impl Worker {
 
     /// Gives up a declared snapshot: its pages go to the next capture, its waiters get
     /// `reason`.
-    fn fail(&mut self, decl: Declared, mut covered: CarryForward, code: ErrorCode, reason: &str) {
+    pub(super) fn fail(
+        &mut self,
+        decl: Declared,
+        mut covered: CarryForward,
+        code: ErrorCode,
+        reason: &str,
+    ) {
         pgrx::warning!("gsnap: snapshot {} failed: {reason}", decl.snap);
+        if self.store_broken.is_some() {
+            // The store may not have recorded the failure: record it again once reopened.
+            self.unrecorded_failures
+                .push((decl.snap, reason.to_string()));
+        }
         declare::release(&decl.locked, Some(decl.mvcc));
         // Tables the failed capture would have captured completely must be captured
         // completely by the next one.
@@ -332,6 +352,20 @@ impl Worker {
             decl.snap,
             Some((code, format!("snapshot {} failed: {reason}", decl.snap))),
         );
+    }
+
+    /// Frees the slots of backends that stopped waiting for a snapshot to become durable
+    /// (cancelled or errored out), so they can send new requests before the capture ends.
+    pub(super) fn drop_abandoned_waiters(&mut self) {
+        self.durable_waiters.retain(|&(slot, _)| {
+            let slot = shmem::request_slot(slot);
+            if slot.abandoned() {
+                slot.finish(|_| {});
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Answers the requests waiting for snapshot `snap` to become durable.

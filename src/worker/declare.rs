@@ -232,11 +232,15 @@ impl Worker {
             unsafe { pg_sys::pg_usleep(10) }
         });
         let drained = dirty.drain(retired);
-        if drained.overflowed > 0 || drained.all_full {
+        if drained.overflowed_relations > 0 || drained.all_full {
+            let tables = if drained.all_full {
+                "every table".to_string()
+            } else {
+                format!("{} table(s)", drained.overflowed_relations)
+            };
             pgrx::warning!(
-                "gsnap: {} written pages did not fit the dirty set (gsnap.max_dirty_pages = {}); \
-                 their tables are captured completely",
-                drained.overflowed,
+                "gsnap: written pages of {tables} did not fit the dirty set \
+                 (gsnap.max_dirty_pages = {}); they are captured completely",
                 crate::gucs::MAX_DIRTY_PAGES.get()
             );
         }
@@ -267,6 +271,7 @@ impl Worker {
                 }
             }
             Err(e) => {
+                self.note_store_error(&e);
                 release(&locked, Some(mvcc));
                 self.span_leftover = pages;
                 let message = format!("could not declare a snapshot: {}", e.message());

@@ -20,7 +20,7 @@ use crate::ipc::protocol::ErrorCode;
 use crate::shmem::{self, Phase, WorkerState};
 use capture::{CaptureJob, CarryForward};
 use declare::{Declared, Known, PendingDeclare};
-use gsnap_store::{ErrorKind, RocksBackend, SnapshotStore, StoreError, StoreOptions};
+use gsnap_store::{ErrorKind, RocksBackend, SnapId, SnapshotStore, StoreError, StoreOptions};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -102,6 +102,12 @@ pub(crate) struct Worker {
     /// The GSnap index over the store (open whenever the store is).
     index: Option<index::IndexState>,
     store_problem: Option<(ErrorCode, String)>,
+    /// A storage error (full disk, I/O error) left the open store unable to write: it is
+    /// closed at the end of this loop iteration and reopened once it can be.
+    store_broken: Option<(ErrorCode, String)>,
+    /// Snapshots whose failure could not be recorded with its real reason (the store was
+    /// failing): recorded when the store is open again.
+    unrecorded_failures: Vec<(u64, String)>,
     next_open_attempt: Instant,
     xact: xact::Xact,
     /// Declaration requests not yet satisfied (waiting for a lock, or for queue room).
@@ -135,6 +141,8 @@ impl Worker {
             store: None,
             index: None,
             store_problem: None,
+            store_broken: None,
+            unrecorded_failures: Vec::new(),
             next_open_attempt: Instant::now(),
             xact: xact::Xact::default(),
             pending: Vec::new(),
@@ -162,10 +170,12 @@ impl Worker {
             }
             self.ensure_store();
             self.serve_requests();
+            self.drop_abandoned_waiters();
             self.periodic_due();
             self.declare_pending();
             self.start_capture();
             let busy = self.capture_step();
+            self.close_broken_store();
             self.release_transaction_if_idle();
             let timeout = if busy || !self.pending.is_empty() && self.store.is_some() {
                 Duration::from_millis(if busy { 0 } else { 20 })
@@ -233,7 +243,10 @@ impl Worker {
         let dir = store_directory();
         // SAFETY: reading the cluster's system identifier.
         let sysid = unsafe { pg_sys::GetSystemIdentifier() };
-        let options = StoreOptions { content_version: CONTENT_VERSION, ..StoreOptions::new(sysid) };
+        let options = StoreOptions {
+            content_version: CONTENT_VERSION,
+            ..StoreOptions::new(sysid)
+        };
         match Store::open_dir(std::path::Path::new(&dir), options) {
             Ok(store) => {
                 let store: &'static Store = Box::leak(Box::new(store));
@@ -241,6 +254,7 @@ impl Worker {
                 if self.store_problem.take().is_some() {
                     log!("gsnap store at \"{dir}\" is open again");
                 }
+                self.record_failures(store);
                 shmem::worker().set_state(WorkerState::Ready);
                 match index::IndexState::open(store) {
                     Ok(index) => self.index = Some(index),
@@ -258,6 +272,70 @@ impl Worker {
                 self.store_problem = Some((code_of(&e), message));
                 self.next_open_attempt = Instant::now() + Duration::from_secs(5);
                 shmem::worker().set_state(WorkerState::StoreUnavailable);
+            }
+        }
+    }
+
+    /// Notes a store error; one that means the store can no longer write (a full disk, an
+    /// I/O error: RocksDB then refuses every write until it is reopened) gets the store closed
+    /// and reopened (see `close_broken_store`).
+    pub(super) fn note_store_error(&mut self, e: &StoreError) {
+        if matches!(e.kind(), ErrorKind::NoSpace | ErrorKind::Io) && self.store_broken.is_none() {
+            self.store_broken = Some((code_of(e), e.message().to_string()));
+        }
+    }
+
+    /// Closes a store that can no longer write: the capture in flight and the declared
+    /// snapshots waiting for one fail (their waiters get the error, their pages go to the next
+    /// capture), and `ensure_store` reopens the store, which marks them failed durably, once
+    /// it can. Meanwhile requests get the storage error at once instead of waiting.
+    fn close_broken_store(&mut self) {
+        // Still set while the work in flight fails, so `fail` keeps its reason for later.
+        let Some((code, message)) = self.store_broken.clone() else {
+            return;
+        };
+        let Some(store) = self.store else {
+            self.store_broken = None;
+            return;
+        };
+        warning!(
+            "gsnap: the store can no longer write ({message}); snapshots in progress fail and \
+             the store is reopened once it works again"
+        );
+        let reason = format!("the store failed: {message}");
+        if let Some(job) = self.job.take() {
+            self.abort(job, code, &reason);
+        }
+        while let Some(mut decl) = self.queue.pop_front() {
+            let pages = std::mem::take(&mut decl.pages);
+            self.fail(decl, pages, code, &reason);
+        }
+        shmem::progress().set_queued(0);
+        // Nothing else refers to the store: the index and the capture are gone, requests are
+        // answered within one loop iteration.
+        self.index = None;
+        self.store = None;
+        self.catalog_changed();
+        // SAFETY: the store was leaked from a Box in ensure_store; its last users (the index
+        // and the capture job, which borrow it) were dropped above.
+        drop(unsafe { Box::from_raw(std::ptr::from_ref(store).cast_mut()) });
+        self.store_problem = Some((
+            code,
+            format!("the gsnap store is unavailable after a storage error: {message}"),
+        ));
+        shmem::worker().set_state(WorkerState::StoreUnavailable);
+        self.next_open_attempt = Instant::now() + Duration::from_secs(1);
+        self.store_broken = None;
+    }
+
+    /// Records the real reasons of snapshots that failed while the store could not write
+    /// (reopening marked them failed as interrupted captures).
+    fn record_failures(&mut self, store: &Store) {
+        for (snap, reason) in std::mem::take(&mut self.unrecorded_failures) {
+            if let Err(e) = store.set_failure_reason(SnapId(snap), &reason) {
+                if e.kind() != ErrorKind::NotFound {
+                    warning!("gsnap: could not record why snapshot {snap} failed: {e}");
+                }
             }
         }
     }
@@ -315,6 +393,9 @@ fn wait(timeout: Duration) {
         );
         pg_sys::ResetLatch(pg_sys::MyLatch);
     }
+    // Absorbs procsignal barriers (DROP DATABASE and ALTER DATABASE SET TABLESPACE wait for
+    // every process to absorb one) and other interrupts PostgreSQL sends to all processes.
+    pgrx::check_for_interrupts!();
 }
 
 /// The store directory: `gsnap.store_directory`, relative to the data directory, or

@@ -121,6 +121,28 @@ impl<B: KvBackend> SnapshotStore<B> {
         Ok(())
     }
 
+    /// Replaces the recorded reason of a failed snapshot (durably), e.g. with the storage
+    /// error that made its capture fail when recovery could only say it was interrupted.
+    /// InvalidArgument unless `snap` is failed.
+    pub fn set_failure_reason(&self, snap: SnapId, reason: &str) -> Result<()> {
+        let mut info = self.snapshot(snap)?;
+        if info.state != SnapshotState::Failed {
+            return Err(StoreError::invalid(format!(
+                "snapshot {} is {}, not failed",
+                snap.0,
+                info.state.as_str()
+            )));
+        }
+        info.failure_reason = Some(reason.to_string());
+        let mut batch = WriteBatch::new();
+        batch.put(
+            Cf::Catalog,
+            &keys::snapshot_key(snap),
+            &records::encode_snapshot(&info),
+        );
+        self.backend.write(&batch, true)
+    }
+
     /// Stores a row type description (opaque bytes) and returns its id; identical bytes get
     /// the same id. Durable when it returns.
     pub fn put_row_type(&self, bytes: &[u8]) -> Result<RowTypeId> {

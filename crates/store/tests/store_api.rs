@@ -332,6 +332,37 @@ fn dropped_capture_is_failed_and_its_flushed_mappings_removed() {
 }
 
 #[test]
+fn only_a_failed_snapshot_takes_a_new_failure_reason() {
+    let store = SnapshotStore::open(MemBackend::new(), small_batches()).unwrap();
+    let (_, decl) = setup(&store, 1, 4);
+    let committed = store
+        .declare_and_begin(decl.clone())
+        .unwrap()
+        .commit()
+        .unwrap()
+        .id;
+    let failed = store.declare_and_begin(decl).unwrap().snapshot();
+    assert_eq!(store.snapshot(failed).unwrap().state, SnapshotState::Failed);
+    store
+        .set_failure_reason(failed, "No space left on device")
+        .unwrap();
+    let info = store.snapshot(failed).unwrap();
+    assert_eq!(info.state, SnapshotState::Failed);
+    assert_eq!(
+        info.failure_reason.as_deref(),
+        Some("No space left on device")
+    );
+    let e = store.set_failure_reason(committed, "nonsense").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(store.snapshot(committed).unwrap().failure_reason, None);
+    let e = store
+        .set_failure_reason(SnapId(999), "nonsense")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    check_invariants(&store);
+}
+
+#[test]
 fn deleted_snapshots_are_listed_not_readable_and_keep_later_page_tables() {
     let store = SnapshotStore::open_in_memory(42);
     let (rels, decl) = setup(&store, 1, 2);
@@ -613,12 +644,22 @@ fn declared_but_uncaptured_snapshots_fail_on_reopen() {
 #[test]
 fn a_store_of_another_content_version_is_refused() {
     let backend = MemBackend::new();
-    let v1 = StoreOptions { content_version: 1, ..StoreOptions::new(42) };
+    let v1 = StoreOptions {
+        content_version: 1,
+        ..StoreOptions::new(42)
+    };
     drop(SnapshotStore::open(backend.clone(), v1.clone()).unwrap());
     // the same version opens again
     drop(SnapshotStore::open(backend.clone(), v1).unwrap());
-    let v2 = StoreOptions { content_version: 2, ..StoreOptions::new(42) };
+    let v2 = StoreOptions {
+        content_version: 2,
+        ..StoreOptions::new(42)
+    };
     let err = SnapshotStore::open(backend, v2).err().unwrap();
     assert_eq!(err.kind(), ErrorKind::Incompatible);
-    assert!(err.message().contains("content format 1"), "{}", err.message());
+    assert!(
+        err.message().contains("content format 1"),
+        "{}",
+        err.message()
+    );
 }
