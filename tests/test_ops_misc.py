@@ -1,0 +1,225 @@
+"""Dirty-set overflow, databases other than gsnap.database, and pg_dump/pg_restore of a
+database whose gsnap tables have snapshots."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from cluster import Cluster
+from ops_helpers import (
+    asof,
+    digest,
+    drop_database,
+    make_table,
+    progress,
+    snapshots,
+    val,
+    wait_ready,
+    wait_settled,
+    wait_until,
+)
+
+
+@pytest.fixture(scope="module")
+def ovf():
+    """A cluster with the smallest dirty sets gsnap allows (1024 pages)."""
+    c = Cluster("ovf", conf=["gsnap.max_dirty_pages = 1024"])
+    try:
+        c.start()
+        with c.connect() as conn:
+            conn.execute("CREATE EXTENSION gsnap")
+        yield c
+    finally:
+        c.destroy()
+
+
+def test_dirty_set_overflow_warns_and_snapshots_stay_exact(ovf):
+    """More distinct pages written in one span than gsnap.max_dirty_pages: a WARNING in the
+    log, the table is captured completely, and the snapshot equals what its MVCC snapshot saw
+    (exported by gsnap_debug_snapshot()), also with writes racing after the declaration; the
+    spans after it are exact too."""
+    with ovf.connect() as conn, ovf.connect() as truth:
+        make_table(conn, "ovf_t", 25000)  # ~715 pages; an UPDATE of every row writes ~1400
+        make_table(conn, "ovf_small", 300)
+        snap = None
+        try:
+            s0 = val(conn, "SELECT gsnap_snapshot()")
+            d0 = digest(conn, "ovf_t")
+            log_from = len(ovf.log())
+            conn.execute("UPDATE ovf_t SET v = v + 1")
+            conn.execute("UPDATE ovf_small SET v = v + 1 WHERE id % 10 = 0")
+            assert val(conn, "SELECT gsnap_full_capture_pending('ovf_t')")
+            snap, exported = conn.execute("SELECT * FROM gsnap_debug_snapshot()").fetchone()
+            # writes the snapshot must not see
+            conn.execute("UPDATE ovf_t SET v = 0 WHERE id % 3 = 0")
+            conn.execute("DELETE FROM ovf_t WHERE id % 7 = 0")
+            conn.execute("INSERT INTO ovf_small VALUES (-1, -1, 'after')")
+            truth.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            truth.execute(f"SET TRANSACTION SNAPSHOT '{exported}'")
+            expected = {t: digest(truth, t) for t in ("ovf_t", "ovf_small")}
+            truth.execute("COMMIT")
+            states = wait_settled(conn, 60)
+            assert states[snap] == "committed", states
+            for t, d in expected.items():
+                assert digest(conn, asof(t, snap)) == d, f"{t} AS OF {snap} (after a dirty-set overflow)"
+            assert digest(conn, asof("ovf_t", s0)) == d0
+            log = ovf.log()[log_from:]
+            assert "WARNING" in log and "did not fit the dirty set" in log, log[-2000:]
+            print("[ops] overflow: " + next(l for l in log.splitlines() if "did not fit" in l))
+
+            s2 = val(conn, "SELECT gsnap_snapshot()")  # this span overflowed too
+            for t in ("ovf_t", "ovf_small"):
+                assert digest(conn, asof(t, s2)) == digest(conn, t), f"{t} AS OF {s2}"
+            conn.execute("UPDATE ovf_t SET v = v + 5 WHERE id % 101 = 0")  # a small span
+            assert not val(conn, "SELECT gsnap_full_capture_pending('ovf_t')")
+            s3 = val(conn, "SELECT gsnap_snapshot()")
+            assert digest(conn, asof("ovf_t", s3)) == digest(conn, "ovf_t")
+            assert digest(conn, asof("ovf_t", snap)) == expected["ovf_t"]
+        finally:
+            if snap is not None:
+                conn.execute("SELECT gsnap_debug_release(%s)", (snap,))
+            conn.execute("DROP TABLE IF EXISTS ovf_t, ovf_small")
+
+
+def test_dirty_set_overflow_warning_counts_tables(ovf):
+    """The overflow WARNING says how many tables overflowed into a full capture: one table
+    rewritten completely (every page written many times) is one table, not a count of
+    writes."""
+    with ovf.connect() as conn:
+        make_table(conn, "ovf_count", 25000)
+        try:
+            val(conn, "SELECT gsnap_snapshot()")
+            log_from = len(ovf.log())
+            conn.execute("UPDATE ovf_count SET v = v + 1")
+            conn.execute("UPDATE ovf_count SET v = v + 1")
+            val(conn, "SELECT gsnap_snapshot()")
+            line = wait_until(lambda: next((l for l in ovf.log()[log_from:].splitlines()
+                                            if "did not fit the dirty set" in l), None),
+                              5, "the overflow WARNING")
+            print(f"[ops] overflow: {line}")
+            assert "written pages of 1 table(s) did not fit the dirty set" in line, line
+        finally:
+            conn.execute("DROP TABLE IF EXISTS ovf_count")
+
+
+def test_other_databases_are_refused(ovf):
+    """gsnap serves gsnap.database only: CREATE EXTENSION elsewhere fails with 0A000 naming it;
+    in a clone of the gsnap database (CREATE DATABASE ... TEMPLATE postgres, which copies the
+    access method and the gsnap tables) creating a gsnap table, reading AS OF and declaring
+    snapshots fail with 0A000 naming gsnap.database."""
+    with ovf.connect() as conn:
+        make_table(conn, "db_t", 200)
+        snap = val(conn, "SELECT gsnap_snapshot()")
+        conn.execute("DROP DATABASE IF EXISTS ops_other")
+        conn.execute("DROP DATABASE IF EXISTS ops_clone")
+        conn.execute("CREATE DATABASE ops_other")
+    try:
+        with ovf.connect("ops_other") as o:
+            with pytest.raises(psycopg.Error) as err:
+                o.execute("CREATE EXTENSION gsnap")
+            print(f"[ops] CREATE EXTENSION in another database: {err.value.sqlstate} {err.value}")
+            assert err.value.sqlstate == "0A000"
+            assert '"postgres"' in str(err.value)
+            assert "gsnap.database" in (err.value.diag.message_hint or "")
+            assert val(o, "SELECT count(*) FROM pg_am WHERE amname = 'gsnap'") == 0
+
+        # Clone the gsnap database: its template must have no other session, so stop the
+        # worker (it comes back 5 s later) and copy in that window.
+        with ovf.connect("template1") as admin:
+            deadline = time.monotonic() + 20
+            while True:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                              " WHERE datname = 'postgres' AND pid <> pg_backend_pid()")
+                try:
+                    admin.execute("CREATE DATABASE ops_clone TEMPLATE postgres")
+                    break
+                except psycopg.errors.ObjectInUse:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        with ovf.connect("ops_clone") as g:
+            assert val(g, "SELECT count(*) FROM db_t") == 200
+            for sql in ("CREATE TABLE clone_t (a int) USING gsnap",
+                        f"SELECT count(*) FROM gsnap_asof(NULL::db_t, {snap})",
+                        "SELECT count(*) FROM gsnap_asof(NULL::db_t, now())",
+                        "SELECT gsnap_snapshot()",
+                        "SELECT count(*) FROM gsnap_snapshots()"):
+                with pytest.raises(psycopg.Error) as err:
+                    g.execute(sql)
+                print(f"[ops] in a clone, {sql}: {err.value.sqlstate} {err.value}")
+                assert err.value.sqlstate == "0A000", (sql, err.value)
+                assert '"postgres"' in str(err.value), (sql, err.value)
+        with ovf.connect() as conn:
+            wait_ready(conn, 20)
+            s2 = val(conn, "SELECT gsnap_snapshot()")
+            assert digest(conn, asof("db_t", s2)) == digest(conn, "db_t")
+    finally:
+        # (test_drop_database_does_not_wait_for_the_worker in test_operations.py is about
+        # DROP DATABASE itself; here it is only cleanup, bounded)
+        for db in ("ops_other", "ops_clone"):
+            try:
+                drop_database(ovf, db, timeout_s=3)
+            except psycopg.errors.QueryCanceled:
+                pass
+        with ovf.connect() as conn:
+            wait_ready(conn, 20)
+            conn.execute("DROP TABLE IF EXISTS db_t")
+
+
+def test_dump_and_restore_of_a_database_with_snapshots(ovf, tmp_path):
+    """pg_dump of the gsnap database after snapshots exist, restored into another cluster
+    (whose gsnap.database is created only then): tables, access methods, indexes and data come
+    back (snapshots do not: they live in the store); the source's snapshots are untouched and
+    the restored tables snapshot correctly."""
+    tmp_path.chmod(0o755)
+    target = Cluster("restore", conf=["gsnap.database = 'restored'"])
+    try:
+        with ovf.connect() as conn:
+            conn.execute("DROP TABLE IF EXISTS dr_h, dr_g")
+            conn.execute("CREATE TABLE dr_g (id int PRIMARY KEY, big text, j jsonb) USING gsnap")
+            conn.execute("CREATE TABLE dr_h (id int PRIMARY KEY, g int REFERENCES dr_g) USING heap")
+            conn.execute("CREATE INDEX ON dr_g USING gin (j)")
+            conn.execute("INSERT INTO dr_g SELECT i, repeat(md5(i::text), 300), jsonb_build_object('i', i)"
+                         " FROM generate_series(1, 400) i")
+            conn.execute("INSERT INTO dr_h SELECT i, i FROM generate_series(1, 400) i")
+            s1 = val(conn, "SELECT gsnap_snapshot()")
+            d1 = digest(conn, "dr_g")
+            conn.execute("UPDATE dr_g SET big = big || 'x' WHERE id % 4 = 0")
+            s2 = val(conn, "SELECT gsnap_snapshot()")
+            d2 = digest(conn, "dr_g")
+            live_h = digest(conn, "dr_h")
+        dump = tmp_path / "gsnap.dump"
+        r = ovf.run("pg_dump", "-Fc", "-d", "postgres", "-f", str(dump))
+        assert r.returncode == 0, r.stderr
+
+        target.start()
+        with target.connect() as conn:
+            # the worker cannot start until gsnap.database exists
+            conn.execute("CREATE DATABASE restored")
+            t0 = time.monotonic()
+            wait_until(lambda: val(conn, "SELECT count(*) FROM pg_stat_activity WHERE"
+                                   " backend_type = 'gsnap worker' AND datname = 'restored'"), 20,
+                       "the worker to start once gsnap.database exists")
+        r = target.run("pg_restore", "-d", "restored", str(dump), check=False)
+        assert r.returncode == 0, r.stderr
+        print(f"[ops] dump/restore: worker ready {time.monotonic() - t0:.1f} s after CREATE DATABASE")
+        with target.connect("restored") as t:
+            am = dict(t.execute("SELECT c.relname, a.amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam"
+                                " WHERE c.relname IN ('dr_g', 'dr_h')").fetchall())
+            assert am == {"dr_g": "gsnap", "dr_h": "heap"}, am
+            assert digest(t, "dr_g") == d2
+            assert digest(t, "dr_h") == live_h
+            assert val(t, "SELECT count(*) FROM dr_g WHERE j @> '{\"i\": 7}'") == 1
+            assert snapshots(t) == [], "snapshots do not travel with a dump"
+            snap = val(t, "SELECT gsnap_snapshot()")
+            assert digest(t, asof("dr_g", snap)) == d2
+        with ovf.connect() as conn:
+            assert digest(conn, asof("dr_g", s1)) == d1
+            assert digest(conn, asof("dr_g", s2)) == d2
+    finally:
+        target.destroy()
+        with ovf.connect() as conn:
+            conn.execute("DROP TABLE IF EXISTS dr_h, dr_g")
