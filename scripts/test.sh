@@ -16,8 +16,9 @@ logdir=$(mktemp -d /tmp/gsnap-test.XXXXXX)
 log "cargo test (pure crates)"
 if (cd "$GSNAP_ROOT" && cargo test --release --workspace 2>&1) \
         | tee "$logdir/cargo.log"; then :; fi
-p=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$logdir/cargo.log" \
-        | awk '{p += $4; f += $6} END {print p+0, f+0}')
+# Under `set -o pipefail` a grep that finds nothing would end the script, hence `|| true`.
+p=$({ grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$logdir/cargo.log" \
+        || true; } | awk '{p += $4; f += $6} END {print p+0, f+0}')
 read -r cp cf <<<"$p"
 grep -q 'test result: FAILED\|error\[E\|could not compile' "$logdir/cargo.log" && cf=$((cf > 0 ? cf : 1))
 passed=$((passed + cp)); failed=$((failed + cf))
@@ -31,9 +32,11 @@ passed=$((passed + rp)); failed=$((failed + rf))
 
 log "integration tests (pytest)"
 (cd "$GSNAP_ROOT" && python -m pytest -q tests 2>&1) | tee "$logdir/pytest.log" || true
-pp=$(grep -Eo '[0-9]+ passed' "$logdir/pytest.log" | tail -1 | grep -Eo '[0-9]+' || echo 0)
-pf=$(grep -Eo '[0-9]+ (failed|error)' "$logdir/pytest.log" | awk '{s += $1} END {print s+0}')
-grep -Eq '[0-9]+ passed' "$logdir/pytest.log" || pf=$((pf > 0 ? pf : 1))
+# pytest's last line, e.g. "2 failed, 38 passed, 1 error in 272.14s (0:04:32)".
+ps=$({ grep -E '[0-9]+ (passed|failed|errors?).* in [0-9.]+s' "$logdir/pytest.log" || true; } | tail -1)
+pp=$({ grep -Eo '[0-9]+ passed' <<<"$ps" || true; } | awk '{s += $1} END {print s+0}')
+pf=$({ grep -Eo '[0-9]+ (failed|errors?)' <<<"$ps" || true; } | awk '{s += $1} END {print s+0}')
+[ -n "$ps" ] || pf=$((pf > 0 ? pf : 1))
 passed=$((passed + pp)); failed=$((failed + pf))
 
 echo "cargo: $cp passed, $cf failed; pg_regress: $rp passed, $rf failed; pytest: $pp passed, $pf failed"
