@@ -80,4 +80,19 @@ SELECT group_hits + group_loads > 0 AS groups_used, image_hits + image_loads > 0
        group_cache_used <= group_cache_bytes AS within_budget
 FROM gsnap_index_stats();
 
-DROP TABLE ss, ss_new;
+-- gsnap_diff within one incarnation: rows written again with the same values (new versions
+-- under other line pointers, HOT or on other pages) are no change; a changed page with
+-- changed and unchanged rows reports only the changed ones
+CREATE TABLE sm (id int, v text, pad text) USING gsnap WITH (fillfactor = 100);
+INSERT INTO sm SELECT i, 'v' || i, repeat('x', 200) FROM generate_series(1, 400) i;
+SELECT gsnap_snapshot() AS m1 \gset
+UPDATE sm SET v = v WHERE id % 10 = 0;
+UPDATE sm SET v = 'changed' WHERE id IN (15, 215);
+UPDATE sm SET v = NULL WHERE id = 16;
+SELECT gsnap_snapshot() AS m2 \gset
+SELECT change, (rec).id, (rec).v FROM gsnap_diff(NULL::sm, :m1, :m2) ORDER BY 2, 1;
+SELECT count(*) AS mismatches FROM (
+    (SELECT (rec).* FROM gsnap_range(NULL::sm, :m2, :m2) EXCEPT ALL SELECT * FROM sm)
+    UNION ALL (SELECT * FROM sm EXCEPT ALL SELECT * FROM gsnap_asof(NULL::sm, :m2))) d;
+
+DROP TABLE ss, ss_new, sm;

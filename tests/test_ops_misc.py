@@ -3,6 +3,7 @@ database whose gsnap tables have snapshots."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
@@ -11,6 +12,7 @@ import pytest
 from cluster import Cluster
 from ops_helpers import (
     asof,
+    configure,
     digest,
     drop_database,
     make_table,
@@ -223,3 +225,70 @@ def test_dump_and_restore_of_a_database_with_snapshots(ovf, tmp_path):
         target.destroy()
         with ovf.connect() as conn:
             conn.execute("DROP TABLE IF EXISTS dr_h, dr_g")
+
+
+@pytest.fixture(scope="module")
+def tiny_cache():
+    """A cluster whose image cache holds 256 images, its minimum (scans go through batches of 32,
+    each prefetched while the previous one is read, and evict each other's images)."""
+    c = Cluster("tinycache", conf=["gsnap.image_cache_size = 2MB"])
+    try:
+        c.start()
+        with c.connect() as conn:
+            conn.execute("CREATE EXTENSION gsnap")
+            assert val(conn, "SELECT image_cache_slots FROM gsnap_index_stats()") == 256
+        yield c
+    finally:
+        c.destroy()
+
+
+@pytest.mark.parametrize("verify", ["off", "on"])
+def test_reads_through_a_tiny_cache_with_and_without_image_verification(tiny_cache, verify):
+    """AS OF, range and diff read every image from the store through a cache far smaller than
+    the table, with prefetching and concurrent scans, and return exactly what the table held
+    at each snapshot, whether images are checked against their fingerprints or not."""
+    with tiny_cache.connect() as conn:
+        configure(conn, verify_images=verify)
+        make_table(conn, "tc", 40000)  # ~1150 pages
+        truth, snaps = [], []
+        for step in range(3):
+            snaps.append(val(conn, "SELECT gsnap_snapshot()"))
+            truth.append(digest(conn, "tc"))
+            conn.execute(f"UPDATE tc SET v = v + 1 WHERE id % {7 + step} = 0")
+            conn.execute(f"DELETE FROM tc WHERE id % 97 = {step}")
+        loads = val(conn, "SELECT image_loads FROM gsnap_index_stats()")
+        for s, t in zip(snaps, truth):
+            assert digest(conn, asof("tc", s)) == t
+        assert val(conn, "SELECT image_loads FROM gsnap_index_stats()") - loads >= 1000
+        # every snapshot of the range, read once for all of them
+        for s, t in zip(snaps, truth):
+            got = digest(conn, f"(SELECT (rec).* FROM gsnap_range(NULL::tc, {snaps[0]}, "
+                               f"{snaps[-1]}) WHERE snap_id = {s})")
+            assert got == t
+        # diff: the updates of the first step, one removed and one added row each
+        counts = dict(conn.execute(
+            f"SELECT change, count(*) FROM gsnap_diff(NULL::tc, {snaps[0]}, {snaps[1]}) "
+            "GROUP BY 1").fetchall())
+        removed = val(conn, "SELECT count(*) FROM generate_series(1, 40000) g "
+                            "WHERE g % 7 = 0 OR g % 97 = 0")
+        added = val(conn, "SELECT count(*) FROM generate_series(1, 40000) g "
+                          "WHERE g % 7 = 0 AND g % 97 <> 0")
+        assert counts == {"added": added, "removed": removed}
+        # concurrent scans evicting each other's images
+        errors, results = [], {}
+
+        def scan(i):
+            try:
+                with tiny_cache.connect() as c:
+                    results[i] = digest(c, asof("tc", snaps[i % 3]))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=scan, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert all(results[i] == truth[i % 3] for i in range(4))
+        configure(conn, verify_images=None)

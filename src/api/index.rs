@@ -105,6 +105,39 @@ pub fn pin_images(ids: &[u64]) -> Pinned {
     }
 }
 
+/// Asks the worker to load those of `ids` that are not in the image cache, without waiting
+/// (see [`ipc::prefetch`]): the caller pins them later, when it gets to them.
+pub fn prefetch_images(ids: &[u64]) {
+    let missing: Vec<u64> = shmem::with_cache(|c| {
+        ids.iter()
+            .copied()
+            .filter(|&id| !c.contains(&CacheKey::image(id)))
+            .take(IDS_PER_REQUEST)
+            .collect()
+    });
+    ipc::prefetch(&missing);
+}
+
+/// Calls `each(batch, ids, pinned)` for the consecutive batches of `per_batch` items, with
+/// the images `ids_of(batch)` pinned; the next batch's images are prefetched while `each`
+/// reads the current one.
+pub fn for_each_pinned_batch<T>(
+    items: &[T],
+    per_batch: usize,
+    ids_of: impl Fn(&[T]) -> Vec<u64>,
+    mut each: impl FnMut(&[T], &[u64], &Pinned),
+) {
+    let mut batches = items.chunks(per_batch.max(1)).peekable();
+    while let Some(batch) = batches.next() {
+        let ids = ids_of(batch);
+        let pinned = pin_images(&ids);
+        if let Some(next) = batches.peek() {
+            prefetch_images(&ids_of(next));
+        }
+        each(batch, &ids, &pinned);
+    }
+}
+
 /// Pins all of `ids`, or nothing if the cache has no room for the missing ones.
 fn try_pin_images(ids: &[u64]) -> Option<Pinned> {
     let mut entries: Vec<PinnedEntry> = Vec::with_capacity(ids.len());

@@ -4,7 +4,7 @@
 
 use super::access::relation_name;
 use super::decode::Decoder;
-use super::index::{images_per_batch, index_error, pin_images, GroupPins};
+use super::index::{images_per_batch, index_error, pin_images, prefetch_images, GroupPins};
 use crate::error::error;
 use crate::ipc::protocol::{ErrorCode, Kind, ScanHeader};
 use crate::ipc::{self, Pinned};
@@ -112,6 +112,31 @@ impl PageReader {
         }
     }
 
+    /// Looks up the blocks of the next index step.
+    fn look_up_next_step(&mut self) {
+        let Some(rel) = self.rel else { return };
+        let end = self
+            .next_block
+            .saturating_add(BLOCKS_PER_STEP as u32)
+            .min(self.nblocks);
+        let looked_up = &mut self.looked_up;
+        rel.scan(self.next_block..end, &mut |b, image| {
+            looked_up.push_back((b, image.0))
+        })
+        .unwrap_or_else(|e| index_error(e));
+        self.next_block = end;
+    }
+
+    /// Asks the worker to load the next batch's images while this one is read.
+    fn prefetch_next_batch(&mut self) {
+        let n = images_per_batch();
+        if self.looked_up.len() < n && self.next_block < self.nblocks {
+            self.look_up_next_step();
+        }
+        let ids: Vec<u64> = self.looked_up.iter().take(n).map(|&(_, id)| id).collect();
+        prefetch_images(&ids);
+    }
+
     /// The next page (block, view bytes); the bytes stay valid until the next call.
     pub fn next_page(&mut self) -> Option<(u32, &[u8])> {
         loop {
@@ -126,26 +151,18 @@ impl PageReader {
                 self.batch = None; // unpins
             }
             if self.looked_up.is_empty() {
-                let rel = self.rel?;
+                self.rel?;
                 if self.next_block >= self.nblocks {
                     return None;
                 }
-                let end = self
-                    .next_block
-                    .saturating_add(BLOCKS_PER_STEP as u32)
-                    .min(self.nblocks);
-                let looked_up = &mut self.looked_up;
-                rel.scan(self.next_block..end, &mut |b, image| {
-                    looked_up.push_back((b, image.0))
-                })
-                .unwrap_or_else(|e| index_error(e));
-                self.next_block = end;
+                self.look_up_next_step();
                 continue;
             }
             let n = self.looked_up.len().min(images_per_batch());
             let chunk: Vec<(u32, u64)> = self.looked_up.drain(..n).collect();
             let ids: Vec<u64> = chunk.iter().map(|&(_, id)| id).collect();
             let pinned = pin_images(&ids);
+            self.prefetch_next_batch();
             self.batch = Some((pinned, chunk.iter().map(|&(b, _)| b).collect()));
             self.at = 0;
         }

@@ -10,7 +10,7 @@
 use super::access::{relation_name, require_gsnap_database, require_read_access};
 use super::asof::table_of_first_argument;
 use super::decode::Decoder;
-use super::index::{images_per_batch, index_error, pin_images, GroupPins};
+use super::index::{for_each_pinned_batch, images_per_batch, index_error, GroupPins};
 use super::scan::{scan_begin_if_present, TableAtSnapshot};
 use crate::error::error;
 use gsnap_core::{PageDiff, RelId, SnapId};
@@ -20,8 +20,8 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 use std::collections::HashMap;
 
-/// Receives one row of one snapshot: (snapshot, values, nulls).
-type RowSink<'a> = &'a mut dyn FnMut(u64, &[pg_sys::Datum], &[bool]);
+/// Receives one row and the snapshots that hold it: (snapshots, values, nulls).
+type RowSink<'a> = &'a mut dyn FnMut(&[u64], &[pg_sys::Datum], &[bool]);
 
 /// Decoders by row type (the row type can change between snapshots), allocated in the
 /// memory context of the call (not the scratch context reset between batches).
@@ -147,18 +147,31 @@ pub extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys
             .raise();
         }
         let (desc, store, row_desc) = result_set(fcinfo);
-        range_rows(relid, from, to, row_desc, &mut |snap, values, nulls| {
-            let cols = [
-                pg_sys::Datum::from(snap as i64),
-                record(row_desc, values, nulls),
-            ];
+        let snap_att = (*desc).attrs.as_slice(2)[0];
+        if snap_att.atttypid != pg_sys::INT8OID || !snap_att.attbyval {
+            error(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                "gsnap_range must return (snap_id bigint, rec)",
+            )
+            .raise();
+        }
+        range_rows(relid, from, to, row_desc, &mut |snaps, values, nulls| {
+            // One result tuple per row and run of snapshots sharing its image; only its
+            // snap_id differs from one snapshot to the next (tuplestore_puttuple copies it).
+            let cols = [pg_sys::Datum::from(0i64), record(row_desc, values, nulls)];
             let cnulls = [false, false];
-            pg_sys::tuplestore_putvalues(
-                store,
-                desc,
-                cols.as_ptr().cast_mut(),
-                cnulls.as_ptr().cast_mut(),
-            );
+            let tuple =
+                pg_sys::heap_form_tuple(desc, cols.as_ptr().cast_mut(), cnulls.as_ptr().cast_mut());
+            let header = (*tuple).t_data;
+            // No NULLs, so the data starts at t_hoff, and snap_id (int8, by value) first.
+            let snap_id = header
+                .cast::<u8>()
+                .add(usize::from((*header).t_hoff))
+                .cast::<i64>();
+            for &snap in snaps {
+                snap_id.write_unaligned(snap as i64);
+                pg_sys::tuplestore_puttuple(store, tuple);
+            }
         });
     }
     pg_sys::Datum::from(0usize)
@@ -177,8 +190,9 @@ fn snapshots_in(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnap
         .collect()
 }
 
-/// Calls `emit(snap, row)` for every row of the table at every retained snapshot of
-/// `from..=to`.
+/// Calls `emit(snaps, row)` for every row of the table, once per run of retained snapshots of
+/// `from..=to` that share the row's page image (`snaps` lists the run's snapshots that hold
+/// the block, all of one row type).
 ///
 /// # Safety
 /// `row_desc` is the table's current row type; call in a transaction.
@@ -217,9 +231,8 @@ unsafe fn range_rows(
             &mut |r| runs.push(r),
         )
         .unwrap_or_else(|e| index_error(e));
-        for batch in runs.chunks(images_per_batch()) {
-            let ids: Vec<u64> = batch.iter().map(|r| r.image.0).collect();
-            let pinned = pin_images(&ids);
+        let ids_of = |batch: &[gsnap_core::ImageRun]| batch.iter().map(|r| r.image.0).collect();
+        for_each_pinned_batch(&runs, images_per_batch(), ids_of, |batch, _, pinned| {
             // SAFETY: temporary allocations in our scratch context, reset per batch.
             let old = unsafe { pg_sys::MemoryContextSwitchTo(scratch.value()) };
             for e in &pinned.entries {
@@ -233,11 +246,10 @@ unsafe fn range_rows(
                     .collect();
                 for same_type in holders.chunk_by(|a, b| a.1.row_type_bytes == b.1.row_type_bytes) {
                     let decoder = decoders.get(&same_type[0].1);
+                    let ids: Vec<u64> = same_type.iter().map(|(s, _)| *s).collect();
                     for t in view::decode(bytes).unwrap_or_else(|e| corrupt(e)) {
                         let (values, nulls) = decoder.decode_tuple(run.block, t.lp, t.bytes);
-                        for (s, _) in same_type {
-                            emit(*s, values, nulls);
-                        }
+                        emit(&ids, values, nulls);
                     }
                 }
             }
@@ -246,7 +258,7 @@ unsafe fn range_rows(
                 pg_sys::MemoryContextSwitchTo(old);
                 pg_sys::MemoryContextReset(scratch.value());
             }
-        }
+        });
     }
 }
 
@@ -293,50 +305,136 @@ pub extern "C-unwind" fn gsnap_diff(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys:
     pg_sys::Datum::from(0usize)
 }
 
-/// A row on one side of a diff, with its text form (the identity rows are compared by).
+/// A row on one side of a diff: the `rec` datum (a composite of the table's current row
+/// type, formed by `heap_form_tuple`, so equal values give equal bytes).
 struct Side {
-    text: String,
     rec: pg_sys::Datum,
 }
 
-/// The rows of the pages `pages` of one side (`Some(image)` per block), except the tuples
-/// the other side has unchanged on the same page (same line pointer, same bytes).
-///
-/// # Safety
-/// In a transaction; `decoder` matches the side's row type.
-unsafe fn side_rows(
-    decoder: &mut Decoder,
-    row_desc: pg_sys::TupleDesc,
-    pages: &[(u32, u64)],
-    other: &HashMap<u32, Vec<(u16, Vec<u8>)>>,
-    out: &mut Vec<Side>,
-) {
-    for batch in pages.chunks(images_per_batch()) {
-        let ids: Vec<u64> = batch.iter().map(|&(_, id)| id).collect();
-        let pinned = pin_images(&ids);
-        for e in &pinned.entries {
-            let block = batch[e.key as usize].0;
-            let theirs = other.get(&block);
-            for t in view::decode(pinned.bytes(e)).unwrap_or_else(|e| corrupt(e)) {
-                if theirs.is_some_and(|v| v.iter().any(|(lp, b)| *lp == t.lp && b == t.bytes)) {
-                    continue;
-                }
-                let (values, nulls) = decoder.decode_tuple(block, t.lp, t.bytes);
-                // SAFETY: values match the table's row type.
-                let rec = unsafe { record(row_desc, values, nulls) };
-                // SAFETY: record_out of a datum of a named composite type.
-                let text = unsafe {
-                    std::ffi::CStr::from_ptr(pg_sys::OidOutputFunctionCall(
-                        pg_sys::Oid::from(2291u32),
-                        rec,
-                    ))
-                }
-                .to_string_lossy()
-                .into_owned();
-                out.push(Side { text, rec });
-            }
+impl Side {
+    /// The whole composite datum, the identity rows are compared by.
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `rec` is a formed composite datum (a 4-byte varlena header with its length),
+        // alive for the whole call.
+        unsafe {
+            let p = self.rec.cast_mut_ptr::<u8>();
+            let len = pgrx::varlena::varsize_any(p.cast());
+            std::slice::from_raw_parts(p, len)
         }
     }
+}
+
+/// The two sides of a diff as seen by one page: its decoder and the block count.
+struct DiffSide {
+    decoder: Decoder,
+    nblocks: u32,
+}
+
+/// Decodes `bytes` (tuple `lp` of `block`) with `side` into a `rec` datum.
+///
+/// # Safety
+/// In a transaction; `row_desc` is the table's current row type.
+unsafe fn side_row(
+    side: &mut DiffSide,
+    row_desc: pg_sys::TupleDesc,
+    block: u32,
+    lp: u16,
+    bytes: &[u8],
+) -> Side {
+    let (values, nulls) = side.decoder.decode_tuple(block, lp, bytes);
+    // SAFETY: values match the table's row type.
+    let rec = unsafe { record(row_desc, values, nulls) };
+    Side { rec }
+}
+
+/// Compares the changed pages `pages`, reading each image once: tuples of one page with the
+/// same line pointer and the same bytes on both sides are no change; every other tuple is a
+/// removed row (side a) or an added row (side b).
+///
+/// # Safety
+/// In a transaction; the decoders match the sides' row types.
+unsafe fn changed_rows(
+    pages: &[PageDiff],
+    sides: &mut [Option<DiffSide>; 2],
+    row_desc: pg_sys::TupleDesc,
+    removed: &mut Vec<Side>,
+    added: &mut Vec<Side>,
+) {
+    // The image of each side of a page, if the block exists on that side.
+    let nblocks = [0, 1].map(|i| sides[i].as_ref().map(|s| s.nblocks));
+    let image_of = |d: &PageDiff, side: usize| {
+        let image = if side == 0 { d.before } else { d.after };
+        nblocks[side]
+            .filter(|&n| d.block < n)
+            .and(image)
+            .map(|i| i.0)
+    };
+    let per_batch = (images_per_batch() / 2).max(1);
+    let ids_of = |batch: &[PageDiff]| {
+        let mut ids: Vec<u64> = Vec::with_capacity(batch.len() * 2);
+        for d in batch {
+            for side in 0..2 {
+                if let Some(id) = image_of(d, side) {
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+        ids
+    };
+    for_each_pinned_batch(pages, per_batch, ids_of, |batch, ids, pinned| {
+        let bytes_of = |id: Option<u64>| -> Vec<view::ViewTuple<'_>> {
+            let Some(id) = id else { return Vec::new() };
+            let at = ids
+                .iter()
+                .position(|&x| x == id)
+                .expect("the batch lists every image");
+            let e = &pinned.entries[pinned
+                .entries
+                .binary_search_by_key(&(at as u32), |e| e.key)
+                .expect("pin_images pins every image it is given")];
+            view::decode(pinned.bytes(e)).unwrap_or_else(|e| corrupt(e))
+        };
+        for d in batch {
+            let before = bytes_of(image_of(d, 0));
+            let after = bytes_of(image_of(d, 1));
+            // A tuple of side 0 (removed) or side 1 (added) of this page.
+            let mut take = |side: usize, t: &view::ViewTuple<'_>| {
+                let s = sides[side].as_mut().expect("the side has this page");
+                // SAFETY: the caller's contract (the decoders match the sides' row types).
+                let row = unsafe { side_row(s, row_desc, d.block, t.lp, t.bytes) };
+                if side == 0 {
+                    removed.push(row);
+                } else {
+                    added.push(row);
+                }
+            };
+            // Both views list their tuples by increasing line pointer: merge them.
+            let (mut i, mut j) = (0, 0);
+            while i < before.len() || j < after.len() {
+                match (before.get(i), after.get(j)) {
+                    (Some(x), Some(y)) if x.lp == y.lp && x.bytes == y.bytes => {
+                        i += 1;
+                        j += 1;
+                    }
+                    (Some(x), Some(y)) if y.lp < x.lp => {
+                        take(1, y);
+                        j += 1;
+                    }
+                    (Some(x), _) => {
+                        take(0, x);
+                        i += 1;
+                    }
+                    (None, Some(y)) => {
+                        take(1, y);
+                        j += 1;
+                    }
+                    (None, None) => unreachable!(),
+                }
+            }
+        }
+    });
 }
 
 /// Calls `emit(added, rec)` for each row that differs between snapshots `a` and `b`.
@@ -409,67 +507,34 @@ unsafe fn diff_rows(
             pages.sort_by_key(|d| d.block);
         }
     }
-    // Blocks beyond a side's size hold nothing on that side.
-    let before: Vec<(u32, u64)> = pages
-        .iter()
-        .filter(|d| ta.as_ref().is_some_and(|t| d.block < t.nblocks))
-        .filter_map(|d| d.before.map(|i| (d.block, i.0)))
-        .collect();
-    let after: Vec<(u32, u64)> = pages
-        .iter()
-        .filter(|d| tb.as_ref().is_some_and(|t| d.block < t.nblocks))
-        .filter_map(|d| d.after.map(|i| (d.block, i.0)))
-        .collect();
-    // Raw tuples of each side's changed pages, to skip tuples unchanged on a changed page.
-    let raw = |pages: &[(u32, u64)]| -> HashMap<u32, Vec<(u16, Vec<u8>)>> {
-        let mut m = HashMap::new();
-        for batch in pages.chunks(images_per_batch()) {
-            let ids: Vec<u64> = batch.iter().map(|&(_, id)| id).collect();
-            let pinned = pin_images(&ids);
-            for e in &pinned.entries {
-                let tuples = view::decode(pinned.bytes(e)).unwrap_or_else(|e| corrupt(e));
-                m.insert(
-                    batch[e.key as usize].0,
-                    tuples.iter().map(|t| (t.lp, t.bytes.to_vec())).collect(),
-                );
-            }
-        }
-        m
+    let side = |t: &Option<TableAtSnapshot>, snap: u64| {
+        t.as_ref().map(|t| DiffSide {
+            // SAFETY: the caller's contract.
+            decoder: unsafe { Decoder::new(snap, relid, t.row_type.clone(), row_desc) },
+            nblocks: t.nblocks,
+        })
     };
-    let (raw_before, raw_after) = (raw(&before), raw(&after));
-    let mut removed = Vec::new();
-    let mut added = Vec::new();
-    if let Some(t) = &ta {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let mut d = Decoder::new(a, relid, t.row_type.clone(), row_desc);
-            side_rows(&mut d, row_desc, &before, &raw_after, &mut removed);
-        }
-    }
-    if let Some(t) = &tb {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let mut d = Decoder::new(b, relid, t.row_type.clone(), row_desc);
-            side_rows(&mut d, row_desc, &after, &raw_before, &mut added);
-        }
-    }
+    let mut sides = [side(&ta, a), side(&tb, b)];
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    // SAFETY: the caller's contract.
+    unsafe { changed_rows(&pages, &mut sides, row_desc, &mut removed, &mut added) };
     // A row that only moved (the same values on another page) is no change.
-    let mut counts: HashMap<&str, i64> = HashMap::new();
+    let mut counts: HashMap<&[u8], i64> = HashMap::new();
     for r in &removed {
-        *counts.entry(&r.text).or_default() += 1;
+        *counts.entry(r.bytes()).or_default() += 1;
     }
-    let mut moved: HashMap<&str, i64> = HashMap::new();
+    let mut moved: HashMap<&[u8], i64> = HashMap::new();
     for r in &added {
-        let c = counts.entry(&r.text).or_default();
+        let c = counts.entry(r.bytes()).or_default();
         if *c > 0 {
             *c -= 1;
-            *moved.entry(&r.text).or_default() += 1;
+            *moved.entry(r.bytes()).or_default() += 1;
         } else {
             emit(true, r.rec);
         }
     }
     for r in &removed {
-        let m = moved.entry(&r.text).or_default();
+        let m = moved.entry(r.bytes()).or_default();
         if *m > 0 {
             *m -= 1;
         } else {

@@ -141,8 +141,57 @@ pub fn call_checked(kind: Kind, args: &[i64]) -> Result<Answer, (u32, Vec<u8>)> 
     call_inner(kind, args, &[])
 }
 
+thread_local! {
+    /// A [`prefetch`] request of this backend is (or may still be) in its slot.
+    static PREFETCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Asks the worker to load the images `ids` (at most `REPLY_BYTES / 8`) into the image cache
+/// and returns at once: a scan prefetches its next batch while it reads the current one, so
+/// the worker's reading and the backend's decoding overlap. The next request of this
+/// backend first waits for the prefetch to be done; its answer (even an error: the images
+/// are then loaded again, and the error raised, by the request that needs them) is dropped.
+pub fn prefetch(ids: &[u64]) {
+    if ids.is_empty() || PREFETCHING.get() {
+        return;
+    }
+    let (slot, procno) = my_slot();
+    let submitted = slot.submit(|b: &mut RequestBody| {
+        b.kind = Kind::Prefetch as u32;
+        b.requester = procno;
+        b.args = [0; gsnap_shmem::requests::ARGS];
+        let payload: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        b.set_reply(&payload);
+    });
+    if submitted {
+        PREFETCHING.set(true);
+        set_latch_of(worker_procno());
+    }
+}
+
+/// Waits for this backend's prefetch, if one is in flight, and frees the slot. A worker
+/// that exits answers it with an error, so the wait ends; it can be cancelled, and after
+/// a few seconds it is left to [`wait_until_idle`].
+fn finish_prefetch(slot: &RequestSlot) {
+    if !PREFETCHING.replace(false) {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if slot.answer().is_some() {
+            slot.release();
+            return;
+        }
+        if slot.is_idle() {
+            return;
+        }
+        wait_latch(Duration::from_millis(100));
+    }
+}
+
 fn call_inner(kind: Kind, args: &[i64], payload: &[u8]) -> Result<Answer, (u32, Vec<u8>)> {
     let (slot, procno) = my_slot();
+    finish_prefetch(slot);
     wait_until_idle(slot);
     let worker = worker_procno();
     let submitted = slot.submit(|b: &mut RequestBody| {

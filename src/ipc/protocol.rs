@@ -35,6 +35,9 @@ pub enum Kind {
     LoadImages = 9,
     /// The index groups, for `gsnap_groups()` (paged). Args: byte offset.
     Groups = 10,
+    /// Page images by id, loaded into the image cache *without* pinning them: a scan asks for
+    /// its next batch while it reads the current one. Payload: the ids, u64 each. No reply.
+    Prefetch = 11,
 }
 
 impl Kind {
@@ -51,6 +54,7 @@ impl Kind {
             8 => Kind::ToastFetch,
             9 => Kind::LoadImages,
             10 => Kind::Groups,
+            11 => Kind::Prefetch,
             _ => return None,
         })
     }

@@ -32,23 +32,26 @@ pub struct PageView {
     pub unsettled: bool,
 }
 
-/// A visible tuple copied out of the page, 8-byte aligned so it can be deformed in place.
+/// A visible tuple copied out of the page into the page's arena of 8-byte words (so it can
+/// be deformed in place): `len` bytes from word `at`.
 struct Copied {
     lp: u16,
     len: usize,
-    words: Vec<u64>,
+    at: usize,
     has_external: bool,
 }
 
 impl Copied {
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `words` holds at least `len` initialized bytes.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    fn bytes<'a>(&self, arena: &'a [u64]) -> &'a [u8] {
+        let words = &arena[self.at..self.at + self.len.div_ceil(8)];
+        // SAFETY: the words hold at least `len` initialized bytes.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.len) }
     }
 
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    fn bytes_mut<'a>(&self, arena: &'a mut [u64]) -> &'a mut [u8] {
+        let words = &mut arena[self.at..self.at + self.len.div_ceil(8)];
         // SAFETY: as above, exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), self.len) }
     }
 }
 
@@ -115,6 +118,8 @@ pub unsafe fn capture_page<E>(
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
 ) -> Result<PageView, E> {
     let mut copied = Vec::new();
+    // One allocation per page for all its tuples (a page holds at most BLCKSZ bytes of them).
+    let mut arena: Vec<u64> = Vec::with_capacity(pg_sys::BLCKSZ as usize / 8 + 64);
     let mut unsettled = false;
     // SAFETY: the caller's contract; the buffer is pinned and share-locked while its
     // tuples are examined and copied, then released.
@@ -148,10 +153,11 @@ pub unsafe fn capture_page<E>(
                     unsettled = true;
                 }
                 if pg_sys::HeapTupleSatisfiesVisibility(&mut tuple, snapshot, buffer) {
-                    let mut words = vec![0u64; len.div_ceil(8)];
+                    let at = arena.len();
+                    arena.resize(at + len.div_ceil(8), 0);
                     std::ptr::copy_nonoverlapping(
                         header.cast::<u8>(),
-                        words.as_mut_ptr().cast::<u8>(),
+                        arena[at..].as_mut_ptr().cast::<u8>(),
                         len,
                     );
                     let has_external =
@@ -159,7 +165,7 @@ pub unsafe fn capture_page<E>(
                     copied.push(Copied {
                         lp: off,
                         len,
-                        words,
+                        at,
                         has_external,
                     });
                 }
@@ -169,13 +175,13 @@ pub unsafe fn capture_page<E>(
     }
 
     let mut builder = ViewBuilder::new();
-    for mut t in copied {
+    for t in copied {
         if t.has_external {
             // SAFETY: `t` is a complete heap tuple of `rel` (aligned copy).
-            unsafe { copy_out_toast(rel, &mut t, store_toast)? };
+            unsafe { copy_out_toast(rel, t.bytes_mut(&mut arena), store_toast)? };
         }
-        normalize(t.bytes_mut());
-        builder.push(t.lp, t.bytes());
+        normalize(t.bytes_mut(&mut arena));
+        builder.push(t.lp, t.bytes(&arena));
     }
     Ok(PageView {
         tuples: builder.len(),
@@ -197,11 +203,11 @@ fn normalize(t: &mut [u8]) {
 /// Stores each out-of-line TOAST value of `t` and points its TOAST pointer at the copy.
 ///
 /// # Safety
-/// `t` holds a complete heap tuple of `rel`; must run inside a transaction with a registered
-/// snapshot (TOAST fetches need one).
+/// `t` holds a complete heap tuple of `rel`, 8-byte aligned; must run inside a transaction
+/// with a registered snapshot (TOAST fetches need one).
 unsafe fn copy_out_toast<E>(
     rel: pg_sys::Relation,
-    t: &mut Copied,
+    t: &mut [u8],
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
 ) -> Result<(), E> {
     // SAFETY: deforming an aligned copy of a tuple of `rel` with `rel`'s descriptor; the
@@ -210,9 +216,9 @@ unsafe fn copy_out_toast<E>(
     unsafe {
         let desc = (*rel).rd_att;
         let natts = (*desc).natts as usize;
-        let base = t.words.as_mut_ptr().cast::<u8>();
+        let base = t.as_mut_ptr();
         let mut tuple = pg_sys::HeapTupleData {
-            t_len: t.len as u32,
+            t_len: t.len() as u32,
             t_self: pg_sys::ItemPointerData::default(),
             t_tableOid: (*rel).rd_id,
             t_data: base.cast(),
@@ -236,8 +242,12 @@ unsafe fn copy_out_toast<E>(
             let size = varsize_any(value.cast());
             let id = store_toast(std::slice::from_raw_parts(value.cast::<u8>(), size))?;
             pg_sys::pfree(value.cast());
-            t.bytes_mut()[offset + POINTER_ID_AT..offset + POINTER_ID_AT + 8]
-                .copy_from_slice(&id.to_le_bytes());
+            // Through `base`, which the datums of the remaining attributes point into.
+            std::ptr::copy_nonoverlapping(
+                id.to_le_bytes().as_ptr(),
+                base.add(offset + POINTER_ID_AT),
+                8,
+            );
         }
     }
     Ok(())

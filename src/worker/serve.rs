@@ -82,6 +82,12 @@ impl Worker {
             Kind::ScanBegin => scan_begin(store, body)?,
             Kind::IndexPin => self.index_pin(body)?,
             Kind::LoadImages => load_images(store, body)?,
+            Kind::Prefetch => {
+                load_images(store, body)?;
+                // Left in the cache for the scan's next LoadImages, but not pinned.
+                protocol::unpin_all(&protocol::decode_pinned(body.reply()));
+                body.set_reply(&[]);
+            }
             Kind::Groups => {
                 if !self.answers.contains_key(&(kind as u32, 0)) {
                     let rows = Rc::new(self.group_rows());
@@ -254,6 +260,7 @@ fn load_images(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
         .enumerate()
         .map(|(i, &id)| (i as u32, CacheKey::image(id)))
         .collect();
+    store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
     let (entries, _) = pin(&wanted, |keys| {
         let ids: Vec<ImageId> = keys.iter().map(|k| ImageId(k.id)).collect();
         store.images(&ids)

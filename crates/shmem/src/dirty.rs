@@ -18,7 +18,10 @@
 //! - Only the switching process drains and clears a retired set, and it does so before the
 //!   next switch makes that set current again.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicU32, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 
 /// Relations that one set can mark for full capture before falling back to "all relations".
 pub const FULL_CAPTURE_RELATIONS: usize = 64;
@@ -247,12 +250,17 @@ impl<'a> DirtySets<'a> {
         );
         let header = &self.header.sets[set];
         let mut pages = Vec::with_capacity(header.used.load(SeqCst) as usize);
+        // The set is retired: no writer records into it any more, so a plain load finds the
+        // used slots, and only those are written (most of a large set is empty, and an atomic
+        // swap of every slot costs several times a sequential read).
         for slot in self.slots[set] {
-            let key = slot.swap(0, SeqCst);
+            let key = slot.load(Relaxed);
             if key != 0 {
+                slot.store(0, Relaxed);
                 pages.push(((key >> 32) as u32, key as u32));
             }
         }
+        std::sync::atomic::fence(SeqCst);
         pages.sort_unstable();
         let mut full_relations: Vec<u32> = header
             .full_relations

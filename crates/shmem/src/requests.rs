@@ -149,6 +149,11 @@ impl RequestSlot {
         true
     }
 
+    /// True if no request is in the slot (the backend may submit).
+    pub fn is_idle(&self) -> bool {
+        self.state.load(Acquire) == IDLE
+    }
+
     /// True if a request waits for the worker.
     pub fn is_submitted(&self) -> bool {
         self.state.load(Acquire) == SUBMITTED

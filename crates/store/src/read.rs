@@ -6,8 +6,9 @@
 //! [`SnapshotStore::mapping_log`].
 //!
 //! Invariants: lookups and scans answer only for committed snapshots; the mapping log never
-//! yields a mapping of the snapshot being captured; every image and TOAST chunk returned was
-//! checked against its BLAKE3 hash.
+//! yields a mapping of the snapshot being captured; every TOAST chunk returned was checked
+//! against its BLAKE3 hash, and every image too unless [`SnapshotStore::set_verify_images`]
+//! turned that off.
 
 use crate::backend::{KvBackend, KvCursor, Scan};
 use crate::error::{Result, StoreError};
@@ -30,14 +31,10 @@ pub struct Mapping {
 impl<B: KvBackend> SnapshotStore<B> {
     /// The decompressed view stored as image `id`.
     pub fn image(&self, id: ImageId) -> Result<Vec<u8>> {
-        let what = format!("{} in {}", id, self.backend.describe());
-        match self
+        let v = self
             .backend
-            .get(Cf::Images(Rank(0)), &keys::image_key(id))?
-        {
-            Some(v) => records::decode_image(&v, &what),
-            None => Err(StoreError::not_found(format!("{what} does not exist"))),
-        }
+            .get(Cf::Images(Rank(0)), &keys::image_key(id))?;
+        self.image_content(id, v)
     }
 
     /// Several images at once (one batched read), in the order of `ids`.
@@ -47,14 +44,31 @@ impl<B: KvBackend> SnapshotStore<B> {
         let values = self.backend.multi_get(Cf::Images(Rank(0)), &refs)?;
         ids.iter()
             .zip(values)
-            .map(|(id, v)| {
-                let what = format!("{} in {}", id, self.backend.describe());
-                match v {
-                    Some(v) => records::decode_image(&v, &what),
-                    None => Err(StoreError::not_found(format!("{what} does not exist"))),
-                }
-            })
+            .map(|(id, v)| self.image_content(*id, v))
             .collect()
+    }
+
+    /// Whether image reads check each image against its BLAKE3 fingerprint (on by default).
+    /// The backend's own checksums (RocksDB's per-block CRC32c) are checked either way; the
+    /// fingerprint adds an end-to-end check that costs a hash of every image read.
+    pub fn set_verify_images(&self, on: bool) {
+        self.verify_images
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn image_content(&self, id: ImageId, v: Option<Vec<u8>>) -> Result<Vec<u8>> {
+        let verify = self
+            .verify_images
+            .load(std::sync::atomic::Ordering::Relaxed);
+        match v {
+            Some(v) => records::decode_image(&v, verify)
+                .map_err(|e| e.context(format_args!("{} in {}", id, self.backend.describe()))),
+            None => Err(StoreError::not_found(format!(
+                "{} in {} does not exist",
+                id,
+                self.backend.describe()
+            ))),
+        }
     }
 
     /// Length, chunk count and fingerprint of TOAST value `id`.

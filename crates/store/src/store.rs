@@ -109,6 +109,8 @@ pub struct SnapshotStore<B: KvBackend> {
     pub(crate) options: StoreOptions,
     pub(crate) ids: Mutex<IdAllocator>,
     pub(crate) catalog: RwLock<CatalogState>,
+    /// Check images read against their fingerprints (see `set_verify_images`).
+    pub(crate) verify_images: std::sync::atomic::AtomicBool,
 }
 
 impl SnapshotStore<RocksBackend> {
@@ -166,6 +168,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             options,
             ids: Mutex::new(ids),
             catalog: RwLock::new(catalog),
+            verify_images: std::sync::atomic::AtomicBool::new(true),
         };
         store.recover()?;
         Ok(store)
