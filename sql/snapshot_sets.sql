@@ -95,4 +95,26 @@ SELECT count(*) AS mismatches FROM (
     (SELECT (rec).* FROM gsnap_range(NULL::sm, :m2, :m2) EXCEPT ALL SELECT * FROM sm)
     UNION ALL (SELECT * FROM sm EXCEPT ALL SELECT * FROM gsnap_asof(NULL::sm, :m2))) d;
 
+-- gsnap_range is a streaming scan; conditions on rec alone are checked once per row and run
+-- of snapshots sharing its page, conditions on snap_id (or volatile ones) per result row
+EXPLAIN (COSTS OFF)
+SELECT snap_id FROM gsnap_range(NULL::sm, :m1, :m2) WHERE (rec).id = 15 AND snap_id > 0;
+SELECT snap_id - :m1 AS snap, (rec).v FROM gsnap_range(NULL::sm, :m1, :m2)
+WHERE (rec).id IN (15, 16, 17) AND snap_id >= :m1 ORDER BY (rec).id, 1;
+SELECT count(*) FROM gsnap_range(NULL::sm, :m1, :m2) WHERE (rec).id = 15 AND random() >= 0;
+-- a whole-row reference keeps the function scan; both return the same rows
+EXPLAIN (COSTS OFF) SELECT r FROM gsnap_range(NULL::sm, :m1, :m2) r;
+SELECT count(*) AS mismatches FROM (
+    (SELECT r.snap_id, (r.rec).* FROM gsnap_range(NULL::sm, :m1, :m2) r WHERE r IS NOT NULL
+     EXCEPT ALL SELECT snap_id, (rec).* FROM gsnap_range(NULL::sm, :m1, :m2))
+    UNION ALL
+    (SELECT snap_id, (rec).* FROM gsnap_range(NULL::sm, :m1, :m2)
+     EXCEPT ALL SELECT r.snap_id, (r.rec).* FROM gsnap_range(NULL::sm, :m1, :m2) r
+     WHERE r IS NOT NULL)) d;
+-- snapshot arguments from a subquery (evaluated at the first fetch), and rescans with a
+-- condition on rec that changes with the outer row
+SELECT count(*) FROM gsnap_range(NULL::sm, (SELECT :m1::bigint), :m2);
+SELECT x, (SELECT count(*) FROM gsnap_range(NULL::sm, :m1, :m2) r WHERE (r.rec).id = x)
+FROM (VALUES (15), (16), (17), (9999)) v(x) ORDER BY x;
+
 DROP TABLE ss, ss_new, sm;

@@ -1,6 +1,10 @@
 //! A custom scan for `FROM gsnap_asof(NULL::t, ...)`: it streams rows to the executor like a
 //! sequential scan, instead of materializing the whole result in a tuplestore first (which a
-//! set-returning function in FROM always does).
+//! set-returning function in FROM always does). `FROM gsnap_range(NULL::t, a, b)` gets one
+//! too ("gsnap range"): it streams `(snap_id, rec)` rows from a [`RangeCursor`], forming each
+//! row's `rec` once for the run of snapshots that share its page image, and evaluates the
+//! query's conditions on `rec` alone (`WHERE (rec).id = 42`) once per such row instead of once
+//! per snapshot, so a filtered range costs what its distinct rows cost.
 //!
 //! A `set_rel_pathlist_hook` recognizes a function RTE that calls gsnap_asof (by the C
 //! function behind it, whatever its schema) and replaces the function scan with this path;
@@ -17,6 +21,7 @@ use super::access::{require_gsnap_database, require_read_access};
 use super::asof::{gsnap_asof_id, gsnap_asof_time, resolve_time};
 use super::decode::Decoder;
 use super::scan::{table_at, PageReader};
+use super::sets::{gsnap_range, RangeCursor};
 use crate::error::error;
 use gsnap_format::view;
 use pgrx::pg_sys;
@@ -50,56 +55,90 @@ unsafe impl Sync for Methods {}
 // SAFETY: as above.
 unsafe impl Send for Methods {}
 
-static METHODS: OnceLock<Methods> = OnceLock::new();
+static METHODS: OnceLock<[Methods; 2]> = OnceLock::new();
 static mut PREV_SET_REL_PATHLIST: pg_sys::set_rel_pathlist_hook_type = None;
-const NAME: &std::ffi::CStr = c"gsnap AS OF";
 
-fn methods() -> &'static Methods {
-    METHODS.get_or_init(|| Methods {
-        path: pg_sys::CustomPathMethods {
-            CustomName: NAME.as_ptr(),
-            PlanCustomPath: Some(plan_path),
-            ReparameterizeCustomPathByChild: None,
-        },
-        scan: pg_sys::CustomScanMethods {
-            CustomName: NAME.as_ptr(),
-            CreateCustomScanState: Some(create_state),
-        },
-        exec: pg_sys::CustomExecMethods {
-            CustomName: NAME.as_ptr(),
-            BeginCustomScan: Some(begin_scan),
-            ExecCustomScan: Some(exec_scan),
-            EndCustomScan: Some(end_scan),
-            ReScanCustomScan: Some(rescan),
-            ..Default::default()
-        },
-    })
+/// What a scan reads: `gsnap_asof` by snapshot id or by time, or `gsnap_range`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    AsofId = 0,
+    AsofTime = 1,
+    Range = 2,
+}
+
+impl Kind {
+    fn from_i32(v: i32) -> Kind {
+        match v {
+            0 => Kind::AsofId,
+            1 => Kind::AsofTime,
+            _ => Kind::Range,
+        }
+    }
+
+    /// The arguments after the table's NULL::t.
+    fn args(self) -> i32 {
+        if self == Kind::Range {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+/// The methods of the AS OF scan (0) or of the range scan (1).
+fn methods(kind: Kind) -> &'static Methods {
+    let all = METHODS.get_or_init(|| {
+        [c"gsnap AS OF", c"gsnap range"].map(|name| Methods {
+            path: pg_sys::CustomPathMethods {
+                CustomName: name.as_ptr(),
+                PlanCustomPath: Some(plan_path),
+                ReparameterizeCustomPathByChild: None,
+            },
+            scan: pg_sys::CustomScanMethods {
+                CustomName: name.as_ptr(),
+                CreateCustomScanState: Some(create_state),
+            },
+            exec: pg_sys::CustomExecMethods {
+                CustomName: name.as_ptr(),
+                BeginCustomScan: Some(begin_scan),
+                ExecCustomScan: Some(exec_scan),
+                EndCustomScan: Some(end_scan),
+                ReScanCustomScan: Some(rescan),
+                ExplainCustomScan: Some(explain),
+                ..Default::default()
+            },
+        })
+    });
+    &all[usize::from(kind == Kind::Range)]
 }
 
 /// Installs the planner hook; called from `_PG_init`.
 pub fn init() {
     // SAFETY: _PG_init runs once per process before any planning.
     unsafe {
-        pg_sys::RegisterCustomScanMethods(&methods().scan);
+        pg_sys::RegisterCustomScanMethods(&methods(Kind::AsofId).scan);
+        pg_sys::RegisterCustomScanMethods(&methods(Kind::Range).scan);
         PREV_SET_REL_PATHLIST = pg_sys::set_rel_pathlist_hook;
         pg_sys::set_rel_pathlist_hook = Some(set_rel_pathlist);
     }
 }
 
-/// Which gsnap_asof a function OID is (0: by id, 1: by time), if any.
+/// Which of gsnap's functions a function OID is, if any.
 ///
 /// # Safety
 /// In a transaction (looks the function up).
-unsafe fn asof_kind(funcid: pg_sys::Oid) -> Option<i32> {
+unsafe fn scan_kind(funcid: pg_sys::Oid) -> Option<Kind> {
     // SAFETY: fmgr lookup of a function; only C functions of this library match.
     unsafe {
         let mut finfo = std::mem::zeroed::<pg_sys::FmgrInfo>();
         pg_sys::fmgr_info(funcid, &mut finfo);
         let addr = finfo.fn_addr.map(|f| f as usize);
         if addr == Some(gsnap_asof_id as *const () as usize) {
-            Some(0)
+            Some(Kind::AsofId)
         } else if addr == Some(gsnap_asof_time as *const () as usize) {
-            Some(1)
+            Some(Kind::AsofTime)
+        } else if addr == Some(gsnap_range as *const () as usize) {
+            Some(Kind::Range)
         } else {
             None
         }
@@ -147,10 +186,10 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
             return;
         }
         let func = expr.cast::<pg_sys::FuncExpr>();
-        let Some(kind) = asof_kind((*func).funcid) else {
+        let Some(kind) = scan_kind((*func).funcid) else {
             return;
         };
-        if pg_sys::list_length((*func).args) != 2 {
+        if pg_sys::list_length((*func).args) != 1 + kind.args() {
             return;
         }
         // The table: the type of the first argument.
@@ -179,9 +218,10 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         if has_placeholders((*(*rel).reltarget).exprs) {
             return;
         }
-        // Estimate the rows from the table's current size.
+        // Estimate the rows from the table's current size (a range: as if of 10 snapshots).
         let class = pgrx::PgRelation::open(relid);
-        let tuples = f64::from((*class.rd_rel).reltuples).max(1.0);
+        let per_table = if kind == Kind::Range { 10.0 } else { 1.0 };
+        let tuples = per_table * f64::from((*class.rd_rel).reltuples).max(1.0);
         let pages = f64::from((*class.rd_rel).relpages.max(1));
         drop(class);
         (*rel).rows = pg_sys::clamp_row_est(
@@ -203,12 +243,14 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         (*path).path.rows = (*rel).rows;
         (*path).path.startup_cost = 0.0;
         (*path).path.total_cost = pages * pg_sys::seq_page_cost + tuples * pg_sys::cpu_tuple_cost;
-        (*path).custom_private = list_of(&[
-            pg_sys::copyObjectImpl(pg_sys::list_nth((*func).args, 1).cast()),
-            int_node(relid.to_u32() as i32),
-            int_node(kind),
-        ]);
-        (*path).methods = &methods().path;
+        let mut private = vec![int_node(relid.to_u32() as i32), int_node(kind as i32)];
+        for i in 1..=kind.args() {
+            private.push(pg_sys::copyObjectImpl(
+                pg_sys::list_nth((*func).args, i).cast(),
+            ));
+        }
+        (*path).custom_private = list_of(&private);
+        (*path).methods = &methods(kind).path;
         // The function scan returns the same rows, later and slower: drop it.
         (*rel).pathlist = std::ptr::null_mut();
         (*rel).partial_pathlist = std::ptr::null_mut();
@@ -242,20 +284,61 @@ unsafe extern "C-unwind" fn plan_path(
     // SAFETY: building a plan node from our own path.
     unsafe {
         let private = (*best_path).custom_private;
-        let snap_expr = pg_sys::list_nth(private, 0);
         let relid = pg_sys::Oid::from(
-            (*pg_sys::list_nth(private, 1).cast::<pg_sys::Integer>()).ival as u32,
+            (*pg_sys::list_nth(private, 0).cast::<pg_sys::Integer>()).ival as u32,
         );
+        let kind = Kind::from_i32((*pg_sys::list_nth(private, 1).cast::<pg_sys::Integer>()).ival);
+        let args: Vec<*mut c_void> = (0..kind.args())
+            .map(|i| pg_sys::list_nth(private, 2 + i))
+            .collect();
         let cscan =
             pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()).cast::<pg_sys::CustomScan>();
         (*cscan).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
         (*cscan).scan.plan.targetlist = tlist;
-        (*cscan).scan.plan.qual = pg_sys::extract_actual_clauses(clauses, false);
         (*cscan).scan.scanrelid = 0;
         (*cscan).flags = (*best_path).flags;
-        (*cscan).custom_exprs = list_of(&[snap_expr]);
         (*cscan).custom_private =
-            list_of(&[pg_sys::list_nth(private, 1), pg_sys::list_nth(private, 2)]);
+            list_of(&[pg_sys::list_nth(private, 0), pg_sys::list_nth(private, 1)]);
+        (*cscan).methods = &methods(kind).scan;
+        let quals = pg_sys::extract_actual_clauses(clauses, false);
+        let rti = (*rel).relid;
+        if kind == Kind::Range {
+            // Conditions on `rec` alone are checked once per row and run of snapshots (in
+            // custom_exprs, after the two snapshot arguments); the others once per result row.
+            let (mut per_row, mut per_run) = (std::ptr::null_mut(), std::ptr::null_mut());
+            for i in 0..pg_sys::list_length(quals) {
+                let q = pg_sys::list_nth(quals, i);
+                let mut attrs: *mut pg_sys::Bitmapset = std::ptr::null_mut();
+                pg_sys::pull_varattnos(q.cast(), rti, &mut attrs);
+                let snap_id = 1 - pg_sys::FirstLowInvalidHeapAttributeNumber;
+                if pg_sys::bms_is_member(snap_id, attrs)
+                    || pg_sys::contain_volatile_functions(q.cast())
+                {
+                    per_row = pg_sys::lappend(per_row, q);
+                } else {
+                    per_run = pg_sys::lappend(per_run, q);
+                }
+            }
+            (*cscan).scan.plan.qual = per_row;
+            (*cscan).custom_exprs = list_of(&[args[0], args[1], per_run.cast()]);
+            let rec_type = pg_sys::get_rel_type_id(relid);
+            let columns = [(1, pg_sys::INT8OID, c"snap_id"), (2, rec_type, c"rec")];
+            let mut tl = std::ptr::null_mut();
+            for (attno, type_, name) in columns {
+                let var = pg_sys::makeVar(rti as i32, attno, type_, -1, pg_sys::InvalidOid, 0);
+                let entry = pg_sys::makeTargetEntry(
+                    var.cast(),
+                    attno,
+                    pg_sys::pstrdup(name.as_ptr()),
+                    false,
+                );
+                tl = pg_sys::lappend(tl, entry.cast());
+            }
+            (*cscan).custom_scan_tlist = tl;
+            return cscan.cast();
+        }
+        (*cscan).scan.plan.qual = quals;
+        (*cscan).custom_exprs = list_of(&args);
         // The scan tuple: the table's columns (dropped ones left out), as Vars of this RTE.
         let rel_ = pg_sys::relation_open(relid, pg_sys::AccessShareLock as i32);
         let desc = (*rel_).rd_att;
@@ -266,7 +349,7 @@ unsafe extern "C-unwind" fn plan_path(
                 continue;
             }
             let var = pg_sys::makeVar(
-                (*rel).relid as i32,
+                rti as i32,
                 a.attnum,
                 a.atttypid,
                 a.atttypmod,
@@ -282,7 +365,6 @@ unsafe extern "C-unwind" fn plan_path(
         }
         pg_sys::relation_close(rel_, pg_sys::AccessShareLock as i32);
         (*cscan).custom_scan_tlist = tl;
-        (*cscan).methods = &methods().scan;
         cscan.cast()
     }
 }
@@ -295,27 +377,40 @@ struct State {
 }
 
 /// What the node keeps between fetches. The scan itself is opened at the first fetch (and
-/// again after a rescan): the snapshot argument may use parameters (init plans, outer
+/// again after a rescan): the snapshot arguments may use parameters (init plans, outer
 /// references) that are only set by then.
 struct AsofNode {
     relid: pg_sys::Oid,
-    /// 0: by snapshot id, 1: by time.
-    kind: i32,
-    /// The snapshot argument, ready to evaluate.
-    arg: *mut pg_sys::ExprState,
+    kind: Kind,
+    /// The snapshot arguments (one for AS OF, two for a range), ready to evaluate.
+    args: Vec<*mut pg_sys::ExprState>,
     /// The scan slot is a heap tuple slot (the table has no dropped columns, so rows of an
-    /// unchanged row type can be handed out in place).
+    /// unchanged row type can be handed out in place). AS OF only.
     heap_slot: bool,
     scan: Option<AsofScan>,
+    /// A range: the conditions on `rec` alone (None: no such condition), and the open scan.
+    rec_qual: *mut pg_sys::ExprState,
+    range: Option<RangeScan>,
+}
+
+/// An open range scan: the cursor, and the row being handed out once per snapshot.
+struct RangeScan {
+    cursor: RangeCursor,
+    /// The current row (owned by the cursor) and its snapshots left to hand out.
+    rec: pg_sys::Datum,
+    snaps: Vec<u64>,
+    next_snap: usize,
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn create_state(_cscan: *mut pg_sys::CustomScan) -> *mut pg_sys::Node {
-    // SAFETY: a zeroed state with the node tag and methods set, as the API requires.
+unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut pg_sys::Node {
+    // SAFETY: a zeroed state with the node tag and methods set, as the API requires; the
+    // plan's private list is ours (relation, kind).
     unsafe {
+        let kind = pg_sys::list_nth((*cscan).custom_private, 1).cast::<pg_sys::Integer>();
         let s = pg_sys::palloc0(std::mem::size_of::<State>()).cast::<State>();
         (*s).css.ss.ps.type_ = pg_sys::NodeTag::T_CustomScanState;
-        (*s).css.methods = &methods().exec;
+        (*s).css.methods = &methods(Kind::from_i32((*kind).ival)).exec;
         s.cast()
     }
 }
@@ -372,20 +467,32 @@ unsafe extern "C-unwind" fn begin_scan(
         let relid = pg_sys::Oid::from(
             (*pg_sys::list_nth(private, 0).cast::<pg_sys::Integer>()).ival as u32,
         );
-        let kind = (*pg_sys::list_nth(private, 1).cast::<pg_sys::Integer>()).ival;
+        let kind = Kind::from_i32((*pg_sys::list_nth(private, 1).cast::<pg_sys::Integer>()).ival);
         require_gsnap_database();
         require_read_access(relid);
-        let expr = pg_sys::list_nth((*cscan).custom_exprs, 0).cast::<pg_sys::Expr>();
-        let arg = pg_sys::ExecInitExpr(expr, &mut (*css).ss.ps);
+        let exprs = (*cscan).custom_exprs;
+        let args = (0..kind.args())
+            .map(|i| {
+                let expr = pg_sys::list_nth(exprs, i).cast::<pg_sys::Expr>();
+                pg_sys::ExecInitExpr(expr, &mut (*css).ss.ps)
+            })
+            .collect();
+        let rec_qual = if kind == Kind::Range {
+            let quals = pg_sys::list_nth(exprs, 2).cast::<pg_sys::List>();
+            pg_sys::ExecInitQual(quals, &mut (*css).ss.ps)
+        } else {
+            std::ptr::null_mut()
+        };
         // The slot type is decided now, before the parent node compiles its expressions
         // against our output: a heap tuple slot when the table has no dropped columns.
         let rel = pg_sys::relation_open(relid, pg_sys::AccessShareLock as i32);
         let desc = (*rel).rd_att;
-        let heap_slot = !(*desc)
-            .attrs
-            .as_slice((*desc).natts as usize)
-            .iter()
-            .any(|a| a.attisdropped);
+        let heap_slot = kind != Kind::Range
+            && !(*desc)
+                .attrs
+                .as_slice((*desc).natts as usize)
+                .iter()
+                .any(|a| a.attisdropped);
         pg_sys::relation_close(rel, pg_sys::AccessShareLock as i32);
         if heap_slot {
             let scan_desc = (*(*css).ss.ss_ScanTupleSlot).tts_tupleDescriptor;
@@ -402,9 +509,11 @@ unsafe extern "C-unwind" fn begin_scan(
         (*state).node = Box::into_raw(Box::new(AsofNode {
             relid,
             kind,
-            arg,
+            args,
             heap_slot,
             scan: None,
+            rec_qual,
+            range: None,
         }));
         let cb = pg_sys::MemoryContextAlloc(
             (*estate).es_query_cxt,
@@ -417,47 +526,131 @@ unsafe extern "C-unwind" fn begin_scan(
     }
 }
 
-/// Evaluates the snapshot argument (an id, or a time resolved to an id).
+/// Evaluates snapshot argument `i` (an id, or a time resolved to an id).
 ///
 /// # Safety
 /// `css` is our node and `node` its state.
-unsafe fn snapshot_argument(css: *mut pg_sys::CustomScanState, node: &AsofNode) -> u64 {
+unsafe fn snapshot_argument(css: *mut pg_sys::CustomScanState, node: &AsofNode, i: usize) -> u64 {
     // SAFETY: evaluating the plan's own expression in the node's expression context.
     unsafe {
         let econtext = (*css).ss.ps.ps_ExprContext;
         let mut isnull = false;
         let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
-        let evalfunc = (*node.arg)
+        let arg = node.args[i];
+        let evalfunc = (*arg)
             .evalfunc
             .expect("an initialized expression has a function");
-        let value = evalfunc(node.arg, econtext, &mut isnull);
+        let value = evalfunc(arg, econtext, &mut isnull);
         pg_sys::MemoryContextSwitchTo(old);
-        let what = if node.kind == 0 {
-            "snapshot id"
-        } else {
-            "time"
+        let (function, what) = match (node.kind, i) {
+            (Kind::AsofId, _) => ("gsnap_asof", "the snapshot id"),
+            (Kind::AsofTime, _) => ("gsnap_asof", "the time"),
+            (Kind::Range, 0) => ("gsnap_range", "the first snapshot"),
+            (Kind::Range, _) => ("gsnap_range", "the last snapshot"),
         };
         if isnull {
             error(
                 PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-                format!("the {what} of gsnap_asof must not be NULL"),
+                format!("{what} of {function} must not be NULL"),
             )
             .raise();
         }
-        if node.kind == 0 {
-            let snap = value.value() as i64;
-            if snap <= 0 {
-                error(
-                    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                    format!("snapshot {snap} does not exist"),
-                )
-                .hint("Snapshot ids start at 1; gsnap_snapshots() lists them.")
-                .raise();
-            }
-            snap as u64
-        } else {
-            resolve_time(value.value() as i64)
+        if node.kind == Kind::AsofTime {
+            return resolve_time(value.value() as i64);
         }
+        let snap = value.value() as i64;
+        if snap <= 0 {
+            error(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("snapshot {snap} does not exist"),
+            )
+            .hint("Snapshot ids start at 1; gsnap_snapshots() lists them.")
+            .raise();
+        }
+        snap as u64
+    }
+}
+
+/// Opens the range scan of `relid` over `from..=to`.
+///
+/// # Safety
+/// In a transaction.
+unsafe fn open_range(relid: pg_sys::Oid, from: u64, to: u64) -> RangeScan {
+    if from > to {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("gsnap_range from snapshot {from} to snapshot {to}: the range is empty"),
+        )
+        .hint("Give the older snapshot first.")
+        .raise();
+    }
+    // SAFETY: the table's current row type, copied into the current (query) context, which
+    // outlives the scan.
+    unsafe {
+        let row_desc = pg_sys::lookup_rowtype_tupdesc_copy(pg_sys::get_rel_type_id(relid), -1);
+        RangeScan {
+            cursor: RangeCursor::open(relid, from, to, row_desc),
+            rec: pg_sys::Datum::from(0usize),
+            snaps: Vec::new(),
+            next_snap: 0,
+        }
+    }
+}
+
+impl RangeScan {
+    /// Stores the next `(snap_id, rec)` in `slot`; false at the end. `rec_qual` (if any) is
+    /// checked once per row version, and the rows it refuses are skipped for all their
+    /// snapshots.
+    ///
+    /// # Safety
+    /// `slot` is the node's (virtual) scan slot; `econtext` its expression context.
+    unsafe fn next_row(
+        &mut self,
+        slot: *mut pg_sys::TupleTableSlot,
+        rec_qual: *mut pg_sys::ExprState,
+        econtext: *mut pg_sys::ExprContext,
+    ) -> bool {
+        // SAFETY: filling our virtual slot; `rec` is the cursor's until its next row.
+        unsafe {
+            if self.next_snap >= self.snaps.len() {
+                let mut keep = |rec: pg_sys::Datum, snap: u64| {
+                    if rec_qual.is_null() {
+                        return true;
+                    }
+                    store(slot, snap, rec);
+                    (*econtext).ecxt_scantuple = slot;
+                    let ok = pg_sys::ExecQual(rec_qual, econtext);
+                    pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+                    ok
+                };
+                let Some((snaps, rec)) = self.cursor.next_row(&mut keep) else {
+                    return false;
+                };
+                self.rec = rec;
+                self.snaps.clear();
+                self.snaps.extend_from_slice(snaps);
+                self.next_snap = 0;
+            }
+            store(slot, self.snaps[self.next_snap], self.rec);
+            self.next_snap += 1;
+            true
+        }
+    }
+}
+
+/// Stores `(snap, rec)` in the virtual slot `slot`.
+///
+/// # Safety
+/// `slot` is a virtual slot of two columns (bigint, the table's row type).
+unsafe fn store(slot: *mut pg_sys::TupleTableSlot, snap: u64, rec: pg_sys::Datum) {
+    // SAFETY: per the contract.
+    unsafe {
+        pg_sys::ExecClearTuple(slot);
+        *(*slot).tts_values = pg_sys::Datum::from(snap as i64);
+        *(*slot).tts_isnull = false;
+        *(*slot).tts_values.add(1) = rec;
+        *(*slot).tts_isnull.add(1) = false;
+        pg_sys::ExecStoreVirtualTuple(slot);
     }
 }
 
@@ -602,8 +795,21 @@ unsafe extern "C-unwind" fn access_next(ss: *mut pg_sys::ScanState) -> *mut pg_s
         let Some(node) = (*state).node.as_mut() else {
             return pg_sys::ExecClearTuple(slot);
         };
+        if node.kind == Kind::Range {
+            if node.range.is_none() {
+                let from = snapshot_argument(ss.cast(), node, 0);
+                let to = snapshot_argument(ss.cast(), node, 1);
+                node.range = Some(open_range(node.relid, from, to));
+            }
+            let econtext = (*ss).ps.ps_ExprContext;
+            let range = node.range.as_mut().expect("opened");
+            if !range.next_row(slot, node.rec_qual, econtext) {
+                return pg_sys::ExecClearTuple(slot);
+            }
+            return slot;
+        }
         if node.scan.is_none() {
-            let snap = snapshot_argument(ss.cast(), node);
+            let snap = snapshot_argument(ss.cast(), node, 0);
             node.scan = Some(open_scan(node.relid, snap, node.heap_slot));
         }
         if !node.scan.as_mut().expect("opened").next_row(slot) {
@@ -635,6 +841,36 @@ unsafe extern "C-unwind" fn end_scan(css: *mut pg_sys::CustomScanState) {
     unsafe { drop_scan(css.cast()) };
 }
 
+/// EXPLAIN: a range scan's conditions on `rec` alone, checked once per row and run of
+/// snapshots sharing its page ("Row Filter"; the per-result-row ones are the plan's Filter).
+#[pg_guard]
+unsafe extern "C-unwind" fn explain(
+    css: *mut pg_sys::CustomScanState,
+    ancestors: *mut pg_sys::List,
+    es: *mut pg_sys::ExplainState,
+) {
+    // SAFETY: our plan node; deparsing its own expressions the way EXPLAIN does.
+    unsafe {
+        let cscan = (*css).ss.ps.plan.cast::<pg_sys::CustomScan>();
+        let exprs = (*cscan).custom_exprs;
+        if pg_sys::list_length(exprs) < 3 {
+            return;
+        }
+        let quals = pg_sys::list_nth(exprs, 2).cast::<pg_sys::List>();
+        if quals.is_null() {
+            return;
+        }
+        let context = pg_sys::set_deparse_context_plan((*es).deparse_cxt, cscan.cast(), ancestors);
+        let text = pg_sys::deparse_expression(
+            pg_sys::make_ands_explicit(quals).cast(),
+            context,
+            (*es).verbose,
+            false,
+        );
+        pg_sys::ExplainPropertyText(c"Row Filter".as_ptr(), text, es);
+    }
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn rescan(css: *mut pg_sys::CustomScanState) {
     // SAFETY: our node: the next fetch opens the scan again, re-evaluating the snapshot
@@ -642,6 +878,7 @@ unsafe extern "C-unwind" fn rescan(css: *mut pg_sys::CustomScanState) {
     unsafe {
         if let Some(node) = (*css.cast::<State>()).node.as_mut() {
             node.scan = None;
+            node.range = None;
         }
     }
 }

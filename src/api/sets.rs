@@ -10,18 +10,18 @@
 use super::access::{relation_name, require_gsnap_database, require_read_access};
 use super::asof::table_of_first_argument;
 use super::decode::Decoder;
-use super::index::{for_each_pinned_batch, images_per_batch, index_error, GroupPins};
+use super::index::{
+    for_each_pinned_batch, images_per_batch, index_error, pin_images, prefetch_images, GroupPins,
+};
 use super::scan::{scan_begin_if_present, TableAtSnapshot};
 use crate::error::error;
+use crate::ipc::Pinned;
 use gsnap_core::{PageDiff, RelId, SnapId};
 use gsnap_format::view;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 use std::collections::HashMap;
-
-/// Receives one row and the snapshots that hold it: (snapshots, values, nulls).
-type RowSink<'a> = &'a mut dyn FnMut(&[u64], &[pg_sys::Datum], &[bool]);
 
 /// Decoders by row type (the row type can change between snapshots), allocated in the
 /// memory context of the call (not the scratch context reset between batches).
@@ -155,10 +155,13 @@ pub extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys
             )
             .raise();
         }
-        range_rows(relid, from, to, row_desc, &mut |snaps, values, nulls| {
-            // One result tuple per row and run of snapshots sharing its image; only its
-            // snap_id differs from one snapshot to the next (tuplestore_puttuple copies it).
-            let cols = [pg_sys::Datum::from(0i64), record(row_desc, values, nulls)];
+        let mut cursor = RangeCursor::open(relid, from, to, row_desc);
+        let rows = pgrx::PgMemoryContexts::new("gsnap_range rows");
+        while let Some((snaps, rec)) = cursor.next_row(&mut |_, _| true) {
+            // One result tuple per row version and run of snapshots; only its snap_id
+            // differs from one snapshot to the next (tuplestore_puttuple copies it).
+            let old = pg_sys::MemoryContextSwitchTo(rows.value());
+            let cols = [pg_sys::Datum::from(0i64), rec];
             let cnulls = [false, false];
             let tuple =
                 pg_sys::heap_form_tuple(desc, cols.as_ptr().cast_mut(), cnulls.as_ptr().cast_mut());
@@ -172,7 +175,9 @@ pub extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys
                 snap_id.write_unaligned(snap as i64);
                 pg_sys::tuplestore_puttuple(store, tuple);
             }
-        });
+            pg_sys::MemoryContextSwitchTo(old);
+            pg_sys::MemoryContextReset(rows.value());
+        }
     }
     pg_sys::Datum::from(0usize)
 }
@@ -190,75 +195,337 @@ fn snapshots_in(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnap
         .collect()
 }
 
-/// Calls `emit(snaps, row)` for every row of the table, once per run of retained snapshots of
-/// `from..=to` that share the row's page image (`snaps` lists the run's snapshots that hold
-/// the block, all of one row type).
-///
-/// # Safety
-/// `row_desc` is the table's current row type; call in a transaction.
-unsafe fn range_rows(
-    relid: pg_sys::Oid,
-    from: u64,
-    to: u64,
-    row_desc: pg_sys::TupleDesc,
-    emit: RowSink<'_>,
-) {
-    let snaps = snapshots_in(relid, from, to);
-    let (Some(first), Some(last)) = (snaps.first(), snaps.last()) else {
-        return;
-    };
-    let groups = GroupPins::pin(first.0, last.0, true);
-    let views = groups.views();
-    let mut decoders = Decoders {
-        snap: first.0,
-        relid,
-        row_desc,
-        // SAFETY: reading the current memory context.
-        context: unsafe { pg_sys::CurrentMemoryContext },
-        by_row_type: HashMap::new(),
-    };
-    let scratch = pgrx::PgMemoryContexts::new("gsnap range");
-    // Segments of consecutive snapshots in which the table has one incarnation.
-    for segment in snaps.chunk_by(|a, b| a.1.rel == b.1.rel) {
-        let rel = segment[0].1.rel;
-        let (seg_first, seg_last) = (segment[0].0, segment[segment.len() - 1].0);
-        let mut runs = Vec::new();
-        gsnap_core::range(
-            &views,
-            SnapId(seg_first),
-            SnapId(seg_last),
-            RelId(rel),
-            &mut |r| runs.push(r),
-        )
-        .unwrap_or_else(|e| index_error(e));
-        let ids_of = |batch: &[gsnap_core::ImageRun]| batch.iter().map(|r| r.image.0).collect();
-        for_each_pinned_batch(&runs, images_per_batch(), ids_of, |batch, _, pinned| {
-            // SAFETY: temporary allocations in our scratch context, reset per batch.
-            let old = unsafe { pg_sys::MemoryContextSwitchTo(scratch.value()) };
-            for e in &pinned.entries {
-                let run = batch[e.key as usize];
-                let bytes = pinned.bytes(e);
-                // The snapshots of this run that hold the block (it may be beyond a snapshot's
-                // size, after the table shrank), grouped by row type.
-                let holders: Vec<&(u64, TableAtSnapshot)> = segment
-                    .iter()
-                    .filter(|(s, t)| *s >= run.first.0 && *s <= run.last.0 && run.block < t.nblocks)
-                    .collect();
-                for same_type in holders.chunk_by(|a, b| a.1.row_type_bytes == b.1.row_type_bytes) {
-                    let decoder = decoders.get(&same_type[0].1);
-                    let ids: Vec<u64> = same_type.iter().map(|(s, _)| *s).collect();
-                    for t in view::decode(bytes).unwrap_or_else(|e| corrupt(e)) {
-                        let (values, nulls) = decoder.decode_tuple(run.block, t.lp, t.bytes);
-                        emit(&ids, values, nulls);
+/// Reads a table at every retained snapshot of `from..=to`, one row at a time, each row once
+/// per run of snapshots that share its page image: [`RangeCursor::next_row`] hands out the
+/// row (in the table's current row type) with the run's snapshots that hold it. Used by the
+/// `gsnap_range` function and its custom scan.
+pub struct RangeCursor {
+    snaps: Vec<(u64, TableAtSnapshot)>,
+    /// Keeps the groups `views` read pinned.
+    _groups: Option<GroupPins>,
+    views: Vec<gsnap_core::GroupView<'static>>,
+    /// Segments of `snaps` in which the table has one incarnation; the next one to read.
+    segments: Vec<std::ops::Range<usize>>,
+    next_segment: usize,
+    /// The current segment's snapshots.
+    segment: std::ops::Range<usize>,
+    /// The current segment's runs (block, image, snapshots sharing it); the next to pin.
+    runs: Vec<gsnap_core::ImageRun>,
+    next_run: usize,
+    /// The pinned batch: its pins and the index of its first run in `runs`.
+    batch: Option<(Pinned, usize)>,
+    next_entry: usize,
+    /// The current page: its run, tuples (line pointer, offset, length) into `page`.
+    run: Option<gsnap_core::ImageRun>,
+    page: *const u8,
+    tuples: Vec<(u16, usize, usize)>,
+    /// The run's snapshots that hold the block, by row type: (snapshots, a table of that
+    /// row type); the group and tuple being read.
+    holders: Vec<(Vec<u64>, usize)>,
+    holder: usize,
+    next_tuple: usize,
+    /// The row versions of the block being read, as of its previous run (by line pointer),
+    /// and those of the current run so far: a tuple a run shares with the previous run of its
+    /// block (same line pointer, same bytes) is the same row, neither decoded nor checked
+    /// again. Kept for one row type at a time (`versions_of`: (segment, block, a table of
+    /// that row type)).
+    versions: Vec<Version>,
+    next_versions: Vec<Version>,
+    versions_of: Option<(usize, u32, usize)>,
+    /// Position in `versions` of the next line pointer to compare.
+    version_at: usize,
+    /// Whether the current page's rows are matched against `versions`.
+    matching: bool,
+    decoders: Decoders,
+    /// Decoders live in `_long`; rows, their bytes and what decoding allocates in `block_cx`,
+    /// reset when the cursor moves to another block.
+    _long: pgrx::PgMemoryContexts,
+    block_cx: pgrx::PgMemoryContexts,
+}
+
+/// A row of one block as some run of snapshots holds it: the tuple's bytes (a copy in the
+/// block's context), the `rec` datum formed from it, and whether the caller keeps it.
+#[derive(Clone, Copy)]
+struct Version {
+    lp: u16,
+    bytes: *const u8,
+    len: usize,
+    rec: pg_sys::Datum,
+    keep: bool,
+}
+
+impl RangeCursor {
+    /// Opens the range (an empty cursor if no retained snapshot of the range holds the table).
+    ///
+    /// # Safety
+    /// `row_desc` is the table's current row type, alive as long as the cursor; call in a
+    /// transaction.
+    pub unsafe fn open(
+        relid: pg_sys::Oid,
+        from: u64,
+        to: u64,
+        row_desc: pg_sys::TupleDesc,
+    ) -> RangeCursor {
+        let snaps = snapshots_in(relid, from, to);
+        let mut segments = Vec::new();
+        let mut at = 0;
+        for segment in snaps.chunk_by(|a, b| a.1.rel == b.1.rel) {
+            segments.push(at..at + segment.len());
+            at += segment.len();
+        }
+        let groups = match (snaps.first(), snaps.last()) {
+            (Some(first), Some(last)) => Some(GroupPins::pin(first.0, last.0, true)),
+            _ => None,
+        };
+        let views = groups.as_ref().map(|g| g.views()).unwrap_or_default();
+        // Not children of the query's context: a cursor may be dropped by a reset callback of
+        // that context, after PostgreSQL deleted its children.
+        // SAFETY: creating two contexts under TopMemoryContext; the cursor owns them.
+        let (long, block_cx) = unsafe {
+            pgrx::PgMemoryContexts::TopMemoryContext.switch_to(|_| {
+                (
+                    pgrx::PgMemoryContexts::new("gsnap range"),
+                    pgrx::PgMemoryContexts::new("gsnap range block"),
+                )
+            })
+        };
+        RangeCursor {
+            decoders: Decoders {
+                snap: snaps.first().map_or(from, |s| s.0),
+                relid,
+                row_desc,
+                context: long.value(),
+                by_row_type: HashMap::new(),
+            },
+            snaps,
+            _groups: groups,
+            views,
+            segments,
+            next_segment: 0,
+            segment: 0..0,
+            runs: Vec::new(),
+            next_run: 0,
+            batch: None,
+            next_entry: 0,
+            run: None,
+            page: std::ptr::null(),
+            tuples: Vec::new(),
+            holders: Vec::new(),
+            holder: 0,
+            next_tuple: 0,
+            versions: Vec::new(),
+            next_versions: Vec::new(),
+            versions_of: None,
+            version_at: 0,
+            matching: false,
+            _long: long,
+            block_cx,
+        }
+    }
+
+    /// The next row (a `rec` datum of the table's current row type) and the snapshots that
+    /// hold it, valid until the next call; None at the end. `keep(rec, snap)` is asked once
+    /// per row version: rows it refuses are skipped, for every snapshot that holds them.
+    pub fn next_row(
+        &mut self,
+        keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
+    ) -> Option<(&[u64], pg_sys::Datum)> {
+        loop {
+            if self.holder < self.holders.len() {
+                while self.next_tuple < self.tuples.len() {
+                    let (lp, offset, len) = self.tuples[self.next_tuple];
+                    self.next_tuple += 1;
+                    // SAFETY: the page stays pinned while its tuples are read.
+                    let bytes = unsafe { std::slice::from_raw_parts(self.page.add(offset), len) };
+                    let v = match self.same_as_before(lp, bytes) {
+                        Some(v) => v,
+                        None => self.new_version(lp, bytes, keep),
+                    };
+                    if self.matching {
+                        self.next_versions.push(v);
+                    }
+                    if v.keep {
+                        return Some((&self.holders[self.holder].0, v.rec));
                     }
                 }
+                if self.matching {
+                    std::mem::swap(&mut self.versions, &mut self.next_versions);
+                    self.next_versions.clear();
+                }
+                self.holder += 1;
+                self.next_tuple = 0;
+                self.version_at = 0;
+                continue;
             }
-            // SAFETY: restoring and resetting our context.
-            unsafe {
-                pg_sys::MemoryContextSwitchTo(old);
-                pg_sys::MemoryContextReset(scratch.value());
+            if !self.next_page() {
+                return None;
             }
-        });
+        }
+    }
+
+    /// The version of line pointer `lp` in the block's previous run, if it has these bytes.
+    fn same_as_before(&mut self, lp: u16, bytes: &[u8]) -> Option<Version> {
+        if !self.matching {
+            return None;
+        }
+        while self.version_at < self.versions.len() && self.versions[self.version_at].lp < lp {
+            self.version_at += 1;
+        }
+        let v = *self.versions.get(self.version_at)?;
+        // SAFETY: the copy lives in the block's context, not reset while the block is read.
+        let before = unsafe { std::slice::from_raw_parts(v.bytes, v.len) };
+        (v.lp == lp && before == bytes).then_some(v)
+    }
+
+    /// Decodes a tuple into a new row version (in the block's context) and asks `keep`.
+    fn new_version(
+        &mut self,
+        lp: u16,
+        bytes: &[u8],
+        keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
+    ) -> Version {
+        let run = self.run.expect("a page is being read");
+        let (snaps, table) = &self.holders[self.holder];
+        let row_desc = self.decoders.row_desc;
+        let decoder = self.decoders.get(&self.snaps[*table].1);
+        // SAFETY: everything of this row goes to the block's context; the values match the
+        // table's current row type.
+        let (copy, rec) = unsafe {
+            let old = pg_sys::MemoryContextSwitchTo(self.block_cx.value());
+            let (values, nulls) = decoder.decode_tuple(run.block, lp, bytes);
+            let rec = record(row_desc, values, nulls);
+            let copy = if self.matching {
+                let p = pg_sys::palloc(bytes.len()).cast::<u8>();
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+                p.cast_const()
+            } else {
+                std::ptr::null()
+            };
+            pg_sys::MemoryContextSwitchTo(old);
+            (copy, rec)
+        };
+        Version {
+            lp,
+            bytes: copy,
+            len: bytes.len(),
+            rec,
+            keep: keep(rec, snaps[0]),
+        }
+    }
+
+    /// Moves to the next page of the range that some snapshot holds; false at the end.
+    fn next_page(&mut self) -> bool {
+        loop {
+            if let Some((pinned, first_run)) = &self.batch {
+                if self.next_entry < pinned.entries.len() {
+                    let e = pinned.entries[self.next_entry];
+                    self.next_entry += 1;
+                    let run = self.runs[first_run + e.key as usize];
+                    let bytes = pinned.bytes(&e);
+                    let tuples = view::decode(bytes).unwrap_or_else(|e| corrupt(e));
+                    let base = bytes.as_ptr() as usize;
+                    self.tuples.clear();
+                    self.tuples.extend(
+                        tuples
+                            .iter()
+                            .map(|t| (t.lp, t.bytes.as_ptr() as usize - base, t.bytes.len())),
+                    );
+                    self.page = bytes.as_ptr();
+                    self.run = Some(run);
+                    // The snapshots of this run that hold the block (it may be beyond a
+                    // snapshot's size, after the table shrank), grouped by row type.
+                    self.holders.clear();
+                    let holding: Vec<usize> = self
+                        .segment
+                        .clone()
+                        .filter(|&i| {
+                            let (s, t) = &self.snaps[i];
+                            *s >= run.first.0 && *s <= run.last.0 && run.block < t.nblocks
+                        })
+                        .collect();
+                    let snaps = &self.snaps;
+                    for same in holding
+                        .chunk_by(|&a, &b| snaps[a].1.row_type_bytes == snaps[b].1.row_type_bytes)
+                    {
+                        self.holders
+                            .push((same.iter().map(|&i| snaps[i].0).collect(), same[0]));
+                    }
+                    self.holder = 0;
+                    self.next_tuple = 0;
+                    self.version_at = 0;
+                    // Rows are matched with the block's previous run when all the snapshots
+                    // of this run that hold the block have the row type of that run.
+                    let key = self
+                        .holders
+                        .first()
+                        .map(|h| (self.next_segment, run.block, h.1));
+                    let same_block = self.versions_of.is_some_and(|(seg, block, _)| {
+                        (seg, block) == (self.next_segment, run.block)
+                    });
+                    if !same_block {
+                        // SAFETY: the rows of the previous block are consumed (the caller
+                        // asked for more).
+                        unsafe { pg_sys::MemoryContextReset(self.block_cx.value()) };
+                        self.versions.clear();
+                    }
+                    self.matching = self.holders.len() == 1;
+                    if self.matching
+                        && self.versions_of.is_some_and(|(_, _, t)| {
+                            self.snaps[t].1.row_type_bytes
+                                != self.snaps[self.holders[0].1].1.row_type_bytes
+                        })
+                    {
+                        self.versions.clear();
+                    }
+                    if !self.matching {
+                        self.versions.clear();
+                    }
+                    self.versions_of = key;
+                    if !self.tuples.is_empty() && !self.holders.is_empty() {
+                        return true;
+                    }
+                    continue;
+                }
+                self.batch = None; // unpins
+            }
+            if self.next_run < self.runs.len() {
+                let n = images_per_batch().min(self.runs.len() - self.next_run);
+                let first = self.next_run;
+                let ids: Vec<u64> = self.runs[first..first + n]
+                    .iter()
+                    .map(|r| r.image.0)
+                    .collect();
+                let pinned = pin_images(&ids);
+                self.next_run += n;
+                let next: Vec<u64> = self.runs[self.next_run..]
+                    .iter()
+                    .take(images_per_batch())
+                    .map(|r| r.image.0)
+                    .collect();
+                prefetch_images(&next);
+                self.batch = Some((pinned, first));
+                self.next_entry = 0;
+                continue;
+            }
+            let Some(segment) = self.segments.get(self.next_segment).cloned() else {
+                return false;
+            };
+            self.next_segment += 1;
+            let rel = self.snaps[segment.start].1.rel;
+            let (first, last) = (self.snaps[segment.start].0, self.snaps[segment.end - 1].0);
+            self.runs.clear();
+            let runs = &mut self.runs;
+            gsnap_core::range(
+                &self.views,
+                SnapId(first),
+                SnapId(last),
+                RelId(rel),
+                &mut |r| runs.push(r),
+            )
+            .unwrap_or_else(|e| index_error(e));
+            self.segment = segment;
+            self.next_run = 0;
+        }
     }
 }
 
