@@ -24,6 +24,8 @@ STYLE = {
     "range_count": ("gsnap_range: count(*)", "tab:orange", "s--"),
     "asof_count": ("N x gsnap_asof: count(*)", "tab:cyan", "s--"),
     "asof_fscan_count": ("N x gsnap_asof as a function scan (materialized): count(*)", "tab:grey", "^:"),
+    "range_row": ("gsnap_range: one row's history", "tab:purple", "d-"),
+    "asof_row": ("N x gsnap_asof: one row", "tab:green", "d--"),
 }
 PATTERN_TITLES = {"random": "0.5% of the rows updated per snapshot, at random",
                   "clustered": "0.5% of the rows updated per snapshot, one run of ids"}
@@ -71,7 +73,8 @@ def plot_range(out):
         ax.legend(fontsize=7, loc="best")
         ax = axes[1][col]
         for key, label, color in (("ratio_agg_median", "range / N AS OF: count(*), sum(v)", "tab:red"),
-                                  ("ratio_count_median", "range / N AS OF: count(*)", "tab:orange")):
+                                  ("ratio_count_median", "range / N AS OF: count(*)", "tab:orange"),
+                                  ("ratio_row_median", "range / N AS OF: one row's history", "tab:purple")):
             vals = [res.get(f"{pat}/{n}", {}).get(key) for n in ns]
             if all(v is not None for v in vals):
                 ax.plot(ns, vals, "o-", color=color, label=label)
