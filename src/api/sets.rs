@@ -23,8 +23,8 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 use std::collections::HashMap;
 
-/// Decoders by row type (the row type can change between snapshots), allocated in the
-/// memory context of the call (not the scratch context reset between batches).
+/// Decoders by row type (the row type can change between snapshots), allocated in
+/// `context` (the range cursor's long-lived context, not the one reset between blocks).
 struct Decoders {
     snap: u64,
     relid: pg_sys::Oid,
@@ -591,7 +591,7 @@ impl Side {
     }
 }
 
-/// The two sides of a diff as seen by one page: its decoder and the block count.
+/// One side of a diff: the decoder of its row type and the table's size in blocks then.
 struct DiffSide {
     decoder: Decoder,
     nblocks: u32,
