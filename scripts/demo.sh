@@ -57,6 +57,13 @@ psql -c "SELECT count(*) AS accounts_changed, sum(b.abalance - a.abalance) AS ne
          FROM gsnap_asof(NULL::pgbench_accounts, $first) a
          JOIN gsnap_asof(NULL::pgbench_accounts, $last) b USING (aid)
          WHERE a.abalance <> b.abalance"
+log "one teller's balance at every snapshot, and what the last snapshot changed"
+psql -c "SELECT snap_id, (rec).tbalance FROM gsnap_range(NULL::pgbench_tellers, $first, $last)
+         WHERE (rec).tid = 1 ORDER BY snap_id"
+psql -c "SELECT change, count(*) FROM gsnap_diff(NULL::pgbench_accounts,
+                (SELECT max(snap_id) FROM gsnap_snapshots()
+                 WHERE state = 'committed' AND snap_id < $last), $last)
+         GROUP BY change ORDER BY change"
 psql -c "SELECT worker, phase, last_durable, last_durable_at FROM gsnap_progress()"
 
 log "the cluster is still running: psql -h $DEMO_DIR/data -p $PORT -U postgres"
