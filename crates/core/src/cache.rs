@@ -96,6 +96,16 @@ struct Slot {
     state: u32,
 }
 
+/// An empty slot.
+const FREE_SLOT: Slot = Slot {
+    group: 0,
+    offset: 0,
+    size: 0,
+    last_use: 0,
+    pins: 0,
+    state: FREE,
+};
+
 /// The cache state over a caller's region.
 #[derive(Debug)]
 pub struct GroupCache<'a> {
@@ -331,17 +341,7 @@ impl<'a> GroupCache<'a> {
                     capacity: self.data_size,
                 });
             };
-            self.put_slot(
-                i,
-                &Slot {
-                    group: 0,
-                    offset: 0,
-                    size: 0,
-                    last_use: 0,
-                    pins: 0,
-                    state: FREE,
-                },
-            );
+            self.put_slot(i, &FREE_SLOT);
             self.bump(EVICTIONS, 1);
             self.bump(BYTES_EVICTED, s.size);
             evicted.push((
@@ -372,17 +372,7 @@ impl<'a> GroupCache<'a> {
     pub fn abort_load(&mut self, group: u64) -> Result<(), IndexError> {
         match self.find(group)? {
             Some((i, s)) if s.state == LOADING => {
-                self.put_slot(
-                    i,
-                    &Slot {
-                        group: 0,
-                        offset: 0,
-                        size: 0,
-                        last_use: 0,
-                        pins: 0,
-                        state: FREE,
-                    },
-                );
+                self.put_slot(i, &FREE_SLOT);
                 self.bump(LOADS, u64::MAX); // wrapping decrement
                 self.bump(BYTES_LOADED, s.size.wrapping_neg());
                 Ok(())
@@ -414,17 +404,7 @@ impl<'a> GroupCache<'a> {
                 Err(IndexError::CacheState("cannot remove a pinned group"))
             }
             Some((i, _)) => {
-                self.put_slot(
-                    i,
-                    &Slot {
-                        group: 0,
-                        offset: 0,
-                        size: 0,
-                        last_use: 0,
-                        pins: 0,
-                        state: FREE,
-                    },
-                );
+                self.put_slot(i, &FREE_SLOT);
                 Ok(true)
             }
             None => Ok(false),
