@@ -620,10 +620,36 @@ def test_cancelled_scans_leak_no_cache_pins(ops):
             print(f"[ops] pins: full AS OF scan of {pages} pages {full * 1000:.0f} ms; "
                   f"{cancelled}/30 scans cancelled part way; {len(problems)} failed otherwise")
             assert cancelled >= 5, "too few scans were cancelled to test anything"
+            # the same for range scans (over three snapshots, so through the version cache)
+            conn.execute(f"UPDATE {t} SET v = v + 1 WHERE id % 50 = 0")
+            snap2 = val(conn, "SELECT gsnap_snapshot()")
+            conn.execute(f"UPDATE {t} SET v = v + 1 WHERE id % 70 = 0")
+            snap3 = val(conn, "SELECT gsnap_snapshot()")
+            # (periodic snapshots of other tests may fall in between: count them)
+            range_sql = (f"SELECT count(*) = {expected[0]} * count(DISTINCT snap_id) "
+                         f"AND count(DISTINCT snap_id) >= 3 FROM gsnap_range(NULL::{t}, {snap}, {snap3})")
+            t0 = time.monotonic()
+            assert val(conn, range_sql)
+            full_range = time.monotonic() - t0
+            range_cancelled = 0
+            for i in range(15):
+                conn.execute(f"SET statement_timeout = {max(1, int(full_range * 1000 * (i + 1) / 16))}")
+                try:
+                    conn.execute(range_sql).fetchall()
+                except errors.QueryCanceled:
+                    range_cancelled += 1
+                except psycopg.OperationalError as e:
+                    pytest.fail(f"the backend died during a cancelled range scan ({e})")
+                finally:
+                    reset_timeout(conn)
+            print(f"[ops] pins: {range_cancelled}/15 range scans cancelled part way")
+            assert range_cancelled >= 3, "too few range scans were cancelled to test anything"
             time.sleep(0.2)
             conn.execute("SET statement_timeout = '30s'")
             for _ in range(3):
                 assert digest(conn, asof(t, snap)) == expected
+                assert val(conn, range_sql)
+            assert snap < snap2 < snap3
             if problems:
                 print(f"[ops] pins: {len(problems)} requests failed right after a cancelled one: "
                       f"{problems[0]}")
