@@ -30,24 +30,28 @@ struct Decoders {
     relid: pg_sys::Oid,
     row_desc: pg_sys::TupleDesc,
     context: pg_sys::MemoryContext,
-    by_row_type: HashMap<Vec<u8>, Decoder>,
+    list: Vec<Decoder>,
+    by_row_type: HashMap<Vec<u8>, usize>,
 }
 
 impl Decoders {
-    fn get(&mut self, t: &TableAtSnapshot) -> &mut Decoder {
-        let (snap, relid, desc, context) = (self.snap, self.relid, self.row_desc, self.context);
+    /// The index in `list` of the decoder of `t`'s row type (made on first use).
+    fn index_of(&mut self, t: &TableAtSnapshot) -> usize {
+        if let Some(&i) = self.by_row_type.get(&t.row_type_bytes) {
+            return i;
+        }
+        // SAFETY: `row_desc` is the table's current row type; the decoder's allocations go to
+        // the cursor's long-lived context, which outlives it.
+        let d = unsafe {
+            let old = pg_sys::MemoryContextSwitchTo(self.context);
+            let d = Decoder::new(self.snap, self.relid, t.row_type.clone(), self.row_desc);
+            pg_sys::MemoryContextSwitchTo(old);
+            d
+        };
+        self.list.push(d);
         self.by_row_type
-            .entry(t.row_type_bytes.clone())
-            .or_insert_with(|| {
-                // SAFETY: `row_desc` is the table's current row type; the decoder's allocations
-                // go to the call's context, which outlives it.
-                unsafe {
-                    let old = pg_sys::MemoryContextSwitchTo(context);
-                    let d = Decoder::new(snap, relid, t.row_type.clone(), desc);
-                    pg_sys::MemoryContextSwitchTo(old);
-                    d
-                }
-            })
+            .insert(t.row_type_bytes.clone(), self.list.len() - 1);
+        self.list.len() - 1
     }
 }
 
@@ -219,16 +223,16 @@ pub struct RangeCursor {
     run: Option<gsnap_core::ImageRun>,
     page: *const u8,
     tuples: Vec<(u16, usize, usize)>,
-    /// The run's snapshots that hold the block, by row type: (snapshots, a table of that
-    /// row type); the group and tuple being read.
+    /// The run's snapshots that hold the block, by row type: (snapshots, the decoder of
+    /// their row type); the group and tuple being read.
     holders: Vec<(Vec<u64>, usize)>,
     holder: usize,
     next_tuple: usize,
     /// The row versions of the block being read, as of its previous run (by line pointer),
     /// and those of the current run so far: a tuple a run shares with the previous run of its
     /// block (same line pointer, same bytes) is the same row, neither decoded nor checked
-    /// again. Kept for one row type at a time (`versions_of`: (segment, block, a table of
-    /// that row type)).
+    /// again. Kept for one row type at a time (`versions_of`: (segment, block, the decoder
+    /// of that row type)).
     versions: Vec<Version>,
     next_versions: Vec<Version>,
     versions_of: Option<(usize, u32, usize)>,
@@ -237,6 +241,8 @@ pub struct RangeCursor {
     /// Whether the current page's rows are matched against `versions`.
     matching: bool,
     decoders: Decoders,
+    /// The decoder of each snapshot's row type (by position in `snaps`).
+    decoder_of: Vec<usize>,
     /// Decoders live in `_long`; rows, their bytes and what decoding allocates in `block_cx`,
     /// reset when the cursor moves to another block.
     _long: pgrx::PgMemoryContexts,
@@ -289,14 +295,18 @@ impl RangeCursor {
                 )
             })
         };
+        let mut decoders = Decoders {
+            snap: snaps.first().map_or(from, |s| s.0),
+            relid,
+            row_desc,
+            context: long.value(),
+            list: Vec::new(),
+            by_row_type: HashMap::new(),
+        };
+        let decoder_of = snaps.iter().map(|(_, t)| decoders.index_of(t)).collect();
         RangeCursor {
-            decoders: Decoders {
-                snap: snaps.first().map_or(from, |s| s.0),
-                relid,
-                row_desc,
-                context: long.value(),
-                by_row_type: HashMap::new(),
-            },
+            decoders,
+            decoder_of,
             snaps,
             _groups: groups,
             views,
@@ -385,9 +395,9 @@ impl RangeCursor {
         keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
     ) -> Version {
         let run = self.run.expect("a page is being read");
-        let (snaps, table) = &self.holders[self.holder];
+        let (snaps, decoder) = &self.holders[self.holder];
         let row_desc = self.decoders.row_desc;
-        let decoder = self.decoders.get(&self.snaps[*table].1);
+        let decoder = &mut self.decoders.list[*decoder];
         // SAFETY: everything of this row goes to the block's context; the values match the
         // table's current row type.
         let (copy, rec) = unsafe {
@@ -443,22 +453,19 @@ impl RangeCursor {
                             *s >= run.first.0 && *s <= run.last.0 && run.block < t.nblocks
                         })
                         .collect();
-                    let snaps = &self.snaps;
-                    for same in holding
-                        .chunk_by(|&a, &b| snaps[a].1.row_type_bytes == snaps[b].1.row_type_bytes)
-                    {
-                        self.holders
-                            .push((same.iter().map(|&i| snaps[i].0).collect(), same[0]));
+                    let (snaps, decoder_of) = (&self.snaps, &self.decoder_of);
+                    for same in holding.chunk_by(|&a, &b| decoder_of[a] == decoder_of[b]) {
+                        self.holders.push((
+                            same.iter().map(|&i| snaps[i].0).collect(),
+                            decoder_of[same[0]],
+                        ));
                     }
                     self.holder = 0;
                     self.next_tuple = 0;
                     self.version_at = 0;
                     // Rows are matched with the block's previous run when all the snapshots
                     // of this run that hold the block have the row type of that run.
-                    let key = self
-                        .holders
-                        .first()
-                        .map(|h| (self.next_segment, run.block, h.1));
+                    let decoder = self.holders.first().map(|h| h.1);
                     let same_block = self.versions_of.is_some_and(|(seg, block, _)| {
                         (seg, block) == (self.next_segment, run.block)
                     });
@@ -466,21 +473,12 @@ impl RangeCursor {
                         // SAFETY: the rows of the previous block are consumed (the caller
                         // asked for more).
                         unsafe { pg_sys::MemoryContextReset(self.block_cx.value()) };
-                        self.versions.clear();
                     }
                     self.matching = self.holders.len() == 1;
-                    if self.matching
-                        && self.versions_of.is_some_and(|(_, _, t)| {
-                            self.snaps[t].1.row_type_bytes
-                                != self.snaps[self.holders[0].1].1.row_type_bytes
-                        })
-                    {
+                    if !(same_block && self.matching && self.versions_of.map(|v| v.2) == decoder) {
                         self.versions.clear();
                     }
-                    if !self.matching {
-                        self.versions.clear();
-                    }
-                    self.versions_of = key;
+                    self.versions_of = decoder.map(|d| (self.next_segment, run.block, d));
                     if !self.tuples.is_empty() && !self.holders.is_empty() {
                         return true;
                     }
