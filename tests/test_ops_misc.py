@@ -292,3 +292,34 @@ def test_reads_through_a_tiny_cache_with_and_without_image_verification(tiny_cac
         assert not errors, errors
         assert all(results[i] == truth[i % 3] for i in range(4))
         configure(conn, verify_images=None)
+
+
+def test_signals_reaching_any_thread_of_the_worker_do_not_crash_it(tiny_cache):
+    """A signal sent to the worker process may be delivered to any of its threads, RocksDB's
+    included. Reloads (SIGHUP) fired at the worker while it captures and serves reads never
+    take it (and with it the whole server) down, and still take effect."""
+    import os
+    import signal
+
+    with tiny_cache.connect() as conn:
+        make_table(conn, "sig_t", 40000)
+        pid = progress(conn)["worker_pid"]
+        log_from = len(tiny_cache.log())
+        for _ in range(5):
+            snap = val(conn, "SELECT gsnap_snapshot(false)")
+            conn.execute("UPDATE sig_t SET v = v + 1 WHERE id % 3 = 0")
+            for _ in range(300):
+                os.kill(pid, signal.SIGHUP)
+            assert val(conn, f"SELECT count(*) FROM {asof('sig_t', snap)}") == 40000
+        crashes = [line for line in tiny_cache.log()[log_from:].splitlines()
+                   if "terminated by signal" in line or "panicked" in line]
+        assert not crashes, crashes
+        assert progress(conn)["worker_pid"] == pid
+        # the worker still rereads its settings on SIGHUP: periodic snapshots start
+        last = val(conn, "SELECT max(snap_id) FROM gsnap_snapshots()")
+        configure(conn, snapshot_interval=1)
+        try:
+            wait_until(lambda: val(conn, "SELECT max(snap_id) FROM gsnap_snapshots()") > last,
+                       10, "a periodic snapshot after the reload")
+        finally:
+            configure(conn, snapshot_interval=None)

@@ -21,7 +21,7 @@ use crate::shmem::{self, Phase, WorkerState};
 use capture::{CaptureJob, CarryForward};
 use declare::{Declared, Known, PendingDeclare};
 use gsnap_store::{ErrorKind, RocksBackend, SnapId, SnapshotStore, StoreError, StoreOptions};
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::{HashMap, VecDeque};
@@ -61,10 +61,52 @@ pub(crate) fn code_of(e: &StoreError) -> ErrorCode {
     }
 }
 
+/// PostgreSQL's own handlers for a reload and a shutdown request, declared here without
+/// pgrx's FFI guard. A signal sent to the worker may be delivered to any of its threads
+/// (RocksDB's background threads included), and pgrx's handlers call guarded FFI that panics,
+/// aborting the worker, off the main thread; PostgreSQL's only set a flag and the latch.
+mod raw {
+    extern "C-unwind" {
+        pub fn SignalHandlerForConfigReload(postgres_signal_arg: core::ffi::c_int);
+        pub fn SignalHandlerForShutdownRequest(postgres_signal_arg: core::ffi::c_int);
+    }
+}
+
+/// True once a shutdown was requested (SIGTERM).
+fn shutdown_requested() -> bool {
+    // SAFETY: a sig_atomic_t the signal handler sets.
+    unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 }
+}
+
+/// True (once) after a reload was requested (SIGHUP).
+fn reload_requested() -> bool {
+    // SAFETY: a sig_atomic_t the signal handler sets and the main loop clears.
+    unsafe {
+        let pending = &raw mut pg_sys::ConfigReloadPending;
+        let requested = pending.read_volatile() != 0;
+        if requested {
+            pending.write_volatile(0);
+        }
+        requested
+    }
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn gsnap_worker_main(_arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    // SAFETY: installing signal handlers at the start of the worker (signals are blocked
+    // until then), then unblocking them.
+    unsafe {
+        pg_sys::pqsignal(
+            pg_sys::SIGHUP as i32,
+            Some(raw::SignalHandlerForConfigReload),
+        );
+        pg_sys::pqsignal(
+            pg_sys::SIGTERM as i32,
+            Some(raw::SignalHandlerForShutdownRequest),
+        );
+        pg_sys::BackgroundWorkerUnblockSignals();
+    }
     let db = gucs::database();
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
     // SAFETY: MyProc and MyProcPid are set for a connected background worker.
@@ -162,8 +204,8 @@ impl Worker {
 
     fn run(&mut self) {
         self.schedule_periodic();
-        while !BackgroundWorker::sigterm_received() {
-            if BackgroundWorker::sighup_received() {
+        while !shutdown_requested() {
+            if reload_requested() {
                 // SAFETY: reloading the configuration file in the main loop, as workers do.
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
                 self.schedule_periodic();
