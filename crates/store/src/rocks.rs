@@ -66,6 +66,29 @@ pub struct RocksBackend {
 }
 
 impl RocksBackend {
+    /// Marks the store's creation complete (the format record is durable): from now on the
+    /// directory is a store, never cleared as an interrupted creation.
+    pub fn finish_creation(&self) -> Result<()> {
+        let marker = self.path.join(CREATING_MARKER);
+        match fs::remove_file(&marker) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            r => r.map_err(|e| {
+                StoreError::from_io(
+                    &e,
+                    format!("finishing the store in \"{}\"", self.path.display()),
+                )
+            })?,
+        }
+        fs::File::open(&self.path)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| {
+                StoreError::from_io(
+                    &e,
+                    format!("finishing the store in \"{}\"", self.path.display()),
+                )
+            })
+    }
+
     /// Opens the store in `path` with default settings; with `create`, a missing or empty
     /// directory becomes a new, empty database.
     pub fn open(path: &Path, create: bool) -> Result<Self> {
@@ -191,7 +214,53 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
 }
 
 /// Checks (and if asked, creates) the store directory. Returns true if it is new or empty.
+/// A file that exists in a store directory only while the store is being created: a creation
+/// interrupted by a crash (a RocksDB database without gsnap's column families or format
+/// record) is recognized by it and started over, instead of being refused forever.
+const CREATING_MARKER: &str = "GSNAP-CREATING";
+
+/// Writes the creation marker into the (empty) directory `path`, durably.
+fn mark_creating(path: &Path) -> Result<()> {
+    let shown = path.display();
+    let io =
+        |e: std::io::Error| StoreError::from_io(&e, format!("creating a store in \"{shown}\""));
+    fs::File::create(path.join(CREATING_MARKER))
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    fs::File::open(path).and_then(|d| d.sync_all()).map_err(io)
+}
+
+/// Empties a directory whose store creation was interrupted (it holds the creation marker).
+fn clear_interrupted_creation(path: &Path) -> Result<()> {
+    let shown = path.display();
+    let io = |e: std::io::Error| {
+        StoreError::from_io(
+            &e,
+            format!("clearing the interrupted store creation in \"{shown}\""),
+        )
+    };
+    for entry in fs::read_dir(path).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        if entry.file_type().map_err(io)?.is_dir() {
+            fs::remove_dir_all(entry.path()).map_err(io)?;
+        } else {
+            fs::remove_file(entry.path()).map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
 fn prepare_directory(path: &Path, create: bool) -> Result<bool> {
+    let fresh = claim_directory(path, create)?;
+    if fresh {
+        mark_creating(path)?;
+    }
+    Ok(fresh)
+}
+
+/// Checks `path` and says whether a new store is to be created there (it was missing, empty,
+/// or held an interrupted creation, now cleared).
+fn claim_directory(path: &Path, create: bool) -> Result<bool> {
     let shown = path.display();
     match fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -243,6 +312,15 @@ fn prepare_directory(path: &Path, create: bool) -> Result<bool> {
                          private to the server's OS user: run chmod 0700 \"{shown}\""
                     ),
                 ));
+            }
+            if path.join(CREATING_MARKER).exists() {
+                if !create {
+                    return Err(StoreError::not_found(format!(
+                        "no gsnap store at \"{shown}\": its creation was interrupted"
+                    )));
+                }
+                clear_interrupted_creation(path)?;
+                return Ok(true);
             }
             if !path.join("CURRENT").exists() {
                 return Err(StoreError::incompatible(format!(

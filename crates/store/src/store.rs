@@ -117,7 +117,9 @@ impl SnapshotStore<RocksBackend> {
     /// Opens (or, with `options.create`, creates) the RocksDB store in `path`.
     pub fn open_dir(path: &std::path::Path, options: StoreOptions) -> Result<Self> {
         let backend = RocksBackend::open(path, options.create)?;
-        Self::open(backend, options)
+        let store = Self::open(backend, options)?;
+        store.backend.finish_creation()?;
+        Ok(store)
     }
 }
 

@@ -285,3 +285,30 @@ fn index_data_and_deletion_survive_reopen() {
     );
     assert_eq!(store.gc_progress().unwrap().as_deref(), Some(&b"gc"[..]));
 }
+
+#[test]
+fn an_interrupted_creation_is_started_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    // A creation that crashed after RocksDB made its files, before gsnap's column families
+    // and format record: the directory holds the creation marker.
+    fs::create_dir(&path).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(path.join("GSNAP-CREATING"), b"").unwrap();
+    drop(rocksdb::DB::open_default(&path).unwrap());
+    let store = open(&path).unwrap();
+    assert_eq!(store.snapshots().unwrap().len(), 0);
+    drop(store);
+    assert!(
+        !path.join("GSNAP-CREATING").exists(),
+        "a finished store has no marker"
+    );
+    // The finished store is a store: reopened, not cleared.
+    let id = open(&path).unwrap().identity().store_id;
+    assert_eq!(open(&path).unwrap().identity().store_id, id);
+    // Without the marker, a foreign RocksDB database is still refused untouched.
+    let other = dir.path().join("other");
+    drop(rocksdb::DB::open_default(&other).unwrap());
+    fs::set_permissions(&other, fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(open(&other).err().unwrap().kind(), ErrorKind::Incompatible);
+}
