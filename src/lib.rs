@@ -11,6 +11,7 @@ mod api;
 mod error;
 mod gucs;
 mod ipc;
+mod locks;
 mod shmem;
 mod worker;
 
@@ -36,7 +37,7 @@ pub extern "C-unwind" fn _PG_init() {
     PRELOADED.store(true, Ordering::Release);
     shmem::init();
     worker::register();
-    api::init_custom_scan();
+    api::init_planner_hooks();
 }
 
 /// Raises a clear ERROR unless gsnap was loaded through `shared_preload_libraries`.

@@ -51,6 +51,9 @@ pub(super) unsafe fn table_of_first_argument(
             .hint(format!("Write {function}(NULL::my_table, ...)."))
             .raise();
         }
+        // Like a SELECT, hold ACCESS SHARE on the table until the transaction ends (already
+        // held when the query was analyzed, see deps.rs).
+        pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         relid
     }
 }

@@ -17,11 +17,12 @@
 //! the pinned page image in shared memory, like a heap scan hands out buffer tuples; other
 //! tuples go through the decoder.
 
-use super::access::{require_gsnap_database, require_read_access};
-use super::asof::{gsnap_asof_id, gsnap_asof_time, resolve_time};
+use super::access::{relation_name, require_gsnap_database, require_read_access};
+use super::asof::resolve_time;
+use super::deps::{reader_kind, Reader};
 use super::decode::Decoder;
 use super::scan::{table_at, PageReader};
-use super::sets::{gsnap_range, RangeCursor};
+use super::sets::RangeCursor;
 use crate::error::error;
 use gsnap_format::view;
 use pgrx::pg_sys;
@@ -123,25 +124,13 @@ pub fn init() {
     }
 }
 
-/// Which of gsnap's functions a function OID is, if any.
-///
-/// # Safety
-/// In a transaction (looks the function up).
-unsafe fn scan_kind(funcid: pg_sys::Oid) -> Option<Kind> {
-    // SAFETY: fmgr lookup of a function; only C functions of this library match.
-    unsafe {
-        let mut finfo = std::mem::zeroed::<pg_sys::FmgrInfo>();
-        pg_sys::fmgr_info(funcid, &mut finfo);
-        let addr = finfo.fn_addr.map(|f| f as usize);
-        if addr == Some(gsnap_asof_id as *const () as usize) {
-            Some(Kind::AsofId)
-        } else if addr == Some(gsnap_asof_time as *const () as usize) {
-            Some(Kind::AsofTime)
-        } else if addr == Some(gsnap_range as *const () as usize) {
-            Some(Kind::Range)
-        } else {
-            None
-        }
+/// Which scan a reader function gets, if any (`gsnap_diff` keeps its function scan).
+fn scan_kind(funcid: pg_sys::Oid) -> Option<Kind> {
+    match reader_kind(funcid)? {
+        Reader::AsofId => Some(Kind::AsofId),
+        Reader::AsofTime => Some(Kind::AsofTime),
+        Reader::Range => Some(Kind::Range),
+        Reader::Diff => None,
     }
 }
 
@@ -251,6 +240,11 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         }
         (*path).custom_private = list_of(&private);
         (*path).methods = &methods(kind).path;
+        // The plan depends on the table and its row type: a schema change replans it (the
+        // query itself depends on the table too, see deps.rs).
+        let glob = (*root).glob;
+        (*glob).relationOids = pg_sys::lappend_oid((*glob).relationOids, relid);
+        pg_sys::record_plan_type_dependency(root, pg_sys::get_rel_type_id(relid));
         // The function scan returns the same rows, later and slower: drop it.
         (*rel).pathlist = std::ptr::null_mut();
         (*rel).partial_pathlist = std::ptr::null_mut();
@@ -297,8 +291,14 @@ unsafe extern "C-unwind" fn plan_path(
         (*cscan).scan.plan.targetlist = tlist;
         (*cscan).scan.scanrelid = 0;
         (*cscan).flags = (*best_path).flags;
-        (*cscan).custom_private =
-            list_of(&[pg_sys::list_nth(private, 0), pg_sys::list_nth(private, 1)]);
+        // The table's row type as planned, checked again at executor start.
+        let rel_ = pg_sys::relation_open(relid, pg_sys::AccessShareLock as i32);
+        let signature = row_type_signature((*rel_).rd_att);
+        (*cscan).custom_private = list_of(&[
+            pg_sys::list_nth(private, 0),
+            pg_sys::list_nth(private, 1),
+            signature.cast(),
+        ]);
         (*cscan).methods = &methods(kind).scan;
         let quals = pg_sys::extract_actual_clauses(clauses, false);
         let rti = (*rel).relid;
@@ -335,12 +335,12 @@ unsafe extern "C-unwind" fn plan_path(
                 tl = pg_sys::lappend(tl, entry.cast());
             }
             (*cscan).custom_scan_tlist = tl;
+            pg_sys::relation_close(rel_, pg_sys::NoLock as i32);
             return cscan.cast();
         }
         (*cscan).scan.plan.qual = quals;
         (*cscan).custom_exprs = list_of(&args);
         // The scan tuple: the table's columns (dropped ones left out), as Vars of this RTE.
-        let rel_ = pg_sys::relation_open(relid, pg_sys::AccessShareLock as i32);
         let desc = (*rel_).rd_att;
         let mut tl = std::ptr::null_mut();
         let mut resno = 1;
@@ -363,10 +363,37 @@ unsafe extern "C-unwind" fn plan_path(
             );
             resno += 1;
         }
-        pg_sys::relation_close(rel_, pg_sys::AccessShareLock as i32);
+        pg_sys::relation_close(rel_, pg_sys::NoLock as i32);
         (*cscan).custom_scan_tlist = tl;
         cscan.cast()
     }
+}
+
+/// The row type of a table as a plan records it: the number of attributes, then each
+/// attribute's type (0 for a dropped one) and type modifier.
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor.
+unsafe fn row_type_signature(desc: pg_sys::TupleDesc) -> *mut pg_sys::List {
+    // SAFETY: reading the descriptor's attributes.
+    let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
+    let mut items = vec![int_node(attrs.len() as i32)];
+    for a in attrs {
+        let type_ = if a.attisdropped { 0 } else { a.atttypid.to_u32() };
+        items.push(int_node(type_ as i32));
+        items.push(int_node(a.atttypmod));
+    }
+    list_of(&items)
+}
+
+/// True if `desc` has the row type `signature` recorded.
+///
+/// # Safety
+/// `signature` was made by [`row_type_signature`]; `desc` is valid.
+unsafe fn same_row_type(signature: *mut pg_sys::List, desc: pg_sys::TupleDesc) -> bool {
+    let now = unsafe { row_type_signature(desc) };
+    // SAFETY: both are lists of Integer nodes.
+    unsafe { pg_sys::equal(signature.cast(), now.cast()) }
 }
 
 /// The executor state: PostgreSQL's custom scan state, then ours.
@@ -381,6 +408,9 @@ struct State {
 /// references) that are only set by then.
 struct AsofNode {
     relid: pg_sys::Oid,
+    /// The table, open while the scan runs (closed by `end_scan`; on an ERROR, the
+    /// transaction's abort releases it).
+    rel: pg_sys::Relation,
     kind: Kind,
     /// The snapshot arguments (one for AS OF, two for a range), ready to evaluate.
     args: Vec<*mut pg_sys::ExprState>,
@@ -483,17 +513,41 @@ unsafe extern "C-unwind" fn begin_scan(
         } else {
             std::ptr::null_mut()
         };
+        // The table stays open (and locked ACCESS SHARE until the transaction ends) while
+        // the scan runs, as a heap scan keeps its relation: the same session cannot alter or
+        // drop it under an open cursor, other sessions wait. It must still have the row
+        // type the query was planned with (a cached plan is replanned after a schema change,
+        // see deps.rs; this is the last line of defence).
+        let rel = pg_sys::try_relation_open(relid, pg_sys::AccessShareLock as i32);
+        if rel.is_null() {
+            error(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+                format!("the table with OID {} read by this query no longer exists", relid.to_u32()),
+            )
+            .raise();
+        }
+        let desc = (*rel).rd_att;
+        if !same_row_type(pg_sys::list_nth(private, 2).cast(), desc) {
+            pg_sys::relation_close(rel, pg_sys::NoLock as i32);
+            error(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                "cached plan must not change result type",
+            )
+            .detail(format!(
+                "The columns of table {} changed after this query was planned.",
+                relation_name(relid)
+            ))
+            .hint("Prepare the statement again.")
+            .raise();
+        }
         // The slot type is decided now, before the parent node compiles its expressions
         // against our output: a heap tuple slot when the table has no dropped columns.
-        let rel = pg_sys::relation_open(relid, pg_sys::AccessShareLock as i32);
-        let desc = (*rel).rd_att;
         let heap_slot = kind != Kind::Range
             && !(*desc)
                 .attrs
                 .as_slice((*desc).natts as usize)
                 .iter()
                 .any(|a| a.attisdropped);
-        pg_sys::relation_close(rel, pg_sys::AccessShareLock as i32);
         if heap_slot {
             let scan_desc = (*(*css).ss.ss_ScanTupleSlot).tts_tupleDescriptor;
             pg_sys::ExecInitScanTupleSlot(
@@ -508,6 +562,7 @@ unsafe extern "C-unwind" fn begin_scan(
         }
         (*state).node = Box::into_raw(Box::new(AsofNode {
             relid,
+            rel,
             kind,
             args,
             heap_slot,
@@ -654,17 +709,16 @@ unsafe fn store(slot: *mut pg_sys::TupleTableSlot, snap: u64, rec: pg_sys::Datum
     }
 }
 
-/// Opens the scan of `relid` at `snap` and picks the tuple path.
+/// Opens the scan of table `rel` at `snap` and picks the tuple path.
 ///
 /// # Safety
-/// In a transaction.
-unsafe fn open_scan(relid: pg_sys::Oid, snap: u64, heap_slot: bool) -> AsofScan {
-    // SAFETY: reading the relation's descriptor.
+/// In a transaction; `rel` is open.
+unsafe fn open_scan(rel: pg_sys::Relation, snap: u64, heap_slot: bool) -> AsofScan {
+    // SAFETY: reading the open relation's descriptor.
     unsafe {
+        let relid = (*rel).rd_id;
         let table = table_at(snap, relid);
-        let rel = pg_sys::relation_open(relid, pg_sys::AccessShareLock as i32);
         let desc = pg_sys::CreateTupleDescCopyConstr((*rel).rd_att);
-        pg_sys::relation_close(rel, pg_sys::AccessShareLock as i32);
         let natts = (*desc).natts as usize;
         let attrs = (*desc).attrs.as_slice(natts);
         let columns: Vec<usize> = (0..natts).filter(|&i| !attrs[i].attisdropped).collect();
@@ -810,7 +864,7 @@ unsafe extern "C-unwind" fn access_next(ss: *mut pg_sys::ScanState) -> *mut pg_s
         }
         if node.scan.is_none() {
             let snap = snapshot_argument(ss.cast(), node, 0);
-            node.scan = Some(open_scan(node.relid, snap, node.heap_slot));
+            node.scan = Some(open_scan(node.rel, snap, node.heap_slot));
         }
         if !node.scan.as_mut().expect("opened").next_row(slot) {
             return pg_sys::ExecClearTuple(slot);
@@ -837,8 +891,14 @@ unsafe extern "C-unwind" fn exec_scan(
 
 #[pg_guard]
 unsafe extern "C-unwind" fn end_scan(css: *mut pg_sys::CustomScanState) {
-    // SAFETY: our node; the scan is dropped once (the context callback then finds null).
-    unsafe { drop_scan(css.cast()) };
+    // SAFETY: our node; the scan is dropped once (the context callback then finds null); the
+    // relation was opened by begin_scan (its lock stays until the transaction ends).
+    unsafe {
+        if let Some(node) = (*css.cast::<State>()).node.as_ref() {
+            pg_sys::relation_close(node.rel, pg_sys::NoLock as i32);
+        }
+        drop_scan(css.cast())
+    };
 }
 
 /// EXPLAIN: a range scan's conditions on `rec` alone, checked once per row and run of

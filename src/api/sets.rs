@@ -186,17 +186,45 @@ pub extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys
     pg_sys::Datum::from(0usize)
 }
 
-/// The retained snapshots in `from..=to`, with the table as declared in each (snapshots in
-/// which it was not a gsnap table are left out).
+/// The readable snapshots in `from..=to` that hold the table, with the table as declared in
+/// each. The rule every reader follows (README, "Snapshots that do not hold a table"): a
+/// snapshot that does not hold the table has no rows of it, and reading a table from
+/// snapshots none of which holds it is an ERROR. So snapshots of the range that do not hold
+/// the table (before it used gsnap, after it was dropped) are left out; a range with no
+/// readable snapshot at all, or none holding the table, raises the error.
 fn snapshots_in(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnapshot)> {
     let listing = crate::ipc::protocol::decode_snapshots(
         &crate::ipc::call_paged(crate::ipc::protocol::Kind::Snapshots, &[0], 0).reply,
     );
-    listing
+    let readable: Vec<u64> = listing
         .into_iter()
         .filter(|s| s.state == "committed" && s.id >= from && s.id <= to)
-        .filter_map(|s| scan_begin_if_present(s.id, relid).map(|t| (s.id, t)))
-        .collect()
+        .map(|s| s.id)
+        .collect();
+    if readable.is_empty() {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("no readable snapshot from snapshot {from} to snapshot {to}"),
+        )
+        .hint("gsnap_snapshots() lists the snapshots and their states.")
+        .raise();
+    }
+    let holding: Vec<(u64, TableAtSnapshot)> = readable
+        .into_iter()
+        .filter_map(|s| scan_begin_if_present(s, relid).map(|t| (s, t)))
+        .collect();
+    if holding.is_empty() {
+        error(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!(
+                "table {} is in no snapshot from snapshot {from} to snapshot {to}",
+                relation_name(relid)
+            ),
+        )
+        .hint("A snapshot holds the tables that used the gsnap access method when it was taken; see gsnap_snapshot_tables().")
+        .raise();
+    }
+    holding
 }
 
 /// Reads a table at every retained snapshot of `from..=to`, one row at a time, each row once

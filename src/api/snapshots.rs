@@ -1,12 +1,14 @@
 //! Declaring snapshots and listing them: `gsnap_snapshot()`, `gsnap_snapshots()`,
 //! `gsnap_snapshot_tables()`, `gsnap_progress()`.
 
-use super::access::require_gsnap_database;
+use super::access::{relation_name, require_gsnap_database};
+use crate::error::error;
 use crate::ipc;
 use crate::ipc::protocol::{self, Kind};
 use crate::shmem;
 use crate::worker::UNIX_TO_PG_EPOCH_US;
 use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
 
 fn timestamptz(unix_us: i64) -> Option<TimestampWithTimeZone> {
     TimestampWithTimeZone::try_from(unix_us - UNIX_TO_PG_EPOCH_US).ok()
@@ -21,7 +23,37 @@ fn lsn_text(lsn: u64) -> String {
 #[pg_extern(volatile, parallel_unsafe)]
 fn gsnap_snapshot(wait: default!(bool, true)) -> i64 {
     require_gsnap_database();
-    ipc::call(Kind::Declare, &[i64::from(wait), 0]).result
+    declare(&[i64::from(wait), 0]).result
+}
+
+/// Asks the worker for a declaration. The worker takes ACCESS SHARE on every gsnap table
+/// first and postpones the declaration while one is locked by a TRUNCATE, DROP, ALTER TABLE
+/// or LOCK TABLE in progress; if that lock is held by the calling transaction itself, the
+/// wait could only end with the transaction, so it is refused at once.
+fn declare(args: &[i64]) -> ipc::Answer {
+    ipc::call_watching(Kind::Declare, args, &mut || {
+        let relid = shmem::progress().read().waiting_for;
+        if relid != 0 && crate::locks::holds_access_exclusive(relid) {
+            let table = relation_name(pg_sys::Oid::from(relid));
+            error(
+                PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+                format!(
+                    "a snapshot cannot be declared while this transaction holds an ACCESS \
+                     EXCLUSIVE lock on table {table}"
+                ),
+            )
+            .detail(format!(
+                "Declaring a snapshot takes an ACCESS SHARE lock on every gsnap table, and a \
+                 TRUNCATE, DROP TABLE, ALTER TABLE or LOCK TABLE of {table} earlier in this \
+                 transaction holds a conflicting lock until the transaction ends."
+            ))
+            .hint(
+                "Call gsnap_snapshot() before that command, or in another transaction \
+                 (after this one commits).",
+            )
+            .raise();
+        }
+    })
 }
 
 /// Test support: declares a snapshot, exports its MVCC snapshot (for `SET TRANSACTION
@@ -30,7 +62,7 @@ fn gsnap_snapshot(wait: default!(bool, true)) -> i64 {
 fn gsnap_debug_snapshot() -> TableIterator<'static, (name!(snap_id, i64), name!(exported, String))>
 {
     require_gsnap_database();
-    let a = ipc::call(Kind::Declare, &[0, 1]);
+    let a = declare(&[0, 1]);
     TableIterator::once((a.result, String::from_utf8_lossy(&a.reply).into_owned()))
 }
 

@@ -133,12 +133,21 @@ pub fn call(kind: Kind, args: &[i64]) -> Answer {
 
 /// Sends a request with a payload (at most `REPLY_BYTES`) and waits for its answer.
 pub fn call_with_payload(kind: Kind, args: &[i64], payload: &[u8]) -> Answer {
-    call_inner(kind, args, payload).unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
+    call_inner(kind, args, payload, None)
+        .unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
 }
 
 /// Sends a request and waits for its answer, or the worker's error (code and message).
 pub fn call_checked(kind: Kind, args: &[i64]) -> Result<Answer, (u32, Vec<u8>)> {
-    call_inner(kind, args, &[])
+    call_inner(kind, args, &[], None)
+}
+
+/// Sends a request and waits for its answer, calling `watch` every few milliseconds while it
+/// waits: `watch` may raise an ERROR (the request is then given up), for example when the
+/// wait can never end.
+pub fn call_watching(kind: Kind, args: &[i64], watch: &mut dyn FnMut()) -> Answer {
+    call_inner(kind, args, &[], Some(watch))
+        .unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
 }
 
 thread_local! {
@@ -189,7 +198,12 @@ fn finish_prefetch(slot: &RequestSlot) {
     }
 }
 
-fn call_inner(kind: Kind, args: &[i64], payload: &[u8]) -> Result<Answer, (u32, Vec<u8>)> {
+fn call_inner(
+    kind: Kind,
+    args: &[i64],
+    payload: &[u8],
+    mut watch: Option<&mut dyn FnMut()>,
+) -> Result<Answer, (u32, Vec<u8>)> {
     let (slot, procno) = my_slot();
     finish_prefetch(slot);
     wait_until_idle(slot);
@@ -223,7 +237,13 @@ fn call_inner(kind: Kind, args: &[i64], payload: &[u8]) -> Result<Answer, (u32, 
             }
             return Ok(answer);
         }
-        wait_latch(Duration::from_millis(1000));
+        match watch.as_mut() {
+            Some(watch) => {
+                wait_latch(Duration::from_millis(20));
+                watch();
+            }
+            None => wait_latch(Duration::from_millis(1000)),
+        }
         if slot.is_submitted() {
             // Not taken yet: the worker may have restarted; nudge whichever worker runs.
             set_latch_of(worker_procno());

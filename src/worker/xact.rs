@@ -93,24 +93,10 @@ fn describe(e: CaughtError) -> String {
     }
 }
 
-fn relation_locktag(relid: u32) -> pg_sys::LOCKTAG {
-    // SAFETY: reading MyDatabaseId of a connected worker.
-    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    // SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid)
-    pg_sys::LOCKTAG {
-        locktag_field1: db,
-        locktag_field2: relid,
-        locktag_field3: 0,
-        locktag_field4: 0,
-        locktag_type: pg_sys::LockTagType::LOCKTAG_RELATION as u8,
-        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
-    }
-}
-
 /// Takes an ACCESS SHARE session lock on a table without waiting; false if another
 /// transaction holds a conflicting lock (a TRUNCATE, VACUUM FULL, ... in progress).
 pub fn try_lock_table(relid: u32) -> bool {
-    let tag = relation_locktag(relid);
+    let tag = crate::locks::relation_locktag(relid);
     // SAFETY: a session-level lock request on a relation of the worker's database.
     let r = unsafe { pg_sys::LockAcquire(&tag, pg_sys::AccessShareLock as i32, true, true) };
     r != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
@@ -118,7 +104,7 @@ pub fn try_lock_table(relid: u32) -> bool {
 
 /// Releases one session lock taken by [`try_lock_table`].
 pub fn unlock_table(relid: u32) {
-    let tag = relation_locktag(relid);
+    let tag = crate::locks::relation_locktag(relid);
     // SAFETY: releases a session lock this process holds.
     unsafe {
         pg_sys::LockRelease(&tag, pg_sys::AccessShareLock as i32, true);

@@ -1,0 +1,220 @@
+//! Queries over snapshots depend on their table, as queries over the table do (DESIGN.md,
+//! "Reading safely").
+//!
+//! `gsnap_asof(NULL::t, 42)` names its table by a row type, not in FROM, so PostgreSQL alone
+//! would see no relation in the query: no lock on `t`, no plan dependency on it. A prepared
+//! statement, a PL/pgSQL or SQL function plan, or a cursor would then outlive an `ALTER TABLE
+//! t` and read with a row type that is no longer the table's (the crash of issue 11).
+//!
+//! So right after parse analysis (`post_parse_analyze_hook`) every query that calls one of
+//! gsnap's table readers gets, in its own range table, one `RTE_RELATION` entry per table it
+//! reads, referenced by nothing in its join tree (as the entries views leave behind for their
+//! locks and permission checks), and the table is locked ACCESS SHARE. PostgreSQL's own
+//! machinery then does the rest:
+//! - the lock is held until the transaction ends, and a cached plan takes it again before it
+//!   is reused (`AcquirePlannerLocks`, `AcquireExecutorLocks`), so ALTER, DROP, TRUNCATE,
+//!   VACUUM FULL from another session wait for the reading transaction;
+//! - the plan cache finds the table among the query's dependencies, so a schema change
+//!   invalidates prepared statements and PL/pgSQL and SQL function plans; the query is then
+//!   analyzed again, and PostgreSQL raises "cached plan must not change result type" where
+//!   the columns changed;
+//! - a view over a snapshot depends on its table.
+//!
+//! The scans add their own checks at executor start (`custom_scan.rs`): they keep the
+//! relation open while they run (so the same session cannot alter it under an open cursor)
+//! and compare the row type they were planned with to the table's.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// gsnap's functions that read a table named by the row type of their first argument.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Reader {
+    /// `gsnap_asof(anyelement, bigint)`.
+    AsofId,
+    /// `gsnap_asof(anyelement, timestamptz)`.
+    AsofTime,
+    /// `gsnap_range(anyelement, bigint, bigint)`.
+    Range,
+    /// `gsnap_diff(anyelement, bigint, bigint)`.
+    Diff,
+}
+
+thread_local! {
+    /// Which function OIDs are gsnap's readers (looked up once per backend; cleared when
+    /// pg_proc changes).
+    static READERS: RefCell<HashMap<u32, Option<Reader>>> = RefCell::new(HashMap::new());
+}
+
+static mut PREV_POST_PARSE_ANALYZE: pg_sys::post_parse_analyze_hook_type = None;
+
+/// Installs the hook; called from `_PG_init`.
+pub fn init() {
+    // SAFETY: _PG_init runs once per process before any query is analyzed.
+    unsafe {
+        PREV_POST_PARSE_ANALYZE = pg_sys::post_parse_analyze_hook;
+        pg_sys::post_parse_analyze_hook = Some(post_parse_analyze);
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            Some(forget_readers),
+            pg_sys::Datum::from(0usize),
+        );
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_readers(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    READERS.with(|r| r.borrow_mut().clear());
+}
+
+/// Which of gsnap's readers function `funcid` is, if any.
+pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
+    if let Some(known) = READERS.with(|r| r.borrow().get(&funcid.to_u32()).copied()) {
+        return known;
+    }
+    // SAFETY: an fmgr lookup of the function (a catalog read); only C functions of this
+    // library have these addresses.
+    let addr = unsafe {
+        let mut finfo = std::mem::zeroed::<pg_sys::FmgrInfo>();
+        pg_sys::fmgr_info(funcid, &mut finfo);
+        finfo.fn_addr.map(|f| f as usize)
+    };
+    let readers = [
+        (super::asof::gsnap_asof_id as *const () as usize, Reader::AsofId),
+        (super::asof::gsnap_asof_time as *const () as usize, Reader::AsofTime),
+        (super::sets::gsnap_range as *const () as usize, Reader::Range),
+        (super::sets::gsnap_diff as *const () as usize, Reader::Diff),
+    ];
+    let kind = readers
+        .iter()
+        .find(|(a, _)| Some(*a) == addr)
+        .map(|&(_, k)| k);
+    READERS.with(|r| r.borrow_mut().insert(funcid.to_u32(), kind));
+    kind
+}
+
+/// The table a reader call reads: the relation whose row type its first argument has, if
+/// it is one a reader can read (a table, materialized view or partitioned table).
+///
+/// # Safety
+/// `func` is a FuncExpr of one of gsnap's readers.
+pub unsafe fn table_of_call(func: *mut pg_sys::FuncExpr) -> Option<pg_sys::Oid> {
+    // SAFETY: reading the call's first argument and the catalog.
+    unsafe {
+        if pg_sys::list_length((*func).args) < 1 {
+            return None;
+        }
+        let argtype = pg_sys::exprType(pg_sys::list_nth((*func).args, 0).cast());
+        let relid = pg_sys::get_typ_typrelid(argtype);
+        if relid == pg_sys::InvalidOid {
+            return None;
+        }
+        let kind = pg_sys::get_rel_relkind(relid) as u8;
+        [
+            pg_sys::RELKIND_RELATION,
+            pg_sys::RELKIND_MATVIEW,
+            pg_sys::RELKIND_PARTITIONED_TABLE,
+        ]
+        .contains(&kind)
+        .then_some(relid)
+    }
+}
+
+/// The walk's state: the tables read by the query being walked (not its subqueries').
+struct Walk {
+    tables: Vec<pg_sys::Oid>,
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn post_parse_analyze(
+    pstate: *mut pg_sys::ParseState,
+    query: *mut pg_sys::Query,
+    jstate: *mut pg_sys::JumbleState,
+) {
+    // SAFETY: PostgreSQL's analyzed query, which we may extend before it is rewritten.
+    unsafe {
+        if let Some(prev) = PREV_POST_PARSE_ANALYZE {
+            prev(pstate, query, jstate);
+        }
+        // DECLARE CURSOR, EXPLAIN and CREATE TABLE AS hold their analyzed query inside.
+        let query = if (*query).commandType == pg_sys::CmdType::CMD_UTILITY {
+            pg_sys::UtilityContainsQuery((*query).utilityStmt)
+        } else {
+            query
+        };
+        if query.is_null() {
+            return;
+        }
+        let mut walk = Walk { tables: Vec::new() };
+        walker(query.cast(), (&raw mut walk).cast());
+    }
+}
+
+/// Finds the reader calls of every (sub)query and gives each query the entries of the tables
+/// its own calls read.
+#[pg_guard]
+unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: `context` is the Walk of `post_parse_analyze`; nodes are the query's.
+    unsafe {
+        let walk = &mut *context.cast::<Walk>();
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Query => {
+                let query = node.cast::<pg_sys::Query>();
+                let outer = std::mem::take(&mut walk.tables);
+                pg_sys::query_tree_walker(query, Some(walker), context, 0);
+                let mine = std::mem::replace(&mut walk.tables, outer);
+                for relid in mine {
+                    depend_on_table(query, relid);
+                }
+                false
+            }
+            pg_sys::NodeTag::T_FuncExpr => {
+                let func = node.cast::<pg_sys::FuncExpr>();
+                if (*func).funcretset && reader_kind((*func).funcid).is_some() {
+                    if let Some(relid) = table_of_call(func) {
+                        if !walk.tables.contains(&relid) {
+                            walk.tables.push(relid);
+                        }
+                    }
+                }
+                pg_sys::expression_tree_walker(node, Some(walker), context)
+            }
+            _ => pg_sys::expression_tree_walker(node, Some(walker), context),
+        }
+    }
+}
+
+/// Locks `relid` ACCESS SHARE (until the transaction ends) and adds its range-table entry to
+/// `query` (unless the table no longer exists: the reader then raises the error).
+///
+/// # Safety
+/// `query` is an analyzed query of this statement.
+unsafe fn depend_on_table(query: *mut pg_sys::Query, relid: pg_sys::Oid) {
+    // SAFETY: opening (and closing, keeping the lock) a relation; building a range-table
+    // entry in the current (parse) memory context.
+    unsafe {
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let rel = pg_sys::try_relation_open(relid, lock);
+        if rel.is_null() {
+            return;
+        }
+        let rte = pg_sys::palloc0(std::mem::size_of::<pg_sys::RangeTblEntry>())
+            .cast::<pg_sys::RangeTblEntry>();
+        (*rte).type_ = pg_sys::NodeTag::T_RangeTblEntry;
+        (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
+        (*rte).relid = relid;
+        (*rte).relkind = (*(*rel).rd_rel).relkind;
+        (*rte).rellockmode = lock;
+        (*rte).eref = pg_sys::makeAlias((*(*rel).rd_rel).relname.data.as_ptr(), std::ptr::null_mut());
+        // The readers check privileges themselves (access.rs); nothing to check here.
+        (*rte).requiredPerms = 0;
+        (*query).rtable = pg_sys::lappend((*query).rtable, rte.cast());
+        pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+    }
+}
