@@ -1,0 +1,377 @@
+//! The listings the worker answers page by page, and the start of a scan: each is encoded
+//! into one blob that [`crate::Page::slice`] cuts and [`crate::Pages`] joins again, then is
+//! decoded here as a whole.
+//!
+//! A blob starts with its own tag byte, so decoding it as another listing is an error, and
+//! ends exactly after its last row.
+
+use crate::wire::{DecodeError, EncodeError, Reader, Writer};
+use gsnap_core::{RelId, SnapId};
+
+const SNAPSHOTS: u8 = 1;
+const TABLES: u8 = 2;
+const GROUPS: u8 = 3;
+const SCAN: u8 = 4;
+
+/// Where a snapshot is in its life (the states of the store's snapshot records, with the
+/// same tags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SnapshotState {
+    /// Declared; its capture is not durable yet.
+    Capturing = 1,
+    /// Complete and readable.
+    Committed = 2,
+    /// The capture was aborted or interrupted; never readable.
+    Failed = 3,
+    /// Deleted by the user or by retention; not readable.
+    Deleted = 4,
+}
+
+impl SnapshotState {
+    /// Every state, in tag order.
+    pub const ALL: [SnapshotState; 4] = [
+        SnapshotState::Capturing,
+        SnapshotState::Committed,
+        SnapshotState::Failed,
+        SnapshotState::Deleted,
+    ];
+
+    /// The lower-case name shown by listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotState::Capturing => "capturing",
+            SnapshotState::Committed => "committed",
+            SnapshotState::Failed => "failed",
+            SnapshotState::Deleted => "deleted",
+        }
+    }
+
+    /// Whether a snapshot in this state can be read.
+    pub fn is_readable(self) -> bool {
+        self == SnapshotState::Committed
+    }
+
+    fn from_tag(tag: u8) -> Result<Self, DecodeError> {
+        SnapshotState::ALL
+            .into_iter()
+            .find(|s| *s as u8 == tag)
+            .ok_or(DecodeError::UnknownTag {
+                what: "snapshot state",
+                tag: u32::from(tag),
+            })
+    }
+}
+
+/// A snapshot as listed by `gsnap_snapshots()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub id: SnapId,
+    pub state: SnapshotState,
+    /// When it was declared, µs since the Unix epoch.
+    pub taken_at_us: i64,
+    pub lsn: u64,
+    pub rank: u8,
+    pub tables: u32,
+    pub pages_captured: u64,
+    pub new_images: u64,
+    pub bytes_stored: u64,
+    pub carried_pages: u64,
+    /// Why the capture failed (failed snapshots).
+    pub failure: Option<String>,
+}
+
+/// A table of a snapshot as listed by `gsnap_snapshot_tables()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableRow {
+    /// The table's OID.
+    pub relid: u32,
+    /// The relation incarnation holding its pages.
+    pub rel: RelId,
+    pub relfilenode: u32,
+    pub nblocks: u32,
+    pub name: String,
+}
+
+/// Whether an index group still grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GroupState {
+    Sealed = 1,
+    Active = 2,
+}
+
+impl GroupState {
+    /// The lower-case name shown by `gsnap_groups()`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupState::Sealed => "sealed",
+            GroupState::Active => "active",
+        }
+    }
+}
+
+/// A row of `gsnap_groups()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRow {
+    pub id: u64,
+    pub state: GroupState,
+    pub first: SnapId,
+    pub last: SnapId,
+    pub snapshots: u64,
+    pub pages: u64,
+    pub bytes: u64,
+    /// Whether it is in the group cache.
+    pub loaded: bool,
+    pub length_budget: u64,
+    /// None: no page budget (the first group).
+    pub page_budget: Option<u64>,
+}
+
+/// The start of reading a table at a snapshot; its row type bytes follow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanHeader {
+    /// The relation incarnation holding the table's pages at the snapshot.
+    pub rel: RelId,
+    /// The table's size in blocks at the snapshot.
+    pub nblocks: u32,
+}
+
+fn rows<T>(
+    tag: u8,
+    what: &'static str,
+    rows: &[T],
+    mut row: impl FnMut(&mut Writer, &T) -> Result<(), EncodeError>,
+) -> Result<Vec<u8>, EncodeError> {
+    let mut w = Writer::new(what);
+    w.u8(tag).count(rows.len())?;
+    for r in rows {
+        row(&mut w, r)?;
+    }
+    Ok(w.into_bytes())
+}
+
+fn decode_rows<T>(
+    tag: u8,
+    what: &'static str,
+    bytes: &[u8],
+    min_row_bytes: usize,
+    mut row: impl FnMut(&mut Reader<'_>) -> Result<T, DecodeError>,
+) -> Result<Vec<T>, DecodeError> {
+    let mut r = Reader::new(bytes, what);
+    listing_tag(&mut r, tag)?;
+    let n = r.count(what, min_row_bytes)?;
+    let rows = (0..n).map(|_| row(&mut r)).collect::<Result<Vec<T>, _>>()?;
+    r.finish()?;
+    Ok(rows)
+}
+
+fn listing_tag(r: &mut Reader<'_>, want: u8) -> Result<(), DecodeError> {
+    match r.u8()? {
+        t if t == want => Ok(()),
+        t => Err(DecodeError::UnknownTag {
+            what: "listing",
+            tag: u32::from(t),
+        }),
+    }
+}
+
+/// Encodes the catalog listing (Snapshots).
+pub fn encode_snapshots(list: &[SnapshotRow]) -> Result<Vec<u8>, EncodeError> {
+    rows(SNAPSHOTS, "snapshot listing", list, |w, s| {
+        w.u64(s.id.0)
+            .u8(s.state as u8)
+            .i64(s.taken_at_us)
+            .u64(s.lsn)
+            .u8(s.rank)
+            .u32(s.tables)
+            .u64(s.pages_captured)
+            .u64(s.new_images)
+            .u64(s.bytes_stored)
+            .u64(s.carried_pages)
+            .opt_str(s.failure.as_deref())?;
+        Ok(())
+    })
+}
+
+/// Decodes the catalog listing.
+pub fn decode_snapshots(bytes: &[u8]) -> Result<Vec<SnapshotRow>, DecodeError> {
+    decode_rows(SNAPSHOTS, "snapshot listing", bytes, 63, |r| {
+        Ok(SnapshotRow {
+            id: SnapId(r.u64()?),
+            state: SnapshotState::from_tag(r.u8()?)?,
+            taken_at_us: r.i64()?,
+            lsn: r.u64()?,
+            rank: r.u8()?,
+            tables: r.u32()?,
+            pages_captured: r.u64()?,
+            new_images: r.u64()?,
+            bytes_stored: r.u64()?,
+            carried_pages: r.u64()?,
+            failure: r.opt_str("failure")?,
+        })
+    })
+}
+
+/// Encodes a snapshot's tables (SnapshotTables).
+pub fn encode_tables(list: &[TableRow]) -> Result<Vec<u8>, EncodeError> {
+    rows(TABLES, "table listing", list, |w, t| {
+        w.u32(t.relid)
+            .u32(t.rel.0)
+            .u32(t.relfilenode)
+            .u32(t.nblocks)
+            .str(&t.name)?;
+        Ok(())
+    })
+}
+
+/// Decodes a snapshot's tables.
+pub fn decode_tables(bytes: &[u8]) -> Result<Vec<TableRow>, DecodeError> {
+    decode_rows(TABLES, "table listing", bytes, 20, |r| {
+        Ok(TableRow {
+            relid: r.u32()?,
+            rel: RelId(r.u32()?),
+            relfilenode: r.u32()?,
+            nblocks: r.u32()?,
+            name: r.str("table name")?,
+        })
+    })
+}
+
+/// Encodes the group listing (Groups).
+pub fn encode_groups(list: &[GroupRow]) -> Result<Vec<u8>, EncodeError> {
+    rows(GROUPS, "group listing", list, |w, g| {
+        w.u64(g.id)
+            .u8(g.state as u8)
+            .u64(g.first.0)
+            .u64(g.last.0)
+            .u64(g.snapshots)
+            .u64(g.pages)
+            .u64(g.bytes)
+            .bool(g.loaded)
+            .u64(g.length_budget)
+            .opt_u64(g.page_budget);
+        Ok(())
+    })
+}
+
+/// Decodes the group listing.
+pub fn decode_groups(bytes: &[u8]) -> Result<Vec<GroupRow>, DecodeError> {
+    decode_rows(GROUPS, "group listing", bytes, 59, |r| {
+        Ok(GroupRow {
+            id: r.u64()?,
+            state: match r.u8()? {
+                1 => GroupState::Sealed,
+                2 => GroupState::Active,
+                tag => {
+                    return Err(DecodeError::UnknownTag {
+                        what: "group state",
+                        tag: u32::from(tag),
+                    })
+                }
+            },
+            first: SnapId(r.u64()?),
+            last: SnapId(r.u64()?),
+            snapshots: r.u64()?,
+            pages: r.u64()?,
+            bytes: r.u64()?,
+            loaded: r.bool("loaded")?,
+            length_budget: r.u64()?,
+            page_budget: r.opt_u64("page budget")?,
+        })
+    })
+}
+
+/// Encodes the start of a scan (ScanBegin): the header, then the row type bytes.
+pub fn encode_scan(header: &ScanHeader, row_type: &[u8]) -> Result<Vec<u8>, EncodeError> {
+    let mut w = Writer::new("scan start");
+    w.u8(SCAN)
+        .u32(header.rel.0)
+        .u32(header.nblocks)
+        .bytes(row_type)?;
+    Ok(w.into_bytes())
+}
+
+/// Decodes the start of a scan into the header and the row type bytes.
+pub fn decode_scan(bytes: &[u8]) -> Result<(ScanHeader, Vec<u8>), DecodeError> {
+    let mut r = Reader::new(bytes, "scan start");
+    listing_tag(&mut r, SCAN)?;
+    let header = ScanHeader {
+        rel: RelId(r.u32()?),
+        nblocks: r.u32()?,
+    };
+    let row_type = r.bytes("row type")?.to_vec();
+    r.finish()?;
+    Ok((header, row_type))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_names_are_the_stores() {
+        let names: Vec<&str> = SnapshotState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, ["capturing", "committed", "failed", "deleted"]);
+        assert!(SnapshotState::Committed.is_readable());
+        assert!(!SnapshotState::Capturing.is_readable());
+        assert!(SnapshotState::from_tag(5).is_err());
+    }
+
+    #[test]
+    fn a_listing_decoded_as_another_is_an_error() {
+        let tables = encode_tables(&[TableRow {
+            relid: 1,
+            rel: RelId(2),
+            relfilenode: 3,
+            nblocks: 4,
+            name: "t".into(),
+        }])
+        .unwrap();
+        assert!(matches!(
+            decode_snapshots(&tables),
+            Err(DecodeError::UnknownTag {
+                what: "listing",
+                tag: 2
+            })
+        ));
+        assert_eq!(decode_tables(&tables).unwrap()[0].name, "t");
+    }
+
+    #[test]
+    fn minimum_row_sizes_are_the_encoded_sizes() {
+        let snap = SnapshotRow {
+            id: SnapId(1),
+            state: SnapshotState::Failed,
+            taken_at_us: -1,
+            lsn: 2,
+            rank: 3,
+            tables: 4,
+            pages_captured: 5,
+            new_images: 6,
+            bytes_stored: 7,
+            carried_pages: 8,
+            failure: None,
+        };
+        assert_eq!(encode_snapshots(&[snap]).unwrap().len(), 1 + 4 + 63);
+        let group = GroupRow {
+            id: 1,
+            state: GroupState::Active,
+            first: SnapId(1),
+            last: SnapId(2),
+            snapshots: 2,
+            pages: 3,
+            bytes: 4,
+            loaded: true,
+            length_budget: 5,
+            page_budget: None,
+        };
+        assert_eq!(encode_groups(&[group]).unwrap().len(), 1 + 4 + 59);
+        let table = TableRow {
+            relid: 1,
+            rel: RelId(1),
+            relfilenode: 1,
+            nblocks: 1,
+            name: String::new(),
+        };
+        assert_eq!(encode_tables(&[table]).unwrap().len(), 1 + 4 + 20);
+    }
+}
