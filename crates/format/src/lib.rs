@@ -4,17 +4,59 @@
 //! Both are produced and consumed by the extension; the store keeps them as opaque bytes.
 //! Every format starts with a version byte, and decoding checks every length, so a corrupt
 //! or foreign buffer is an error, never a panic or an out-of-bounds read.
+//!
+//! Next to the formats live the decisions about them that need no PostgreSQL, so they are
+//! tested here, against simple models, instead of only through a server:
+//! - [`heap`]: PostgreSQL 15's heap tuple header and varlena headers, named once;
+//! - [`columns`]: how each of today's columns gets its value from a tuple of an older row type;
+//! - [`diff`]: which tuples of two views of a page differ, and which rows only moved;
+//! - [`versions`]: which tuples of consecutive images of a block are the same row version.
 
+#![forbid(unsafe_code)]
+
+pub mod columns;
+pub mod diff;
+pub mod heap;
 pub mod rowtype;
+pub mod versions;
 pub mod view;
 
-/// Why bytes could not be decoded.
+/// Why bytes could not be decoded, or a snapshot's rows cannot be read as today's row type.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FormatError(pub String);
+pub enum FormatError {
+    /// The bytes are not in the format they should be in (truncated, another version, a
+    /// length or header that does not add up): corrupt or foreign data.
+    Corrupt(String),
+    /// A column that still exists had, at the snapshot, a type that no longer exists, so its
+    /// old values cannot be converted to the column's type today.
+    TypeGone {
+        /// The column's attribute number.
+        attnum: i16,
+        /// The column's name at the snapshot.
+        column: String,
+        /// The name of its type at the snapshot (as `format_type` printed it).
+        type_name: String,
+    },
+}
+
+impl FormatError {
+    /// A [`FormatError::Corrupt`] with `message`.
+    pub fn corrupt(message: impl Into<String>) -> FormatError {
+        FormatError::Corrupt(message.into())
+    }
+}
 
 impl std::fmt::Display for FormatError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            FormatError::Corrupt(message) => f.write_str(message),
+            FormatError::TypeGone {
+                column, type_name, ..
+            } => write!(
+                f,
+                "column \"{column}\" had type {type_name}, which no longer exists"
+            ),
+        }
     }
 }
 
@@ -42,7 +84,7 @@ impl<'a> Reader<'a> {
             .checked_add(n)
             .filter(|&e| e <= self.bytes.len())
             .ok_or_else(|| {
-                FormatError(format!("{} is truncated at byte {}", self.what, self.pos))
+                FormatError::corrupt(format!("{} is truncated at byte {}", self.what, self.pos))
             })?;
         let s = &self.bytes[self.pos..end];
         self.pos = end;
@@ -80,15 +122,16 @@ impl<'a> Reader<'a> {
     pub(crate) fn string(&mut self) -> Result<String, FormatError> {
         let n = self.u16()? as usize;
         let b = self.take(n)?;
-        String::from_utf8(b.to_vec())
-            .map_err(|_| FormatError(format!("{} holds a string that is not UTF-8", self.what)))
+        String::from_utf8(b.to_vec()).map_err(|_| {
+            FormatError::corrupt(format!("{} holds a string that is not UTF-8", self.what))
+        })
     }
 
     pub(crate) fn end(&self) -> Result<(), FormatError> {
         if self.pos == self.bytes.len() {
             Ok(())
         } else {
-            Err(FormatError(format!(
+            Err(FormatError::corrupt(format!(
                 "{} has {} unexpected trailing bytes",
                 self.what,
                 self.bytes.len() - self.pos
@@ -101,7 +144,7 @@ impl<'a> Reader<'a> {
         if v == expected {
             Ok(())
         } else {
-            Err(FormatError(format!(
+            Err(FormatError::corrupt(format!(
                 "{} has format version {v}, this gsnap reads version {expected}",
                 self.what
             )))

@@ -89,7 +89,7 @@ impl RowType {
         for i in 0..n {
             let attnum = r.i16()?;
             if i32::from(attnum) != i32::from(i) + 1 {
-                return Err(FormatError(format!(
+                return Err(FormatError::corrupt(format!(
                     "row type lists attribute {attnum} in position {}",
                     i + 1
                 )));
@@ -98,7 +98,9 @@ impl RowType {
             let len = r.i16()?;
             let align = r.u8()?;
             if !matches!(align, b'c' | b's' | b'i' | b'd') {
-                return Err(FormatError(format!("row type has alignment code {align}")));
+                return Err(FormatError::corrupt(format!(
+                    "row type has alignment code {align}"
+                )));
             }
             let type_oid = r.u32()?;
             let typmod = r.i32()?;
@@ -108,7 +110,7 @@ impl RowType {
             let missing = if flags & HAS_MISSING != 0 {
                 let n = r.u32()? as usize;
                 Some(String::from_utf8(r.take(n)?.to_vec()).map_err(|_| {
-                    FormatError("row type holds a missing value that is not UTF-8".into())
+                    FormatError::corrupt("row type holds a missing value that is not UTF-8")
                 })?)
             } else {
                 None

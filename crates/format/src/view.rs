@@ -99,7 +99,7 @@ pub fn decode(view: &[u8]) -> Result<Vec<ViewTuple<'_>>, FormatError> {
     for _ in 0..n {
         let lp = r.u16()?;
         if lp <= last {
-            return Err(FormatError(format!(
+            return Err(FormatError::corrupt(format!(
                 "page view lists line pointer {lp} after {last}"
             )));
         }
@@ -154,11 +154,17 @@ mod tests {
         assert!(decode(&extra).is_err());
         let mut wrong_version = good.clone();
         wrong_version[0] = 9;
-        assert!(decode(&wrong_version).unwrap_err().0.contains("version 9"));
+        assert!(decode(&wrong_version)
+            .unwrap_err()
+            .to_string()
+            .contains("version 9"));
         let mut short_tuple = good.clone();
         short_tuple[10] = 200; // the first tuple's length
         assert!(decode(&short_tuple).is_err());
-        assert!(decode(&wrong_version).unwrap_err().0.contains("version 9"));
+        assert!(decode(&wrong_version)
+            .unwrap_err()
+            .to_string()
+            .contains("version 9"));
         let mut b = ViewBuilder::new();
         b.push(3, b"a");
         b.push(3, b"b");
