@@ -15,9 +15,8 @@ use super::page::capture_page;
 use super::{code_of, xact, Worker};
 use crate::ipc::protocol::ErrorCode;
 use crate::shmem::{self, Phase};
-use gsnap_core::{ImageId as IndexImage, Mapping, PageKey, SnapId as IndexSnap};
 use gsnap_shmem::dirty::Drained;
-use gsnap_store::{Capture, PageId, RelId, RocksBackend, SnapId, StoreError};
+use gsnap_store::{Capture, PageKey, RelId, RocksBackend, SnapId, StoreError};
 use pgrx::pg_sys;
 use std::collections::BTreeSet;
 
@@ -100,8 +99,6 @@ pub(crate) struct CaptureJob {
     decl: Declared,
     capture: Capture<'static, RocksBackend>,
     items: Vec<Item>,
-    /// The mappings added, for the index once the snapshot is committed.
-    mappings: Vec<Mapping>,
     item: usize,
     cursor: usize,
     /// Pages found unsettled: the next capture takes them again.
@@ -191,7 +188,6 @@ impl Worker {
             s
         };
         self.job = Some(CaptureJob {
-            mappings: Vec::new(),
             decl,
             capture,
             items,
@@ -259,14 +255,12 @@ impl Worker {
             carried,
             covered,
             strategy,
-            mut mappings,
             ..
         } = job;
         free_strategy(strategy);
         match capture.commit() {
             Ok(info) => {
-                mappings.sort_unstable_by_key(|m| m.page);
-                self.index_snapshot(decl.snap, &mappings);
+                self.index_snapshot(decl.snap);
                 declare::release(&decl.locked, Some(decl.mvcc));
                 self.carry.absorb(CarryForward {
                     pages: carried,
@@ -414,8 +408,6 @@ impl CaptureJob {
                 capture_one(
                     index,
                     &mut self.capture,
-                    &mut self.mappings,
-                    self.decl.snap,
                     self.decl.mvcc,
                     self.strategy,
                     rel,
@@ -446,8 +438,6 @@ impl CaptureJob {
 fn capture_one(
     index: &IndexState,
     capture: &mut Capture<'static, RocksBackend>,
-    mappings: &mut Vec<Mapping>,
-    snap: u64,
     mvcc: pg_sys::Snapshot,
     strategy: pg_sys::BufferAccessStrategy,
     rel: pg_sys::Relation,
@@ -462,23 +452,23 @@ fn capture_one(
             capture.put_toast(bytes).map(|t| t.0)
         })?
     };
-    let page = PageId::new(item.rel, block);
-    let key = PageKey::new(item.rel.0, block);
+    let page = PageKey {
+        rel: item.rel,
+        block,
+    };
     let previous = if item.fresh {
         None
     } else {
         // The previous page table is the newest one in the index.
         index
-            .latest_image(key)
+            .latest_image(page)
             .map_err(|e| StoreError::new(gsnap_store::ErrorKind::Corrupt, e.to_string()))?
-            .map(|i| i.0)
     };
     // A page with no mapping reads as empty, so an empty view needs no mapping then.
     if view.tuples > 0 || previous.is_some() {
         let image = capture.put_image(&view.view)?;
-        if previous != Some(image.0) {
+        if previous != Some(image) {
             capture.add_mapping(page, image)?;
-            mappings.push(Mapping::new(key, IndexSnap(snap), IndexImage(image.0)));
         }
     }
     if view.unsettled {

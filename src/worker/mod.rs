@@ -30,9 +30,10 @@ use std::time::{Duration, Instant};
 
 pub(crate) type Store = SnapshotStore<RocksBackend>;
 
-/// The version of what this gsnap writes into the store (page views, row types, index
-/// groups, Skippy nodes). Bump it with any of their formats; an older store is then refused
-/// with a clear error instead of being misread.
+/// The version of what this gsnap writes into the store as opaque bytes (page views, row
+/// types, sealed group bodies). Bump it with any of their formats; an older store is then
+/// refused with a clear error instead of being misread. (The store's own records, the mapping
+/// log and group metadata included, are versioned by the store's format version.)
 const CONTENT_VERSION: u32 = 2;
 pub(crate) use catalog::UNIX_TO_PG_EPOCH_US;
 
@@ -394,13 +395,14 @@ impl Worker {
         }
     }
 
-    /// Adds a committed snapshot to the index; if that fails the index is reopened from the
-    /// store (the mapping log is the truth), so the snapshot is indexed either way.
-    pub(super) fn index_snapshot(&mut self, snap: u64, mappings: &[gsnap_core::Mapping]) {
+    /// Adds a committed snapshot to the index (its mappings read from the store's mapping
+    /// log); if that fails the index is reopened from the store (the mapping log is the
+    /// truth), so the snapshot is indexed either way.
+    pub(super) fn index_snapshot(&mut self, snap: u64) {
         let Some(index) = self.index.as_mut() else {
             return;
         };
-        if let Err(e) = index.add_snapshot(snap, mappings) {
+        if let Err(e) = index.add_snapshot(SnapId(snap)) {
             warning!(
                 "gsnap: indexing snapshot {snap} failed ({e}); rebuilding the index from the store"
             );

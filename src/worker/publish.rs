@@ -7,7 +7,7 @@
 //! copy under a new cache key each time it changed; copies no longer current are removed as
 //! soon as no reader pins them.
 
-use super::index::{GroupMeta, ACTIVE_KEY};
+use super::index::ACTIVE_KEY;
 use super::Worker;
 use crate::ipc::protocol::{self, ErrorCode, GroupEntry, GroupRow};
 use crate::shmem::groups::{self, with_groups};
@@ -15,6 +15,7 @@ use gsnap_core::cache::Probe;
 use gsnap_core::coverage::{plan_load, GroupSpan};
 use gsnap_core::{IndexError, SnapId};
 use gsnap_shmem::requests::RequestBody;
+use gsnap_store::GroupMeta;
 
 type Failure = (ErrorCode, String);
 
@@ -44,8 +45,8 @@ impl Worker {
             .sealed
             .iter()
             .map(|m| GroupSpan {
-                first: SnapId(m.first()),
-                last: SnapId(m.last()),
+                first: m.first(),
+                last: m.last(),
             })
             .collect();
         let active = index.active_span();
@@ -92,7 +93,7 @@ impl Worker {
     fn pin_group(&mut self, needed: Needed) -> Result<GroupEntry, Failure> {
         let index = self.index.as_ref().expect("checked by the caller");
         let key = match &needed {
-            Needed::Sealed(m) => m.id,
+            Needed::Sealed(m) => m.id.0,
             Needed::Active => ACTIVE_KEY | index.active_version,
         };
         if let Probe::Hit(extent) = with_groups(|c| c.pin(key)).map_err(index_failure)? {
@@ -166,14 +167,14 @@ impl Worker {
             .sealed
             .iter()
             .map(|m| GroupRow {
-                id: m.id,
+                id: m.id.0,
                 state: "sealed".into(),
-                first: m.first(),
-                last: m.last(),
+                first: m.first().0,
+                last: m.last().0,
                 snapshots: m.snaps.len() as u64,
                 pages: m.pages,
                 bytes: m.bytes,
-                loaded: loaded.contains(&m.id),
+                loaded: loaded.contains(&m.id.0),
                 length_budget: 0,
                 page_budget: 0,
             })
@@ -190,7 +191,7 @@ impl Worker {
         if let Some((f, l)) = index.active_span() {
             let (length_budget, page_budget) = index.dividing.budgets();
             rows.push(GroupRow {
-                id: index.sealed.last().map_or(1, |m| m.id + 1),
+                id: index.sealed.last().map_or(1, |m| m.id.0 + 1),
                 state: "active".into(),
                 first: f,
                 last: l,

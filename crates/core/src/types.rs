@@ -8,12 +8,18 @@
 //!   before (see [`validate_batch`]).
 
 use crate::error::IndexError;
+use std::fmt;
 
 /// A snapshot id. Ids grow strictly with each declared snapshot; deletion leaves gaps.
+///
+/// This and the other id types here ([`RelId`], [`ImageId`]) are the whole workspace's: the
+/// store (`gsnap-store`) allocates them and re-exports these types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct SnapId(pub u64);
 
-/// An internal relation number (one per table incarnation; a rewritten table gets a new one).
+/// A relation *incarnation*: an internal relation number, one per table storage (a table
+/// whose storage is replaced by TRUNCATE, VACUUM FULL, ... gets a new one), so pages of
+/// different storages never share ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct RelId(pub u32);
 
@@ -36,9 +42,34 @@ impl PageKey {
     }
 }
 
-/// The opaque id of a stored page image (content-addressed by the store).
+/// The id of a stored page image (content-addressed by the store: identical views share one
+/// id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ImageId(pub u64);
+
+impl fmt::Display for SnapId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "snapshot {}", self.0)
+    }
+}
+
+impl fmt::Display for RelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "relation incarnation {}", self.0)
+    }
+}
+
+impl fmt::Display for PageKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "block {} of {}", self.block, self.rel)
+    }
+}
+
+impl fmt::Display for ImageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "image {}", self.0)
+    }
+}
 
 /// One entry of the mapping log: at snapshot `snap`, `page` is held by `image`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,6 +140,16 @@ mod tests {
     fn page_keys_order_by_relation_then_block() {
         assert!(PageKey::new(1, 900) < PageKey::new(2, 0));
         assert!(PageKey::new(2, 0) < PageKey::new(2, 1));
+    }
+
+    #[test]
+    fn ids_display_in_the_vocabulary_of_the_design() {
+        assert_eq!(SnapId(7).to_string(), "snapshot 7");
+        assert_eq!(ImageId(9).to_string(), "image 9");
+        assert_eq!(
+            PageKey::new(3, 12).to_string(),
+            "block 12 of relation incarnation 3"
+        );
     }
 
     #[test]

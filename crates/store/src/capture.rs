@@ -5,26 +5,31 @@
 //!    record in state *capturing*, its capturing marker and the snapshot counter; several
 //!    snapshots may be declared before their captures run, and `begin_capture` opens them one
 //!    at a time, oldest first;
-//! 2. images, TOAST values, mappings and carried pages accumulate in a batch that is written
-//!    *unsynced* whenever it reaches `max_batch_bytes` (bounded memory for any table size);
-//! 3. `commit` writes the rest, the record in state *committed* and the marker's deletion in
-//!    one synced batch: only then is the snapshot visible;
-//! 4. `abort` (or dropping an unfinished capture) removes the mappings written so far and
-//!    marks the snapshot failed; after a crash, `open` does the same for every marker left.
+//! 2. images, TOAST values and carried pages accumulate in a batch that is written *unsynced*
+//!    whenever it reaches `max_batch_bytes` (bounded memory for any table size); the mappings
+//!    are kept in memory (16 bytes per page whose image changed);
+//! 3. `commit` writes the rest, the snapshot's mappings appended to the mapping log (the log
+//!    nodes they change), the record in state *committed* and the marker's deletion in one
+//!    synced batch: only then is the snapshot visible, and its mappings with it;
+//! 4. `abort` (or dropping an unfinished capture) removes the carried pages written so far
+//!    and marks the snapshot failed; after a crash, `open` does the same for every marker
+//!    left.
 //!
 //! Invariants: at most one capture is open per store; a capture whose write failed accepts
 //! nothing but `abort` (its flushed state is incomplete); a dedup entry is written in the same
 //! batch as the content it names, after all of a TOAST value's chunks, so it never points at
-//! missing or different content.
+//! missing or different content; the mapping log holds the mappings of committed snapshots
+//! only, because nothing but a commit batch writes it.
 
 use std::collections::{HashMap, HashSet};
 
 use crate::backend::{KvBackend, WriteBatch};
 use crate::error::{Result, StoreError};
-use crate::ids::{Fingerprint, ImageId, PageId, Rank, RelId, SnapId, ToastId};
+use crate::ids::{Fingerprint, ImageId, PageKey, Rank, RelId, SnapId, ToastId};
 use crate::keys::{self, Cf, Counter, DedupKind};
 use crate::records::{self, CaptureStats, SnapshotDecl, SnapshotInfo, SnapshotState, ToastInfo};
 use crate::store::{SnapSummary, SnapshotStore};
+use gsnap_core::Mapping;
 
 /// Largest page view accepted (one PostgreSQL block).
 pub const MAX_VIEW_BYTES: usize = 8192;
@@ -40,6 +45,8 @@ pub struct Capture<'s, B: KvBackend> {
     store: &'s SnapshotStore<B>,
     info: SnapshotInfo,
     rels: HashSet<RelId>,
+    /// The mappings added, in the order added (sorted, last one per page kept, at commit).
+    mappings: Vec<(PageKey, ImageId)>,
     batch: WriteBatch,
     pending_images: HashMap<Fingerprint, ImageId>,
     pending_toast: HashMap<Fingerprint, ToastId>,
@@ -162,6 +169,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             store: self,
             info,
             rels,
+            mappings: Vec::new(),
             batch: WriteBatch::new(),
             pending_images: HashMap::new(),
             pending_toast: HashMap::new(),
@@ -288,8 +296,9 @@ impl<B: KvBackend> Capture<'_, B> {
     }
 
     /// Adds the mapping (page, this snapshot) -> image. The page's relation must be in the
-    /// declaration. Adding the same page twice keeps the last image.
-    pub fn add_mapping(&mut self, page: PageId, image: ImageId) -> Result<()> {
+    /// declaration. Adding the same page twice keeps the last image. Mappings stay in memory
+    /// until the commit writes them to the mapping log.
+    pub fn add_mapping(&mut self, page: PageKey, image: ImageId) -> Result<()> {
         self.usable()?;
         self.check_page(page)?;
         let next = self.store.next_id(Counter::Image);
@@ -298,21 +307,13 @@ impl<B: KvBackend> Capture<'_, B> {
                 "mapping of {page} names {image}, which was never allocated"
             )));
         }
-        let snap = self.info.id;
-        let value = keys::image_id_value(image);
-        self.batch
-            .put(Cf::MapLog, &keys::maplog_key(snap, page), &value);
-        self.batch.put(
-            Cf::PageVersions,
-            &keys::page_versions_key(page, snap),
-            &value,
-        );
+        self.mappings.push((page, image));
         self.info.stats.pages_captured += 1;
-        self.flush_if_full()
+        Ok(())
     }
 
     /// Records that `page` is unsettled at this snapshot and carried into the next span.
-    pub fn carry(&mut self, page: PageId) -> Result<()> {
+    pub fn carry(&mut self, page: PageKey) -> Result<()> {
         self.usable()?;
         self.check_page(page)?;
         self.batch
@@ -321,14 +322,19 @@ impl<B: KvBackend> Capture<'_, B> {
         self.flush_if_full()
     }
 
-    /// Makes the snapshot durable and visible: the remaining images and mappings, the
-    /// committed catalog entry and the removal of the capturing marker, in one synced batch.
-    /// On error the capture is aborted (as by dropping it).
+    /// Makes the snapshot durable and visible: the remaining images, the snapshot's mappings
+    /// appended to the mapping log, the committed catalog entry and the removal of the
+    /// capturing marker, in one synced batch. On error the capture is aborted (as by dropping
+    /// it).
     pub fn commit(mut self) -> Result<SnapshotInfo> {
         self.usable()?;
         let mut info = self.info.clone();
         info.state = SnapshotState::Committed;
         let snap = info.id;
+        let mappings = sorted_mappings(snap, std::mem::take(&mut self.mappings));
+        info.stats.pages_captured = mappings.len() as u64;
+        let r = self.store.append_to_log(snap, &mappings, &mut self.batch);
+        self.poison_on_error(r)?;
         self.batch.put(
             Cf::Catalog,
             &keys::snapshot_key(snap),
@@ -354,8 +360,9 @@ impl<B: KvBackend> Capture<'_, B> {
     }
 
     /// Abandons the capture: the snapshot is recorded as failed with `reason` (listed, never
-    /// readable) and the mappings written so far are removed. Images and TOAST values already
-    /// written stay (they are content-addressed; garbage collection reclaims them).
+    /// readable) and the carried pages written so far are removed; its mappings were never
+    /// written. Images and TOAST values already written stay (they are content-addressed;
+    /// garbage collection reclaims them).
     pub fn abort(mut self, reason: &str) -> Result<()> {
         self.abort_inner(reason)
     }
@@ -385,7 +392,7 @@ impl<B: KvBackend> Capture<'_, B> {
         }
     }
 
-    fn check_page(&self, page: PageId) -> Result<()> {
+    fn check_page(&self, page: PageKey) -> Result<()> {
         if !self.rels.contains(&page.rel) {
             return Err(StoreError::invalid(format!(
                 "{page} is not in snapshot {}'s declaration",
@@ -440,6 +447,21 @@ impl<B: KvBackend> Capture<'_, B> {
         }
         r
     }
+}
+
+/// A capture's mappings as the log takes them: sorted by page, the last one added for each
+/// page.
+fn sorted_mappings(snap: SnapId, mut added: Vec<(PageKey, ImageId)>) -> Vec<Mapping> {
+    // A stable sort keeps the pages' mappings in the order they were added.
+    added.sort_by_key(|(page, _)| *page);
+    let mut out: Vec<Mapping> = Vec::with_capacity(added.len());
+    for (page, image) in added {
+        match out.last_mut() {
+            Some(last) if last.page == page => last.image = image,
+            _ => out.push(Mapping { page, snap, image }),
+        }
+    }
+    out
 }
 
 impl<B: KvBackend> Drop for Capture<'_, B> {

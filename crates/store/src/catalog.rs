@@ -1,5 +1,5 @@
-//! The catalog: snapshot listing and resolution, snapshot deletion, carried pages, row types
-//! and relation incarnations.
+//! The catalog: snapshot listing and resolution, snapshot deletion, carried pages, row types,
+//! relation incarnations and garbage-collection progress.
 //!
 //! Invariants: only committed snapshots are *readable* ([`SnapshotStore::check_readable`]);
 //! row types are deduplicated by their full BLAKE3 fingerprint and, like relation
@@ -8,7 +8,7 @@
 
 use crate::backend::{KvBackend, Scan, WriteBatch};
 use crate::error::{Result, StoreError};
-use crate::ids::{Fingerprint, PageId, RelId, RowTypeId, SnapId};
+use crate::ids::{Fingerprint, PageKey, RelId, RowTypeId, SnapId};
 use crate::keys::{self, Cf, Counter, DedupKind};
 use crate::records::{self, RelIncarnation, SnapshotInfo, SnapshotState};
 use crate::store::{SnapSummary, SnapshotStore};
@@ -79,7 +79,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     }
 
     /// The pages snapshot `snap` carried (unsettled) into the next span, in page order.
-    pub fn carried_pages(&self, snap: SnapId) -> Result<Vec<PageId>> {
+    pub fn carried_pages(&self, snap: SnapId) -> Result<Vec<PageKey>> {
         self.check_readable(snap)?;
         let mut out = Vec::new();
         for entry in Scan::prefix(&self.backend, Cf::Catalog, &keys::carried_prefix(snap))? {
@@ -212,5 +212,17 @@ impl<B: KvBackend> SnapshotStore<B> {
             out.push((keys::decode_rel_key(&k)?, records::decode_rel(&v)?));
         }
         Ok(out)
+    }
+
+    /// Records garbage-collection progress (opaque bytes) durably.
+    pub fn put_gc_progress(&self, progress: &[u8]) -> Result<()> {
+        let mut batch = WriteBatch::new();
+        batch.put(Cf::Catalog, keys::GC_PROGRESS_KEY, progress);
+        self.backend.write(&batch, true)
+    }
+
+    /// The last recorded garbage-collection progress.
+    pub fn gc_progress(&self) -> Result<Option<Vec<u8>>> {
+        self.backend.get(Cf::Catalog, keys::GC_PROGRESS_KEY)
     }
 }

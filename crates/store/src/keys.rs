@@ -8,16 +8,17 @@
 //! - this file is the only place that builds or parses keys; `docs/format.md` describes the
 //!   same layout and must change with it.
 //!
-//! Value layouts are in `records.rs` (structured records) and documented there and in
+//! Value layouts are in `records.rs` (structured records) and `groups.rs` (group metadata);
+//! the mapping log's nodes are `gsnap_core`'s encoding. All are documented there and in
 //! `docs/format.md`.
 
 use std::borrow::Cow;
 
 use crate::error::{Result, StoreError};
-use crate::ids::{Fingerprint, GroupId, ImageId, PageId, Rank, RelId, RowTypeId, SnapId, ToastId};
+use crate::ids::{Fingerprint, GroupId, ImageId, PageKey, Rank, RelId, RowTypeId, SnapId, ToastId};
 
-/// How many image rank levels have a column family. Only rank 0 exists for now (Thresher's
-/// ranked segregation adds more later: one more `images_rN` column family per level).
+/// How many image rank levels have a column family: only rank 0 (Thresher's ranked
+/// segregation would add one `images_rN` column family per further level).
 pub const IMAGE_RANKS: u8 = 1;
 
 /// A column family: a separately stored, separately compacted key space. Families separate
@@ -35,12 +36,9 @@ pub enum Cf {
     Images(Rank),
     /// TOAST values: header and chunks.
     Toast,
-    /// The mapping log in snapshot order: (snapshot, relation, block) -> image.
+    /// The mapping log and its Skippy levels: (level, node number) -> log node. Level 0 is
+    /// the mapping log itself, the only copy of the mappings.
     MapLog,
-    /// The same mappings in page order with the snapshot inverted, for "latest at or before".
-    PageVersions,
-    /// Skippy levels above level 0: (level, node) -> opaque node bytes.
-    Skippy,
     /// Sealed index groups: group id -> opaque bytes.
     Groups,
 }
@@ -50,13 +48,7 @@ impl Cf {
     pub fn all() -> Vec<Cf> {
         let mut all = vec![Cf::Meta, Cf::Catalog, Cf::Dedup];
         all.extend((0..IMAGE_RANKS).map(|r| Cf::Images(Rank(r))));
-        all.extend([
-            Cf::Toast,
-            Cf::MapLog,
-            Cf::PageVersions,
-            Cf::Skippy,
-            Cf::Groups,
-        ]);
+        all.extend([Cf::Toast, Cf::MapLog, Cf::Groups]);
         all
     }
 
@@ -69,8 +61,6 @@ impl Cf {
             Cf::Images(Rank(r)) => format!("images_r{r}").into(),
             Cf::Toast => "toast".into(),
             Cf::MapLog => "maplog".into(),
-            Cf::PageVersions => "page_versions".into(),
-            Cf::Skippy => "skippy".into(),
             Cf::Groups => "groups".into(),
         }
     }
@@ -81,8 +71,8 @@ impl Cf {
 /// `meta`: the format record (the first thing written to a new store).
 pub const FORMAT_KEY: &[u8] = b"F";
 
-/// `meta`: the version of the content the caller stores (page views, row types, index
-/// groups), a u32 big-endian; see `StoreOptions::content_version`.
+/// `meta`: the version of the content the caller stores (page views, row types, sealed group
+/// bodies), a u32 big-endian; see `StoreOptions::content_version`.
 pub const CONTENT_VERSION_KEY: &[u8] = b"V";
 
 /// Which id counter a `meta` counter key holds.
@@ -124,7 +114,7 @@ pub const TAG_CARRIED: u8 = b'C';
 pub const TAG_REL: u8 = b'R';
 /// `catalog`: `'T' rowtype` -> row type record.
 pub const TAG_ROW_TYPE: u8 = b'T';
-/// `catalog`: `'G' group` -> group metadata (opaque bytes).
+/// `catalog`: `'G' group` -> group metadata record.
 pub const TAG_GROUP_META: u8 = b'G';
 /// `catalog`: `'P'` -> GC progress (opaque bytes).
 pub const GC_PROGRESS_KEY: &[u8] = b"P";
@@ -147,7 +137,7 @@ pub fn capturing_key(snap: SnapId) -> [u8; 9] {
 }
 
 /// `catalog` key of a page carried by snapshot `snap`.
-pub fn carried_key(snap: SnapId, page: PageId) -> [u8; 17] {
+pub fn carried_key(snap: SnapId, page: PageKey) -> [u8; 17] {
     let mut k = [0; 17];
     k[..9].copy_from_slice(&tagged_u64(TAG_CARRIED, snap.0));
     k[9..13].copy_from_slice(&page.rel.0.to_be_bytes());
@@ -186,11 +176,14 @@ pub fn decode_tagged_u64(key: &[u8], tag: u8) -> Result<u64> {
 }
 
 /// Decodes a carried-page key.
-pub fn decode_carried_key(key: &[u8]) -> Result<(SnapId, PageId)> {
+pub fn decode_carried_key(key: &[u8]) -> Result<(SnapId, PageKey)> {
     if key.len() != 17 || key[0] != TAG_CARRIED {
         return Err(bad_key("catalog", key));
     }
-    let page = PageId::new(RelId(be_u32(&key[9..13])), be_u32(&key[13..]));
+    let page = PageKey {
+        rel: RelId(be_u32(&key[9..13])),
+        block: be_u32(&key[13..]),
+    };
     Ok((SnapId(be_u64(&key[1..9])), page))
 }
 
@@ -268,63 +261,32 @@ pub fn toast_chunk_key(id: ToastId, chunk: u32) -> [u8; 12] {
     k
 }
 
-// ---- mappings ------------------------------------------------------------------------------
+// ---- the mapping log -----------------------------------------------------------------------
 
-/// `maplog`: snap (u64 BE), rel (u32 BE), block (u32 BE) -> image id (u64 BE).
-pub fn maplog_key(snap: SnapId, page: PageId) -> [u8; 16] {
-    let mut k = [0; 16];
-    k[..8].copy_from_slice(&snap.0.to_be_bytes());
-    k[8..12].copy_from_slice(&page.rel.0.to_be_bytes());
-    k[12..].copy_from_slice(&page.block.to_be_bytes());
-    k
+/// `maplog`: level (u8), node number (u64 BE) -> a Skippy log node (`gsnap_core`'s
+/// `LogNode` encoding). Keys sort by level, then node number.
+pub fn log_node_key(level: u8, node: u64) -> [u8; 9] {
+    tagged_u64(level, node)
 }
 
-/// First `maplog` key of snapshot `snap` (its mappings share this 8-byte prefix).
-pub fn maplog_prefix(snap: SnapId) -> [u8; 8] {
-    snap.0.to_be_bytes()
+/// Decodes a `maplog` key into (level, node number).
+pub fn decode_log_node_key(key: &[u8]) -> Result<(u8, u64)> {
+    match key {
+        [level, rest @ ..] if rest.len() == 8 => Ok((*level, be_u64(rest))),
+        _ => Err(bad_key("maplog", key)),
+    }
 }
 
-/// Decodes a `maplog` key.
-pub fn decode_maplog_key(key: &[u8]) -> Result<(SnapId, PageId)> {
-    let k = exact::<16>(key, "maplog")?;
-    Ok((
-        SnapId(be_u64(&k[..8])),
-        PageId::new(RelId(be_u32(&k[8..12])), be_u32(&k[12..])),
-    ))
+// ---- sealed groups -------------------------------------------------------------------------
+
+/// `groups`: group id (u64 BE) -> opaque sealed group bytes.
+pub fn group_key(group: GroupId) -> [u8; 8] {
+    group.0.to_be_bytes()
 }
 
-/// `page_versions`: rel (u32 BE), block (u32 BE), !snap (u64 BE) -> image id (u64 BE).
-///
-/// The snapshot is bit-inverted so that, for one page, later snapshots sort first: the first
-/// key at or after `page_versions_key(page, v)` is the latest mapping of `page` at or before v.
-pub fn page_versions_key(page: PageId, snap: SnapId) -> [u8; 16] {
-    let mut k = [0; 16];
-    k[..4].copy_from_slice(&page.rel.0.to_be_bytes());
-    k[4..8].copy_from_slice(&page.block.to_be_bytes());
-    k[8..].copy_from_slice(&(!snap.0).to_be_bytes());
-    k
-}
+// ---- helpers -------------------------------------------------------------------------------
 
-/// Prefix of every `page_versions` key of relation incarnation `rel`.
-pub fn page_versions_rel_prefix(rel: RelId) -> [u8; 4] {
-    rel.0.to_be_bytes()
-}
-
-/// Decodes a `page_versions` key.
-pub fn decode_page_versions_key(key: &[u8]) -> Result<(PageId, SnapId)> {
-    let k = exact::<16>(key, "page_versions")?;
-    Ok((
-        PageId::new(RelId(be_u32(&k[..4])), be_u32(&k[4..8])),
-        SnapId(!be_u64(&k[8..])),
-    ))
-}
-
-/// Value of a `maplog` or `page_versions` entry.
-pub fn image_id_value(id: ImageId) -> [u8; 8] {
-    id.0.to_be_bytes()
-}
-
-/// Decodes an 8-byte id value (mapping values, dedup values, counters).
+/// Decodes an 8-byte id value (dedup values, counters).
 pub fn decode_u64_value(value: &[u8], what: &str) -> Result<u64> {
     match <[u8; 8]>::try_from(value) {
         Ok(b) => Ok(u64::from_be_bytes(b)),
@@ -334,20 +296,6 @@ pub fn decode_u64_value(value: &[u8], what: &str) -> Result<u64> {
         ))),
     }
 }
-
-// ---- later work: Skippy levels and sealed groups -------------------------------------------
-
-/// `skippy`: level (u8), node number (u64 BE) -> opaque node bytes.
-pub fn skippy_key(level: u8, node: u64) -> [u8; 9] {
-    tagged_u64(level, node)
-}
-
-/// `groups`: group id (u64 BE) -> opaque sealed group bytes.
-pub fn group_key(group: GroupId) -> [u8; 8] {
-    group.0.to_be_bytes()
-}
-
-// ---- helpers -------------------------------------------------------------------------------
 
 /// The smallest key greater than every key starting with `prefix` (None: no such key, the
 /// prefix is all 0xff).
@@ -387,26 +335,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn page_versions_order_latest_first() {
-        let p = PageId::new(RelId(3), 9);
-        let k5 = page_versions_key(p, SnapId(5));
-        let k7 = page_versions_key(p, SnapId(7));
-        assert!(k7 < k5, "later snapshot must sort first");
-        assert!(k5 < page_versions_key(PageId::new(RelId(3), 10), SnapId(u64::MAX)));
-        assert_eq!(decode_page_versions_key(&k7).unwrap(), (p, SnapId(7)));
-    }
-
-    #[test]
-    fn maplog_orders_by_snapshot_then_page() {
-        let a = maplog_key(SnapId(1), PageId::new(RelId(9), u32::MAX));
-        let b = maplog_key(SnapId(2), PageId::new(RelId(0), 0));
-        let c = maplog_key(SnapId(2), PageId::new(RelId(0), 1));
+    fn log_nodes_order_by_level_then_number() {
+        let a = log_node_key(0, u64::MAX);
+        let b = log_node_key(1, 0);
+        let c = log_node_key(1, 1);
         assert!(a < b && b < c);
-        assert_eq!(
-            decode_maplog_key(&c).unwrap(),
-            (SnapId(2), PageId::new(RelId(0), 1))
-        );
-        assert!(decode_maplog_key(&c[..15]).is_err());
+        assert_eq!(decode_log_node_key(&c).unwrap(), (1, 1));
+        assert!(decode_log_node_key(&c[..8]).is_err());
     }
 
     #[test]
@@ -414,11 +349,11 @@ mod tests {
         let s = snapshot_key(SnapId(42));
         assert_eq!(decode_tagged_u64(&s, TAG_SNAPSHOT).unwrap(), 42);
         assert!(decode_tagged_u64(&s, TAG_CAPTURING).is_err());
-        let c = carried_key(SnapId(4), PageId::new(RelId(2), 7));
+        let c = carried_key(SnapId(4), PageKey::new(2, 7));
         assert!(c.starts_with(&carried_prefix(SnapId(4))));
         assert_eq!(
             decode_carried_key(&c).unwrap(),
-            (SnapId(4), PageId::new(RelId(2), 7))
+            (SnapId(4), PageKey::new(2, 7))
         );
         assert_eq!(decode_rel_key(&rel_key(RelId(77))).unwrap(), RelId(77));
         let tags = [

@@ -8,10 +8,13 @@
 //! - the key schema (`keys.rs`) and value layouts (`records.rs`, `codec.rs`), described byte by
 //!   byte in `docs/format.md`;
 //! - [`SnapshotStore`]: open with format and cluster checks and crash recovery (`store.rs`),
-//!   capture (`capture.rs`), reads (`read.rs`), the catalog (`catalog.rs`) and storage for the
-//!   index's later needs (`index_data.rs`).
+//!   capture (`capture.rs`), content reads (`read.rs`), the mapping log (`maplog.rs`), the
+//!   catalog (`catalog.rs`) and sealed index groups (`groups.rs`).
 //!
-//! The crate knows nothing of PostgreSQL: views, row types and index nodes are opaque bytes.
+//! The crate knows nothing of PostgreSQL: views, row types and group bodies are opaque bytes.
+//! It shares its vocabulary with `gsnap-core` ([`SnapId`], [`RelId`], [`ImageId`],
+//! [`PageKey`], [`Mapping`] are that crate's types, re-exported here), whose Skippy log is
+//! the format of the mapping log.
 //!
 //! A capture, in short:
 //! ```
@@ -25,9 +28,11 @@
 //! };
 //! let mut capture = store.declare_and_begin(decl)?;
 //! let image = capture.put_image(b"the v-view of block 0")?;
-//! capture.add_mapping(PageId::new(rel, 0), image)?;
+//! let page = PageKey { rel, block: 0 };
+//! capture.add_mapping(page, image)?;
 //! let snap = capture.commit()?.id;
-//! assert_eq!(store.lookup(PageId::new(rel, 0), snap)?, Some(image));
+//! assert_eq!(store.mapping_log(snap, snap)?, vec![Mapping::new(page, snap, image)]);
+//! assert_eq!(store.page_table(snap)?, vec![(page, image)]);
 //! assert_eq!(store.image(image)?, b"the v-view of block 0");
 //! # Ok::<(), StoreError>(())
 //! ```
@@ -38,29 +43,30 @@ mod catalog;
 mod codec;
 mod error;
 mod faulty;
+mod groups;
 mod ids;
-mod index_data;
 pub mod keys;
+mod maplog;
 mod mem;
 mod read;
 mod records;
 mod rocks;
-mod skippy;
 mod store;
 
 pub use backend::{BatchOp, KvBackend, KvCursor, Scan, WriteBatch};
 pub use capture::{Capture, MAX_TOAST_BYTES, MAX_VIEW_BYTES, TOAST_CHUNK_BYTES};
 pub use error::{ErrorKind, Result, StoreError};
 pub use faulty::{Fault, FaultyBackend};
-pub use ids::{Fingerprint, GroupId, ImageId, PageId, Rank, RelId, RowTypeId, SnapId, ToastId};
+pub use groups::GroupMeta;
+pub use gsnap_core::skippy::SkippyConfig;
+pub use gsnap_core::Mapping;
+pub use ids::{Fingerprint, GroupId, ImageId, PageKey, Rank, RelId, RowTypeId, SnapId, ToastId};
 pub use mem::MemBackend;
-pub use read::{Mapping, MappingLog, RelationScan};
 pub use records::{
     CaptureStats, RelIncarnation, RelationSnapshot, SnapshotDecl, SnapshotInfo, SnapshotState,
     StoreIdentity, ToastInfo, FORMAT_VERSION,
 };
 pub use rocks::{RocksBackend, RocksConfig};
-pub use skippy::StoreLogStore;
 pub use store::{SnapshotStore, StoreOptions};
 
 /// Compile-time check that the store can be shared with helper threads.

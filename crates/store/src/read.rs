@@ -1,32 +1,16 @@
-//! Reading: images, TOAST values, page lookups ("latest mapping at or before v"), per-relation
-//! page-table scans and the mapping log.
+//! Reading content: page images and TOAST values. (Which image a page has at a snapshot is
+//! the mapping log's business, `maplog.rs`.)
 //!
-//! This is the simple SnapshotIndex (issue 3) served straight from the `page_versions` column
-//! family; the in-memory GSnap index replaces the lookups later and is rebuilt from
-//! [`SnapshotStore::mapping_log`].
-//!
-//! Invariants: lookups and scans answer only for committed snapshots; the mapping log never
-//! yields a mapping of the snapshot being captured; every TOAST chunk returned was checked
-//! against its BLAKE3 hash, and every image too unless [`SnapshotStore::set_verify_images`]
-//! turned that off.
+//! Invariants: every TOAST chunk returned was checked against its BLAKE3 hash, and every
+//! image too unless [`SnapshotStore::set_verify_images`] turned that off; a missing record is
+//! NotFound, a damaged one Corrupt, never default content.
 
-use crate::backend::{KvBackend, KvCursor, Scan};
+use crate::backend::KvBackend;
 use crate::error::{Result, StoreError};
-use crate::ids::{ImageId, PageId, Rank, RelId, SnapId, ToastId};
+use crate::ids::{ImageId, Rank, ToastId};
 use crate::keys::{self, Cf};
-use crate::records::{self, SnapshotState, ToastInfo};
+use crate::records::{self, ToastInfo};
 use crate::store::SnapshotStore;
-
-/// One mapping of the mapping log: at snapshot `snap`, page `page` has image `image`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Mapping {
-    /// The snapshot that captured the page.
-    pub snap: SnapId,
-    /// The page.
-    pub page: PageId,
-    /// Its image at that snapshot.
-    pub image: ImageId,
-}
 
 impl<B: KvBackend> SnapshotStore<B> {
     /// The decompressed view stored as image `id`.
@@ -105,175 +89,5 @@ impl<B: KvBackend> SnapshotStore<B> {
             )));
         }
         Ok(value)
-    }
-
-    /// The image of `page` in snapshot `snap`'s page table: its latest mapping at or before
-    /// `snap` (None: the page was never captured up to `snap`). `snap` must be committed.
-    pub fn lookup(&self, page: PageId, snap: SnapId) -> Result<Option<ImageId>> {
-        self.check_readable(snap)?;
-        let mut cursor = self.backend.cursor(Cf::PageVersions)?;
-        cursor.seek(&keys::page_versions_key(page, snap))?;
-        match cursor.current() {
-            Some((k, v)) => {
-                let (found, _) = keys::decode_page_versions_key(k)?;
-                if found != page {
-                    return Ok(None);
-                }
-                Ok(Some(ImageId(keys::decode_u64_value(v, "mapping")?)))
-            }
-            None => Ok(None),
-        }
-    }
-
-    /// Snapshot `snap`'s page table for relation incarnation `rel`: for each block that has a
-    /// mapping at or before `snap`, in block order, (block, image). Blocks at or beyond the
-    /// relation's size at `snap` may appear (the relation shrank): the caller stops at the
-    /// declared `nblocks`.
-    pub fn scan_relation(&self, rel: RelId, snap: SnapId) -> Result<RelationScan<'_>> {
-        self.scan_relation_from(rel, snap, 0)
-    }
-
-    /// [`SnapshotStore::scan_relation`] starting at block `first`.
-    pub fn scan_relation_from(
-        &self,
-        rel: RelId,
-        snap: SnapId,
-        first: u32,
-    ) -> Result<RelationScan<'_>> {
-        self.check_readable(snap)?;
-        Ok(RelationScan {
-            cursor: self.backend.cursor(Cf::PageVersions)?,
-            rel,
-            snap,
-            next_block: Some(first),
-        })
-    }
-
-    /// The mapping log of snapshots `first..=last` in log order (snapshot, then relation,
-    /// then block). Mappings of the snapshot being captured are never included; failed
-    /// snapshots have none. Deleted snapshots' mappings are included (later page tables are
-    /// built on them).
-    pub fn mapping_log(&self, first: SnapId, last: SnapId) -> Result<MappingLog<'_, B>> {
-        let last = match self.catalog().active {
-            Some(active) if active <= last => SnapId(active.0.saturating_sub(1)),
-            _ => last,
-        };
-        let end = keys::prefix_end(&keys::maplog_prefix(last));
-        let scan = if first <= last {
-            Some(Scan::range(
-                &self.backend,
-                Cf::MapLog,
-                &keys::maplog_prefix(first),
-                end,
-            )?)
-        } else {
-            None
-        };
-        Ok(MappingLog {
-            store: self,
-            scan,
-            current: None,
-        })
-    }
-}
-
-/// Iterator over one relation's page table at one snapshot; see
-/// [`SnapshotStore::scan_relation`]. Each step is one seek in `page_versions`.
-pub struct RelationScan<'a> {
-    cursor: Box<dyn KvCursor + 'a>,
-    rel: RelId,
-    snap: SnapId,
-    next_block: Option<u32>,
-}
-
-impl RelationScan<'_> {
-    fn step(&mut self) -> Result<Option<(u32, ImageId)>> {
-        let Some(mut block) = self.next_block else {
-            return Ok(None);
-        };
-        loop {
-            self.cursor.seek(&keys::page_versions_key(
-                PageId::new(self.rel, block),
-                self.snap,
-            ))?;
-            let Some((k, v)) = self.cursor.current() else {
-                self.next_block = None;
-                return Ok(None);
-            };
-            let (page, snap) = keys::decode_page_versions_key(k)?;
-            if page.rel != self.rel {
-                self.next_block = None;
-                return Ok(None);
-            }
-            if snap <= self.snap {
-                let image = ImageId(keys::decode_u64_value(v, "mapping")?);
-                self.next_block = page.block.checked_add(1);
-                return Ok(Some((page.block, image)));
-            }
-            // A mapping of page.block by a later snapshot: seek that block's latest version
-            // at or before self.snap. That key sorts after this entry, so the scan advances.
-            block = page.block;
-        }
-    }
-}
-
-impl Iterator for RelationScan<'_> {
-    type Item = Result<(u32, ImageId)>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        match self.step() {
-            Ok(Some(x)) => Some(Ok(x)),
-            Ok(None) => None,
-            Err(e) => {
-                self.next_block = None;
-                Some(Err(e))
-            }
-        }
-    }
-}
-
-/// Iterator over the mapping log; see [`SnapshotStore::mapping_log`].
-pub struct MappingLog<'a, B: KvBackend> {
-    store: &'a SnapshotStore<B>,
-    scan: Option<Scan<'a>>,
-    /// The snapshot of the last entry and whether its mappings are part of the log.
-    current: Option<(SnapId, bool)>,
-}
-
-impl<B: KvBackend> Iterator for MappingLog<'_, B> {
-    type Item = Result<Mapping>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let (k, v) = match self.scan.as_mut()?.next()? {
-                Ok(e) => e,
-                Err(e) => return Some(Err(e)),
-            };
-            let decoded = keys::decode_maplog_key(&k)
-                .and_then(|(snap, page)| Ok((snap, page, keys::decode_u64_value(&v, "mapping")?)));
-            let (snap, page, image) = match decoded {
-                Ok(x) => x,
-                Err(e) => return Some(Err(e)),
-            };
-            let visible = match self.current {
-                Some((s, vis)) if s == snap => vis,
-                _ => {
-                    let state = self.store.snapshot_state(snap);
-                    let vis = matches!(
-                        state,
-                        Some(SnapshotState::Committed | SnapshotState::Deleted)
-                    );
-                    self.current = Some((snap, vis));
-                    vis
-                }
-            };
-            if visible {
-                return Some(Ok(Mapping {
-                    snap,
-                    page,
-                    image: ImageId(image),
-                }));
-            }
-        }
     }
 }

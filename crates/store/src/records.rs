@@ -13,12 +13,23 @@
 use crate::codec::{self, Dec, Enc};
 use crate::error::{Result, StoreError};
 use crate::ids::{Fingerprint, Rank, RelId, RowTypeId, SnapId};
+use gsnap_core::skippy::SkippyConfig;
 
-/// Version byte that starts every structured record of format version 1.
+/// Version byte that starts every structured record (1 in format version 2).
 pub const RECORD_VERSION: u8 = 1;
 
 /// The format version this build reads and writes. A store of another version is refused.
-pub const FORMAT_VERSION: u32 = 1;
+///
+/// Version 2 keeps each mapping once, in the Skippy mapping log written in its snapshot's
+/// commit batch; version 1 also kept the `page_versions` column family and a separate mapping
+/// log written during the capture.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The largest mapping log node size a store accepts (entries per node).
+pub const MAX_LOG_NODE_SIZE: usize = 1 << 20;
+
+/// The greatest mapping log height a store accepts (levels above level 0).
+pub const MAX_LOG_HEIGHT: u8 = 16;
 
 /// The first 8 bytes of the format record: what makes a key-value database a gsnap store.
 pub const FORMAT_MAGIC: &[u8; 8] = b"GSNAPSTO";
@@ -37,6 +48,9 @@ pub struct StoreIdentity {
     pub created_at_us: i64,
     /// Format version of the store.
     pub format_version: u32,
+    /// The shape of the mapping log (entries per node, levels above level 0), fixed at
+    /// creation: every reader and writer of the log must cut it the same way.
+    pub mapping_log: SkippyConfig,
 }
 
 pub(crate) fn encode_format(id: &StoreIdentity) -> Vec<u8> {
@@ -46,7 +60,22 @@ pub(crate) fn encode_format(id: &StoreIdentity) -> Vec<u8> {
         .fixed(&id.store_id)
         .u64(id.system_identifier)
         .i64(id.created_at_us)
+        .u32(id.mapping_log.node_size as u32)
+        .u8(id.mapping_log.height)
         .finish()
+}
+
+/// Checks a mapping log shape: a positive node size and a height within bounds.
+pub(crate) fn check_log_shape(shape: SkippyConfig) -> Result<()> {
+    if shape.node_size == 0 || shape.node_size > MAX_LOG_NODE_SIZE || shape.height > MAX_LOG_HEIGHT
+    {
+        return Err(StoreError::invalid(format!(
+            "mapping log shape {} entries per node, height {}: the node size must be 1 to \
+             {MAX_LOG_NODE_SIZE} and the height at most {MAX_LOG_HEIGHT}",
+            shape.node_size, shape.height
+        )));
+    }
+    Ok(())
 }
 
 /// Decodes the format record. `where_` names the store in messages.
@@ -70,12 +99,19 @@ pub(crate) fn decode_format(v: &[u8], where_: &str) -> Result<StoreIdentity> {
     let store_id = d.array()?;
     let system_identifier = d.u64()?;
     let created_at_us = d.i64()?;
+    let mapping_log = SkippyConfig {
+        node_size: d.u32()? as usize,
+        height: d.u8()?,
+    };
     d.end()?;
+    check_log_shape(mapping_log)
+        .map_err(|e| StoreError::corrupt(format!("{where_}: format record: {}", e.message())))?;
     Ok(StoreIdentity {
         store_id,
         system_identifier,
         created_at_us,
         format_version,
+        mapping_log,
     })
 }
 

@@ -35,7 +35,7 @@ pub struct RocksConfig {
     pub block_cache_bytes: usize,
     /// Upper bound on all memtables together, in bytes.
     pub total_write_buffer_bytes: usize,
-    /// Memtable size of the large column families (images, mapping log, page versions).
+    /// Memtable size of the large column families (images, TOAST values, the mapping log).
     pub large_write_buffer_bytes: usize,
     /// Memtable size of the small column families.
     pub small_write_buffer_bytes: usize,
@@ -194,18 +194,16 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
     let mut opts = Options::default();
     opts.set_compression_type(DBCompressionType::None);
     match cf {
-        Cf::Images(_) | Cf::Toast => {
+        // Values of kilobytes (images, chunks) to tens of kilobytes (log nodes), read whole.
+        Cf::Images(_) | Cf::Toast | Cf::MapLog => {
             table.set_block_size(16 << 10);
             opts.set_write_buffer_size(config.large_write_buffer_bytes);
-        }
-        Cf::MapLog | Cf::PageVersions => {
-            opts.set_write_buffer_size(config.large_write_buffer_bytes)
         }
         Cf::Dedup => {
             table.set_bloom_filter(10.0, false);
             opts.set_write_buffer_size(config.small_write_buffer_bytes);
         }
-        Cf::Meta | Cf::Catalog | Cf::Skippy | Cf::Groups => {
+        Cf::Meta | Cf::Catalog | Cf::Groups => {
             opts.set_write_buffer_size(config.small_write_buffer_bytes)
         }
     }

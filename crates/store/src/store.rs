@@ -1,14 +1,16 @@
 //! [`SnapshotStore`]: opening (format and identity checks), id allocation, and crash recovery.
 //!
 //! The operations live in sibling modules: `capture.rs` (writing a snapshot), `read.rs`
-//! (images, TOAST, page lookups, the mapping log), `catalog.rs` (snapshot listing, deletion,
-//! row types, relation incarnations) and `index_data.rs` (Skippy levels, groups, GC progress).
+//! (images, TOAST values), `maplog.rs` (the mapping log: mappings, page tables, group
+//! rebuilds), `catalog.rs` (snapshot listing, deletion, carried pages, row types, relation
+//! incarnations, GC progress) and `groups.rs` (sealed index groups and their metadata).
 //!
 //! Invariants kept here:
 //! - a store is used only after its format record was checked: right magic, right format
 //!   version, right cluster (PostgreSQL system identifier);
 //! - after `open` returns, no snapshot is in the capturing state: every capture that never
-//!   committed has had its mappings and carried pages removed and is marked failed;
+//!   committed has had its carried pages removed and is marked failed (its mappings never
+//!   reached the mapping log, which only a commit writes);
 //! - every id the store hands out is below the persisted counter of its kind, durably, before
 //!   it is handed out (ids of images and TOAST values through a synced lease, the others
 //!   through the synced batch that records them), so no id is ever handed out twice, crash or
@@ -26,6 +28,7 @@ use crate::records::{
     self, SnapshotDecl, SnapshotInfo, SnapshotState, StoreIdentity, FORMAT_VERSION,
 };
 use crate::rocks::RocksBackend;
+use gsnap_core::skippy::SkippyConfig;
 
 /// How a store is opened.
 #[derive(Debug, Clone)]
@@ -35,8 +38,8 @@ pub struct StoreOptions {
     pub system_identifier: u64,
     /// Create the store if the directory (or backend) is missing or empty.
     pub create: bool,
-    /// A capture writes its images, TOAST chunks and mappings in unsynced batches of about
-    /// this many bytes before the final synced commit (bounds the writer's memory).
+    /// A capture writes its images, TOAST chunks and carried pages in unsynced batches of
+    /// about this many bytes before the final synced commit (bounds the writer's memory).
     pub max_batch_bytes: usize,
     /// How many image or TOAST ids one synced counter update reserves.
     pub id_lease: u64,
@@ -44,6 +47,10 @@ pub struct StoreOptions {
     /// store). Recorded when the store is created; opening a store recorded with another
     /// version is refused (Incompatible). 0: no check.
     pub content_version: u32,
+    /// The shape of a new store's mapping log: entries per node and Skippy levels above
+    /// level 0. Used only when the store is created (it is then recorded in the format
+    /// record, and an existing store keeps its own).
+    pub mapping_log: SkippyConfig,
 }
 
 impl StoreOptions {
@@ -56,6 +63,7 @@ impl StoreOptions {
             max_batch_bytes: 4 << 20,
             id_lease: 1 << 16,
             content_version: 0,
+            mapping_log: SkippyConfig::default(),
         }
     }
 }
@@ -191,12 +199,12 @@ impl<B: KvBackend> SnapshotStore<B> {
         self.backend
     }
 
-    /// Removes the mappings of every capture that never committed (a crash, or an abandoned
-    /// capture whose clean-up failed) and marks those snapshots failed. Run by `open`; safe
-    /// to run again (idempotent, and itself crash-safe).
+    /// Marks failed every capture that never committed (a crash, or an abandoned capture
+    /// whose clean-up failed) and removes its carried pages. Run by `open`; safe to run again
+    /// (idempotent, and itself crash-safe).
     ///
-    /// Refused (InvalidArgument) while a capture is open and alive: recovering would remove
-    /// the mappings it is writing.
+    /// Refused (InvalidArgument) while a capture is open and alive: recovering would fail
+    /// the snapshot it is capturing.
     pub fn recover(&self) -> Result<()> {
         {
             let cat = self.catalog();
@@ -222,19 +230,13 @@ impl<B: KvBackend> SnapshotStore<B> {
         Ok(())
     }
 
-    /// Removes every mapping and carried page of the uncommitted snapshot `snap` (in bounded
-    /// unsynced batches), then marks it failed with `reason` and drops its capturing marker in
-    /// one synced batch. Until that last batch is durable the marker stays, so recovery
-    /// redoes the removal after a crash.
+    /// Removes every carried page of the uncommitted snapshot `snap` (in bounded unsynced
+    /// batches), then marks it failed with `reason` and drops its capturing marker in one
+    /// synced batch. Until that last batch is durable the marker stays, so recovery redoes
+    /// the removal after a crash. There are no mappings to remove: only the commit batch
+    /// writes a snapshot's mappings.
     pub(crate) fn remove_capture(&self, snap: SnapId, reason: &str) -> Result<()> {
         let mut batch = WriteBatch::new();
-        for entry in Scan::prefix(&self.backend, Cf::MapLog, &keys::maplog_prefix(snap))? {
-            let (k, _) = entry?;
-            let (s, page) = keys::decode_maplog_key(&k)?;
-            batch.delete(Cf::MapLog, &k);
-            batch.delete(Cf::PageVersions, &keys::page_versions_key(page, s));
-            self.flush_if_full(&mut batch)?;
-        }
         for entry in Scan::prefix(&self.backend, Cf::Catalog, &keys::carried_prefix(snap))? {
             batch.delete(Cf::Catalog, &entry?.0);
             self.flush_if_full(&mut batch)?;
@@ -382,11 +384,13 @@ fn initialize<B: KvBackend>(
             "{where_} is empty: no gsnap store was created there yet"
         )));
     }
+    records::check_log_shape(options.mapping_log)?;
     let identity = StoreIdentity {
         store_id: random_id(),
         system_identifier: options.system_identifier,
         created_at_us: now_us(),
         format_version: FORMAT_VERSION,
+        mapping_log: options.mapping_log,
     };
     let mut b = WriteBatch::new();
     for c in COUNTERS {

@@ -2,14 +2,15 @@
 //!
 //! Each case runs a sequence of captures (random pages, random contents from a small pool so
 //! dedup happens, some aborted, some dropped, some followed by a deletion) with a random
-//! batch size, and after every step compares "latest mapping at or before v", the
-//! per-relation scan, the mapping log and dedup against the model.
+//! batch size and mapping log shape (tiny nodes, so that nodes fill and Skippy levels grow),
+//! and after every step compares every page table ("latest mapping at or before v"), the
+//! mapping log and dedup against the model.
 
 mod common;
 
 use std::collections::BTreeMap;
 
-use common::{check_invariants, setup, view};
+use common::{check_invariants, image_at, page_key, setup, view};
 use gsnap_store::*;
 use proptest::prelude::*;
 
@@ -47,13 +48,13 @@ fn content(n: u64) -> Vec<u8> {
 struct Model {
     /// Snapshots whose mappings are in the log (committed or later deleted), with their
     /// mappings (page -> content number).
-    logged: BTreeMap<SnapId, BTreeMap<PageId, u64>>,
+    logged: BTreeMap<SnapId, BTreeMap<PageKey, u64>>,
     deleted: Vec<SnapId>,
     image_of: BTreeMap<u64, ImageId>,
 }
 
 impl Model {
-    fn at(&self, page: PageId, snap: SnapId) -> Option<u64> {
+    fn at(&self, page: PageKey, snap: SnapId) -> Option<u64> {
         self.logged
             .range(..=snap)
             .rev()
@@ -65,55 +66,44 @@ fn check<B: KvBackend>(store: &SnapshotStore<B>, model: &Model, rels: &[RelId]) 
     check_invariants(store);
     for snap in model.logged.keys().filter(|s| !model.deleted.contains(s)) {
         assert_eq!(store.snapshot_state(*snap), Some(SnapshotState::Committed));
+        let table = store.page_table(*snap).unwrap();
+        let mut want = Vec::new();
         for rel in rels {
-            let mut want = Vec::new();
             for block in 0..BLOCKS {
-                let page = PageId::new(*rel, block);
+                let page = page_key(*rel, block);
                 let exp = model.at(page, *snap).map(|c| model.image_of[&c]);
-                assert_eq!(store.lookup(page, *snap).unwrap(), exp, "{page} at {snap}");
+                assert_eq!(image_at(&table, page), exp, "{page} at {snap}");
                 if let Some(id) = exp {
-                    want.push((block, id));
+                    want.push((page, id));
                 }
             }
-            let got: Vec<_> = store
-                .scan_relation(*rel, *snap)
-                .unwrap()
-                .map(|r| r.unwrap())
-                .collect();
-            assert_eq!(got, want, "scan of {rel} at {snap}");
-            let from = BLOCKS / 3;
-            let got_from: Vec<_> = store
-                .scan_relation_from(*rel, *snap, from)
-                .unwrap()
-                .map(|r| r.unwrap())
-                .collect();
-            let want_from: Vec<_> = want.iter().copied().filter(|(b, _)| *b >= from).collect();
-            assert_eq!(
-                got_from, want_from,
-                "scan of {rel} at {snap} from block {from}"
-            );
         }
+        assert_eq!(table, want, "page table of {snap}");
     }
     for snap in &model.deleted {
         assert_eq!(store.snapshot_state(*snap), Some(SnapshotState::Deleted));
+        assert_eq!(
+            store.page_table(*snap).unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
     }
-    let want_log: Vec<Mapping> = model
-        .logged
-        .iter()
-        .flat_map(|(s, m)| {
-            m.iter().map(|(p, c)| Mapping {
-                snap: *s,
-                page: *p,
-                image: model.image_of[c],
-            })
-        })
-        .collect();
-    let got_log: Vec<Mapping> = store
-        .mapping_log(SnapId(1), SnapId(u64::MAX))
-        .unwrap()
-        .map(|m| m.unwrap())
-        .collect();
-    assert_eq!(got_log, want_log);
+    let log_of = |(s, m): (&SnapId, &BTreeMap<PageKey, u64>)| -> Vec<Mapping> {
+        m.iter()
+            .map(|(p, c)| Mapping::new(*p, *s, model.image_of[c]))
+            .collect()
+    };
+    let want_log: Vec<Mapping> = model.logged.iter().flat_map(log_of).collect();
+    assert_eq!(
+        store.mapping_log(SnapId(1), SnapId(u64::MAX)).unwrap(),
+        want_log
+    );
+    // Any range of the log holds exactly the mappings of the snapshots in it.
+    let ids: Vec<SnapId> = model.logged.keys().copied().collect();
+    if ids.len() >= 3 {
+        let (first, last) = (ids[1], ids[ids.len() - 2]);
+        let want: Vec<Mapping> = model.logged.range(first..=last).flat_map(log_of).collect();
+        assert_eq!(store.mapping_log(first, last).unwrap(), want);
+    }
     for (c, id) in &model.image_of {
         assert_eq!(store.image(*id).unwrap(), content(*c));
     }
@@ -126,10 +116,16 @@ proptest! {
     fn store_matches_reference_model(
         steps in prop::collection::vec(step(), 1..10),
         batch in prop_oneof![Just(300usize), Just(2000), Just(1 << 20)],
+        shape in prop_oneof![Just((2usize, 1u8)), Just((3, 2)), Just((5, 3)), Just((2048, 2))],
         reopen_at in 0usize..10,
     ) {
         let mem = MemBackend::new();
-        let opts = StoreOptions { max_batch_bytes: batch, id_lease: 5, ..StoreOptions::new(9) };
+        let opts = StoreOptions {
+            max_batch_bytes: batch,
+            id_lease: 5,
+            mapping_log: SkippyConfig { node_size: shape.0, height: shape.1 },
+            ..StoreOptions::new(9)
+        };
         let mut store = SnapshotStore::open(mem.clone(), opts.clone()).unwrap();
         let (rels, decl) = setup(&store, RELS, BLOCKS);
         let mut model = Model::default();
@@ -146,7 +142,7 @@ proptest! {
                 let id = cap.put_image(&content(*c)).unwrap();
                 // Dedup: one content, one image id, across all captures (aborted ones too).
                 prop_assert_eq!(*model.image_of.entry(*c).or_insert(id), id);
-                let page = PageId::new(rels[*r as usize], *b);
+                let page = page_key(rels[*r as usize], *b);
                 cap.add_mapping(page, id).unwrap();
                 mine.insert(page, *c);
             }

@@ -8,7 +8,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::{check_invariants, setup, view};
+use common::{check_invariants, image_at, page_key, setup, view};
 use gsnap_store::keys::{self, Cf};
 use gsnap_store::*;
 
@@ -37,18 +37,18 @@ fn capture_reopen_and_read_back() {
     for b in 0..300u32 {
         // Every third block repeats content: dedup on a real store.
         let id = cap.put_image(&view(u64::from(b % 100), 8192)).unwrap();
-        cap.add_mapping(PageId::new(rels[0], b), id).unwrap();
+        cap.add_mapping(page_key(rels[0], b), id).unwrap();
         images.push(id);
     }
     let toast_value = view(9999, 3 * TOAST_CHUNK_BYTES + 5);
     let toast = cap.put_toast(&toast_value).unwrap();
-    cap.carry(PageId::new(rels[0], 7)).unwrap();
+    cap.carry(page_key(rels[0], 7)).unwrap();
     let s1 = cap.commit().unwrap();
     assert_eq!(s1.stats.new_images, 100);
     assert_eq!(s1.stats.dedup_hits, 200);
     let mut cap = store.declare_and_begin(decl).unwrap();
     let changed = cap.put_image(b"block 5, changed").unwrap();
-    cap.add_mapping(PageId::new(rels[0], 5), changed).unwrap();
+    cap.add_mapping(page_key(rels[0], 5), changed).unwrap();
     let s2 = cap.commit().unwrap().id;
     let identity = store.identity();
     drop(store);
@@ -58,23 +58,14 @@ fn capture_reopen_and_read_back() {
     assert_eq!(store.identity().system_identifier, SYSID);
     check_invariants(&store);
     assert_eq!(store.snapshot(s1.id).unwrap(), s1);
-    assert_eq!(
-        store.lookup(PageId::new(rels[0], 5), s1.id).unwrap(),
-        Some(images[5])
-    );
-    assert_eq!(
-        store.lookup(PageId::new(rels[0], 5), s2).unwrap(),
-        Some(changed)
-    );
-    assert_eq!(store.lookup(PageId::new(rels[1], 5), s2).unwrap(), None);
-    let scan: Vec<_> = store
-        .scan_relation(rels[0], s2)
-        .unwrap()
-        .map(|r| r.unwrap())
-        .collect();
-    assert_eq!(scan.len(), 300);
-    assert_eq!(scan[5], (5, changed));
-    assert_eq!(scan[299], (299, images[299]));
+    let t1 = store.page_table(s1.id).unwrap();
+    let t2 = store.page_table(s2).unwrap();
+    assert_eq!(image_at(&t1, page_key(rels[0], 5)), Some(images[5]));
+    assert_eq!(image_at(&t2, page_key(rels[0], 5)), Some(changed));
+    assert_eq!(image_at(&t2, page_key(rels[1], 5)), None);
+    assert_eq!(t2.len(), 300);
+    assert_eq!(t2[5], (page_key(rels[0], 5), changed));
+    assert_eq!(t2[299], (page_key(rels[0], 299), images[299]));
     let batch = store.images(&images[..10]).unwrap();
     for (b, got) in batch.iter().enumerate() {
         assert_eq!(got, &view(b as u64, 8192));
@@ -84,9 +75,9 @@ fn capture_reopen_and_read_back() {
     assert_eq!(store.toast_info(toast).unwrap().chunks, 4);
     assert_eq!(
         store.carried_pages(s1.id).unwrap(),
-        vec![PageId::new(rels[0], 7)]
+        vec![page_key(rels[0], 7)]
     );
-    assert_eq!(store.mapping_log(s1.id, s2).unwrap().count(), 301);
+    assert_eq!(store.mapping_log(s1.id, s2).unwrap().len(), 301);
     let stored_images = Scan::range(store.backend(), Cf::Images(Rank(0)), &[], None)
         .unwrap()
         .count();
@@ -102,24 +93,15 @@ fn interrupted_capture_is_recovered_on_reopen() {
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let committed = {
         let id = cap.put_image(b"committed").unwrap();
-        cap.add_mapping(PageId::new(rels[0], 0), id).unwrap();
+        cap.add_mapping(page_key(rels[0], 0), id).unwrap();
         cap.commit().unwrap().id
     };
     let mut cap = store.declare_and_begin(decl).unwrap();
     let lost = cap.snapshot();
     for b in 0..2000u32 {
         let id = cap.put_image(&view(u64::from(b), 4000)).unwrap();
-        cap.add_mapping(PageId::new(rels[0], b), id).unwrap();
+        cap.add_mapping(page_key(rels[0], b), id).unwrap();
     }
-    assert!(Scan::range(
-        store.backend(),
-        Cf::MapLog,
-        &keys::maplog_prefix(lost),
-        None
-    )
-    .unwrap()
-    .next()
-    .is_some());
     // The worker dies without committing or aborting: no clean-up runs.
     std::mem::forget(cap);
     drop(store);
@@ -129,24 +111,16 @@ fn interrupted_capture_is_recovered_on_reopen() {
     let info = store.snapshot(lost).unwrap();
     assert_eq!(info.state, SnapshotState::Failed);
     assert!(info.failure_reason.unwrap().contains("interrupted"));
+    let table = store.page_table(committed).unwrap();
     assert_eq!(
-        store
-            .lookup(PageId::new(rels[0], 0), committed)
-            .unwrap()
-            .map(|i| store.image(i).unwrap()),
+        image_at(&table, page_key(rels[0], 0)).map(|i| store.image(i).unwrap()),
         Some(b"committed".to_vec())
     );
     assert_eq!(
-        store
-            .lookup(PageId::new(rels[0], 5), lost)
-            .unwrap_err()
-            .kind(),
+        store.page_table(lost).unwrap_err().kind(),
         ErrorKind::NotFound
     );
-    assert_eq!(
-        store.mapping_log(SnapId(1), SnapId(100)).unwrap().count(),
-        1
-    );
+    assert_eq!(store.mapping_log(SnapId(1), SnapId(100)).unwrap().len(), 1);
 }
 
 #[test]
@@ -269,8 +243,15 @@ fn index_data_and_deletion_survive_reopen() {
     let (_, decl) = setup(&store, 1, 1);
     let s = store.declare_and_begin(decl).unwrap().commit().unwrap().id;
     store.delete_snapshot(s).unwrap();
-    store.put_group(GroupId(1), b"m", b"body").unwrap();
-    store.put_skippy_nodes(&[(1, 0, b"node")]).unwrap();
+    let meta = GroupMeta {
+        id: GroupId(1),
+        snaps: vec![s],
+        pages: 0,
+        bytes: 4,
+        next_length_budget: 8,
+        next_page_budget: 100,
+    };
+    store.put_group(&meta, b"body").unwrap();
     store.put_gc_progress(b"gc").unwrap();
     drop(store);
     let store = open(&path).unwrap();
@@ -279,10 +260,7 @@ fn index_data_and_deletion_survive_reopen() {
         store.group_body(GroupId(1)).unwrap().as_deref(),
         Some(&b"body"[..])
     );
-    assert_eq!(
-        store.skippy_node(1, 0).unwrap().as_deref(),
-        Some(&b"node"[..])
-    );
+    assert_eq!(store.group_metas().unwrap(), vec![meta]);
     assert_eq!(store.gc_progress().unwrap().as_deref(), Some(&b"gc"[..]));
 }
 
@@ -311,4 +289,61 @@ fn an_interrupted_creation_is_started_over() {
     drop(rocksdb::DB::open_default(&other).unwrap());
     fs::set_permissions(&other, fs::Permissions::from_mode(0o700)).unwrap();
     assert_eq!(open(&other).err().unwrap().kind(), ErrorKind::Incompatible);
+}
+
+#[test]
+fn a_format_1_store_is_refused_untouched() {
+    // What gsnap of format version 1 left: its column families (among them `page_versions`
+    // and `skippy`, gone in version 2) and a format record of version 1.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old");
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    let families = [
+        "meta",
+        "catalog",
+        "dedup",
+        "images_r0",
+        "toast",
+        "maplog",
+        "page_versions",
+        "skippy",
+        "groups",
+    ];
+    {
+        let db = rocksdb::DB::open_cf(&opts, &path, families).unwrap();
+        let mut record = b"GSNAPSTO".to_vec();
+        record.extend(1u32.to_be_bytes());
+        record.extend([7u8; 16]);
+        record.extend(SYSID.to_be_bytes());
+        record.extend(1_700_000_000_000_000i64.to_be_bytes());
+        db.put_cf(db.cf_handle("meta").unwrap(), b"F", &record)
+            .unwrap();
+        db.put_cf(
+            db.cf_handle("page_versions").unwrap(),
+            [0u8; 16],
+            1u64.to_be_bytes(),
+        )
+        .unwrap();
+    }
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o700)).unwrap();
+    let e = open(&path).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    assert!(
+        e.message().contains("format version 1")
+            && e.message()
+                .contains(&format!("only version {FORMAT_VERSION}"))
+            && e.message().contains(&path.display().to_string()),
+        "{e}"
+    );
+    // Nothing was removed: the old gsnap can still open it.
+    let mut kept = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path).unwrap();
+    kept.sort();
+    assert!(kept.contains(&"page_versions".to_string()) && kept.contains(&"skippy".to_string()));
+    let db = rocksdb::DB::open_cf(&opts, &path, families).unwrap();
+    assert!(db
+        .get_cf(db.cf_handle("page_versions").unwrap(), [0u8; 16])
+        .unwrap()
+        .is_some());
 }

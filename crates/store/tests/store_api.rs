@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{check_invariants, decl_for, setup, view};
+use common::{check_invariants, decl_for, image_at, page_key, setup, view};
 use gsnap_store::keys::{self, Cf};
 use gsnap_store::*;
 
@@ -31,9 +31,9 @@ fn snapshot_record_round_trips_with_stats_and_relations() {
     let a = cap.put_image(&view(1, 8192)).unwrap();
     let b = cap.put_image(&view(1, 8192)).unwrap();
     assert_eq!(a, b);
-    cap.add_mapping(PageId::new(rels[0], 0), a).unwrap();
-    cap.add_mapping(PageId::new(rels[1], 4), b).unwrap();
-    cap.carry(PageId::new(rels[1], 4)).unwrap();
+    cap.add_mapping(page_key(rels[0], 0), a).unwrap();
+    cap.add_mapping(page_key(rels[1], 4), b).unwrap();
+    cap.carry(page_key(rels[1], 4)).unwrap();
     let committed = cap.commit().unwrap();
     let read = store.snapshot(snap).unwrap();
     assert_eq!(read, committed);
@@ -51,7 +51,7 @@ fn snapshot_record_round_trips_with_stats_and_relations() {
     assert_eq!(read.relation(16385).unwrap().rel, rels[1]);
     assert_eq!(
         store.carried_pages(snap).unwrap(),
-        vec![PageId::new(rels[1], 4)]
+        vec![page_key(rels[1], 4)]
     );
     assert_eq!(store.snapshots().unwrap(), vec![read]);
     check_invariants(&store);
@@ -165,7 +165,7 @@ fn dedup_across_captures_and_distinct_views_get_distinct_ids() {
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     for i in 0..10 {
         let id = cap.put_image(&view(i, 3000)).unwrap();
-        cap.add_mapping(PageId::new(rels[0], i as u32), id).unwrap();
+        cap.add_mapping(page_key(rels[0], i as u32), id).unwrap();
         first.push(id);
     }
     cap.commit().unwrap();
@@ -188,10 +188,10 @@ fn dedup_across_captures_and_distinct_views_get_distinct_ids() {
 }
 
 #[test]
-fn lookups_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
+fn page_tables_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
     let store = SnapshotStore::open_in_memory(42);
     let (rels, decl) = setup(&store, 1, 4);
-    let p = |b| PageId::new(rels[0], b);
+    let p = |b| page_key(rels[0], b);
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let i1 = cap.put_image(b"v1 of block 0").unwrap();
     cap.add_mapping(p(0), i1).unwrap();
@@ -199,41 +199,41 @@ fn lookups_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
     let s1 = cap.commit().unwrap().id;
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let i2 = cap.put_image(b"v2 of block 0").unwrap();
+    let i2b = cap.put_image(b"v2 of block 0, again").unwrap();
+    // The same page twice: the last mapping counts.
+    cap.add_mapping(p(0), i2b).unwrap();
     cap.add_mapping(p(0), i2).unwrap();
-    let s2 = cap.commit().unwrap().id;
+    let s2 = cap.commit().unwrap();
+    assert_eq!(s2.stats.pages_captured, 1);
+    let s2 = s2.id;
     let mut cap = store.declare_and_begin(decl).unwrap();
     let i3 = cap.put_image(b"v3 of block 0").unwrap();
-    cap.add_mapping(p(0), i3).unwrap();
     cap.add_mapping(p(1), i3).unwrap();
+    cap.add_mapping(p(0), i3).unwrap();
     let s3 = cap.snapshot();
     // s3 is capturing: never readable, its mappings invisible to s2 and to the log.
     assert_eq!(
-        store.lookup(p(0), s3).unwrap_err().kind(),
+        store.page_table(s3).unwrap_err().kind(),
         ErrorKind::NotFound
     );
-    assert_eq!(store.lookup(p(0), s2).unwrap(), Some(i2));
-    assert_eq!(store.lookup(p(0), s1).unwrap(), Some(i1));
-    assert_eq!(store.lookup(p(1), s2).unwrap(), None);
-    assert_eq!(store.lookup(p(2), s2).unwrap(), Some(i1));
-    let scan: Vec<_> = store
-        .scan_relation(rels[0], s2)
-        .unwrap()
-        .map(|r| r.unwrap())
-        .collect();
-    assert_eq!(scan, vec![(0, i2), (2, i1)]);
-    let log: Vec<Mapping> = store
-        .mapping_log(SnapId(1), SnapId(100))
-        .unwrap()
-        .map(|m| m.unwrap())
-        .collect();
-    assert_eq!(log.len(), 3);
-    assert!(log.iter().all(|m| m.snap <= s2));
+    assert_eq!(store.page_table(s1).unwrap(), vec![(p(0), i1), (p(2), i1)]);
+    assert_eq!(store.page_table(s2).unwrap(), vec![(p(0), i2), (p(2), i1)]);
+    let log = store.mapping_log(SnapId(1), SnapId(100)).unwrap();
+    assert_eq!(
+        log,
+        vec![
+            Mapping::new(p(0), s1, i1),
+            Mapping::new(p(2), s1, i1),
+            Mapping::new(p(0), s2, i2)
+        ]
+    );
+    assert_eq!(store.mapping_log(s2, s1).unwrap(), vec![]);
     cap.abort("test").unwrap();
     assert_eq!(
         store.snapshot(s3).unwrap().failure_reason.as_deref(),
         Some("test")
     );
-    assert_eq!(store.mapping_log(s3, s3).unwrap().count(), 0);
+    assert_eq!(store.mapping_log(s3, s3).unwrap(), vec![]);
     assert_eq!(store.latest_committed(), Some(s2));
     check_invariants(&store);
 }
@@ -260,13 +260,13 @@ fn capture_rules_are_enforced() {
         ErrorKind::InvalidArgument
     );
     let id = cap.put_image(b"x").unwrap();
-    let stranger = PageId::new(RelId(rels[0].0 + 100), 0);
+    let stranger = page_key(RelId(rels[0].0 + 100), 0);
     assert_eq!(
         cap.add_mapping(stranger, id).unwrap_err().kind(),
         ErrorKind::InvalidArgument
     );
     assert_eq!(
-        cap.add_mapping(PageId::new(rels[0], 0), ImageId(1 << 40))
+        cap.add_mapping(page_key(rels[0], 0), ImageId(1 << 40))
             .unwrap_err()
             .kind(),
         ErrorKind::InvalidArgument
@@ -293,7 +293,7 @@ fn capture_rules_are_enforced() {
 }
 
 #[test]
-fn dropped_capture_is_failed_and_its_flushed_mappings_removed() {
+fn dropped_capture_is_failed_and_leaves_nothing_behind_but_content() {
     let store = SnapshotStore::open(MemBackend::new(), small_batches()).unwrap();
     let (rels, decl) = setup(&store, 1, 50);
     let snap;
@@ -302,20 +302,33 @@ fn dropped_capture_is_failed_and_its_flushed_mappings_removed() {
         snap = cap.snapshot();
         for b in 0..50 {
             let id = cap.put_image(&view(b, 1000)).unwrap();
-            cap.add_mapping(PageId::new(rels[0], b as u32), id).unwrap();
-            cap.carry(PageId::new(rels[0], b as u32)).unwrap();
+            cap.add_mapping(page_key(rels[0], b as u32), id).unwrap();
+            cap.carry(page_key(rels[0], b as u32)).unwrap();
         }
         assert!(
-            Scan::range(store.backend(), Cf::MapLog, &[], None)
+            Scan::prefix(store.backend(), Cf::Catalog, &keys::carried_prefix(snap))
                 .unwrap()
                 .count()
                 > 0,
             "batches were flushed"
         );
+        assert_eq!(
+            Scan::range(store.backend(), Cf::MapLog, &[], None)
+                .unwrap()
+                .count(),
+            0,
+            "only a commit writes the mapping log"
+        );
     }
     let info = store.snapshot(snap).unwrap();
     assert_eq!(info.state, SnapshotState::Failed);
     assert!(info.failure_reason.unwrap().contains("abandoned"));
+    assert_eq!(
+        Scan::prefix(store.backend(), Cf::Catalog, &keys::carried_prefix(snap))
+            .unwrap()
+            .count(),
+        0
+    );
     assert_eq!(
         Scan::range(store.backend(), Cf::MapLog, &[], None)
             .unwrap()
@@ -366,7 +379,7 @@ fn only_a_failed_snapshot_takes_a_new_failure_reason() {
 fn deleted_snapshots_are_listed_not_readable_and_keep_later_page_tables() {
     let store = SnapshotStore::open_in_memory(42);
     let (rels, decl) = setup(&store, 1, 2);
-    let p = PageId::new(rels[0], 0);
+    let p = page_key(rels[0], 0);
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let i = cap.put_image(b"a").unwrap();
     cap.add_mapping(p, i).unwrap();
@@ -375,13 +388,16 @@ fn deleted_snapshots_are_listed_not_readable_and_keep_later_page_tables() {
     store.delete_snapshot(s1).unwrap();
     store.delete_snapshot(s1).unwrap();
     assert_eq!(store.snapshot(s1).unwrap().state, SnapshotState::Deleted);
-    assert_eq!(store.lookup(p, s1).unwrap_err().kind(), ErrorKind::NotFound);
     assert_eq!(
-        store.lookup(p, s2).unwrap(),
-        Some(i),
+        store.page_table(s1).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        store.page_table(s2).unwrap(),
+        vec![(p, i)],
         "s2 still sees s1's mapping"
     );
-    assert_eq!(store.mapping_log(s1, s2).unwrap().count(), 1);
+    assert_eq!(store.mapping_log(s1, s2).unwrap().len(), 1);
     assert_eq!(
         store.delete_snapshot(SnapId(99)).unwrap_err().kind(),
         ErrorKind::NotFound
@@ -426,13 +442,16 @@ fn reopening_keeps_everything_and_ids_keep_growing() {
     let (rels, decl) = setup(&store, 1, 3);
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let i = cap.put_image(b"kept").unwrap();
-    cap.add_mapping(PageId::new(rels[0], 1), i).unwrap();
+    cap.add_mapping(page_key(rels[0], 1), i).unwrap();
     let s = cap.commit().unwrap().id;
     let identity = store.identity();
     drop(store);
     let store = SnapshotStore::open(mem, small_batches()).unwrap();
     assert_eq!(store.identity(), identity);
-    assert_eq!(store.lookup(PageId::new(rels[0], 1), s).unwrap(), Some(i));
+    assert_eq!(
+        store.page_table(s).unwrap(),
+        vec![(page_key(rels[0], 1), i)]
+    );
     let mut cap = store.declare_and_begin(decl).unwrap();
     assert!(cap.snapshot() > s);
     assert!(cap.put_image(b"new").unwrap() > i);
@@ -545,38 +564,8 @@ fn damaged_values_are_reported_as_corrupt() {
 }
 
 #[test]
-fn index_data_round_trips() {
+fn gc_progress_round_trips() {
     let store = SnapshotStore::open_in_memory(42);
-    store
-        .put_skippy_nodes(&[(1, 5, b"n15"), (1, 6, b"n16"), (2, 0, b"n20")])
-        .unwrap();
-    assert_eq!(
-        store.skippy_node(1, 5).unwrap().as_deref(),
-        Some(&b"n15"[..])
-    );
-    assert_eq!(store.skippy_node(1, 7).unwrap(), None);
-    assert_eq!(
-        store.skippy_level(1, 6).unwrap(),
-        vec![(6, b"n16".to_vec())]
-    );
-    assert_eq!(store.skippy_level(2, 0).unwrap().len(), 1);
-    store.put_group(GroupId(3), b"meta3", b"body3").unwrap();
-    store.put_group(GroupId(1), b"meta1", b"body1").unwrap();
-    assert_eq!(
-        store.group_body(GroupId(3)).unwrap().as_deref(),
-        Some(&b"body3"[..])
-    );
-    let metas = store.group_metas().unwrap();
-    assert_eq!(
-        metas,
-        vec![
-            (GroupId(1), b"meta1".to_vec()),
-            (GroupId(3), b"meta3".to_vec())
-        ]
-    );
-    store.delete_group(GroupId(1)).unwrap();
-    assert_eq!(store.group_body(GroupId(1)).unwrap(), None);
-    assert_eq!(store.group_metas().unwrap().len(), 1);
     assert_eq!(store.gc_progress().unwrap(), None);
     store.put_gc_progress(b"swept to 17").unwrap();
     assert_eq!(
@@ -591,16 +580,15 @@ fn store_is_usable_from_helper_threads() {
     let (rels, decl) = setup(&*store, 1, 1);
     let mut cap = store.declare_and_begin(decl).unwrap();
     let id = cap.put_image(b"shared").unwrap();
-    cap.add_mapping(PageId::new(rels[0], 0), id).unwrap();
+    cap.add_mapping(page_key(rels[0], 0), id).unwrap();
     let snap = cap.commit().unwrap().id;
-    let page = PageId::new(rels[0], 0);
+    let page = page_key(rels[0], 0);
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let store = store.clone();
             std::thread::spawn(move || {
-                store
-                    .image(store.lookup(page, snap).unwrap().unwrap())
-                    .unwrap()
+                let table = store.page_table(snap).unwrap();
+                store.image(image_at(&table, page).unwrap()).unwrap()
             })
         })
         .collect();
@@ -628,7 +616,7 @@ fn declared_snapshots_queue_and_are_captured_oldest_first() {
         ErrorKind::InvalidArgument
     );
     let img = cap.put_image(&view(9, 100)).unwrap();
-    cap.add_mapping(PageId::new(rels[0], 0), img).unwrap();
+    cap.add_mapping(page_key(rels[0], 0), img).unwrap();
     cap.commit().unwrap();
     // A declared snapshot can be given up before its capture begins.
     store.abandon(v2, "the table was dropped").unwrap();
@@ -640,8 +628,8 @@ fn declared_snapshots_queue_and_are_captured_oldest_first() {
     let cap3 = store.begin_capture(v3).unwrap();
     cap3.commit().unwrap();
     assert_eq!(
-        store.lookup(PageId::new(rels[0], 0), v3).unwrap(),
-        Some(img)
+        store.page_table(v3).unwrap(),
+        vec![(page_key(rels[0], 0), img)]
     );
     assert_eq!(
         store.abandon(v3, "too late").err().unwrap().kind(),
@@ -686,4 +674,54 @@ fn a_store_of_another_content_version_is_refused() {
         "{}",
         err.message()
     );
+}
+
+#[test]
+fn a_format_1_store_is_refused_with_both_versions_named() {
+    // A store of format version 1 (before the mapping log was kept once): its format record
+    // has the version 1 and no mapping log shape.
+    let backend = MemBackend::new();
+    let mut record = b"GSNAPSTO".to_vec();
+    record.extend(1u32.to_be_bytes());
+    record.extend([7u8; 16]);
+    record.extend(42u64.to_be_bytes());
+    record.extend(1_700_000_000_000_000i64.to_be_bytes());
+    let mut b = WriteBatch::new();
+    b.put(Cf::Meta, keys::FORMAT_KEY, &record);
+    backend.write(&b, true).unwrap();
+    let e = SnapshotStore::open(backend, StoreOptions::new(42))
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), ErrorKind::Incompatible);
+    assert!(
+        e.message().contains("format version 1")
+            && e.message().contains(&format!("version {FORMAT_VERSION}")),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_mapping_log_shape_is_checked_and_recorded_at_creation() {
+    let bad = StoreOptions {
+        mapping_log: SkippyConfig {
+            node_size: 0,
+            height: 2,
+        },
+        ..StoreOptions::new(42)
+    };
+    let e = SnapshotStore::open(MemBackend::new(), bad).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let backend = MemBackend::new();
+    let shape = SkippyConfig {
+        node_size: 5,
+        height: 1,
+    };
+    let options = StoreOptions {
+        mapping_log: shape,
+        ..StoreOptions::new(42)
+    };
+    drop(SnapshotStore::open(backend.clone(), options).unwrap());
+    let store = SnapshotStore::open(backend, StoreOptions::new(42)).unwrap();
+    assert_eq!(store.identity().mapping_log, shape);
+    assert_eq!(store.identity().format_version, FORMAT_VERSION);
 }

@@ -3,7 +3,7 @@
 //! `docs/format.md`.
 #![allow(dead_code)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gsnap_store::keys::{self, Cf, Counter, DedupKind};
 use gsnap_store::*;
@@ -53,6 +53,19 @@ pub fn decl_for(rels: &[RelId], nblocks: u32, row_type: RowTypeId, t: i64) -> Sn
     }
 }
 
+/// Page `block` of relation incarnation `rel`.
+pub fn page_key(rel: RelId, block: u32) -> PageKey {
+    PageKey { rel, block }
+}
+
+/// The image `page` has in a page table (as [`SnapshotStore::page_table`] returns it).
+pub fn image_at(table: &[(PageKey, ImageId)], page: PageKey) -> Option<ImageId> {
+    table
+        .binary_search_by_key(&page, |(p, _)| *p)
+        .ok()
+        .map(|i| table[i].1)
+}
+
 /// A deterministic page view for content number `n`, `len` bytes, compressible but distinct.
 pub fn view(n: u64, len: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(len);
@@ -79,9 +92,11 @@ fn all<B: KvBackend>(b: &B, cf: Cf) -> Vec<(Vec<u8>, Vec<u8>)> {
 }
 
 /// Asserts every invariant a store must keep after `open` (and after any completed call):
-/// no capture left half-done, mappings only of committed or deleted snapshots, the two
-/// mapping indexes equal, every dedup entry pointing at matching content, every id below its
-/// counter, carried pages only of readable-once snapshots.
+/// no capture left half-done; the mapping log well formed (nodes decodable, mappings only of
+/// committed or deleted snapshots, in snapshot order, sorted by page within one, naming stored
+/// images) and its Skippy levels consistent with level 0 (every page table built with them
+/// equals the one folded from the mappings); every dedup entry pointing at matching content;
+/// every id below its counter; carried pages only of readable-once snapshots.
 pub fn check_invariants<B: KvBackend>(store: &SnapshotStore<B>) {
     let b = store.backend();
     let snaps = store.snapshots().unwrap();
@@ -108,29 +123,50 @@ pub fn check_invariants<B: KvBackend>(store: &SnapshotStore<B>) {
         assert!(s.id.0 < store.next_id(Counter::Snap));
     }
 
-    let maplog: BTreeSet<(SnapId, PageId, u64)> = all(b, Cf::MapLog)
-        .into_iter()
-        .map(|(k, v)| {
-            let (s, p) = keys::decode_maplog_key(&k).unwrap();
-            (s, p, keys::decode_u64_value(&v, "m").unwrap())
-        })
-        .collect();
-    let versions: BTreeSet<(SnapId, PageId, u64)> = all(b, Cf::PageVersions)
-        .into_iter()
-        .map(|(k, v)| {
-            let (p, s) = keys::decode_page_versions_key(&k).unwrap();
-            (s, p, keys::decode_u64_value(&v, "m").unwrap())
-        })
-        .collect();
-    assert_eq!(maplog, versions, "maplog and page_versions differ");
-    for (s, p, image) in &maplog {
+    for (k, _) in all(b, Cf::MapLog) {
+        keys::decode_log_node_key(&k).expect("a mapping log key");
+    }
+    let log = store.mapping_log(SnapId(0), SnapId(u64::MAX)).unwrap();
+    for pair in log.windows(2) {
         assert!(
-            durable.contains(s),
-            "mapping of {p} at {s}, which is not committed"
+            (pair[0].snap, pair[0].page) < (pair[1].snap, pair[1].page),
+            "mapping log out of order: {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    for m in &log {
+        assert!(
+            durable.contains(&m.snap),
+            "mapping of {} at {}, which is not committed",
+            m.page,
+            m.snap
         );
         store
-            .image(ImageId(*image))
-            .unwrap_or_else(|e| panic!("mapping of {p} at {s}: {e}"));
+            .image(m.image)
+            .unwrap_or_else(|e| panic!("mapping of {} at {}: {e}", m.page, m.snap));
+    }
+    let mut folded: BTreeMap<PageKey, ImageId> = BTreeMap::new();
+    let mut rest = log.as_slice();
+    for s in snaps.iter().filter(|s| durable.contains(&s.id)) {
+        let n = rest.partition_point(|m| m.snap <= s.id);
+        folded.extend(rest[..n].iter().map(|m| (m.page, m.image)));
+        rest = &rest[n..];
+        assert_eq!(
+            store.mapping_log(s.id, s.id).unwrap().len(),
+            n,
+            "mappings of {}",
+            s.id
+        );
+        if s.state == SnapshotState::Committed {
+            let want: Vec<(PageKey, ImageId)> = folded.iter().map(|(p, i)| (*p, *i)).collect();
+            assert_eq!(
+                store.page_table(s.id).unwrap(),
+                want,
+                "page table of {} built with the Skippy levels",
+                s.id
+            );
+        }
     }
     for (k, _) in all(b, Cf::Catalog)
         .into_iter()
