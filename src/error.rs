@@ -35,3 +35,49 @@ impl Raise {
         unreachable!("an ERROR does not return")
     }
 }
+
+// ---- the errors several places raise, each written once ------------------------------------
+
+/// A snapshot id that names no snapshot (ids start at 1).
+pub fn no_such_snapshot(snap: i64) -> ! {
+    error(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("snapshot {snap} does not exist"),
+    )
+    .hint("Snapshot ids start at 1; gsnap_snapshots() lists them.")
+    .raise()
+}
+
+/// A required argument that is NULL (`what` names it: "the snapshot id of gsnap_asof").
+pub fn null_argument(what: &str) -> ! {
+    error(
+        PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+        format!("{what} must not be NULL"),
+    )
+    .raise()
+}
+
+/// A table that snapshot `snap` does not hold.
+pub fn not_in_snapshot(table: &str, snap: u64) -> ! {
+    error(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+        format!("table {table} is not in snapshot {snap}"),
+    )
+    .hint(HINT_TABLES_OF_SNAPSHOT)
+    .raise()
+}
+
+/// Where to look when a table is not in a snapshot.
+pub const HINT_TABLES_OF_SNAPSHOT: &str = "A snapshot holds the tables that used the gsnap \
+    access method when it was taken; see gsnap_snapshot_tables().";
+
+/// Stored data that failed its checks (a page view, a row type, an index group, a missing
+/// image): corruption, XX001.
+pub fn corrupt(what: impl std::fmt::Display) -> ! {
+    error(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, what.to_string()).raise()
+}
+
+/// The snapshot index (a group in the shared cache) failed its checks.
+pub fn corrupt_index(e: gsnap_core::IndexError) -> ! {
+    corrupt(format_args!("gsnap snapshot index: {e}"))
+}

@@ -7,12 +7,16 @@
 //! algorithms and formats live in the pure crates under `crates/`.
 
 mod am;
-mod api;
 mod error;
+mod exec;
+mod ffi;
 mod gucs;
 mod ipc;
 mod locks;
+mod plan;
+mod read;
 mod shmem;
+mod sql;
 mod worker;
 
 use pgrx::prelude::*;
@@ -37,7 +41,7 @@ pub extern "C-unwind" fn _PG_init() {
     PRELOADED.store(true, Ordering::Release);
     shmem::init();
     worker::register();
-    api::init_planner_hooks();
+    plan::init();
 }
 
 /// Raises a clear ERROR unless gsnap was loaded through `shared_preload_libraries`.
@@ -57,7 +61,7 @@ pub(crate) fn require_preloaded() {
 #[pg_extern(volatile, parallel_unsafe)]
 fn gsnap_preload_check() -> bool {
     require_preloaded();
-    api::require_gsnap_database();
+    sql::access::require_gsnap_database();
     true
 }
 

@@ -30,7 +30,7 @@ unsafe extern "C-unwind" fn relation_set_new_filenode(
 ) {
     crate::require_preloaded();
     if persistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
-        crate::api::require_gsnap_database();
+        crate::sql::access::require_gsnap_database();
     }
     let heap = heap_routine()
         .relation_set_new_filenode
@@ -39,7 +39,8 @@ unsafe extern "C-unwind" fn relation_set_new_filenode(
     unsafe {
         pg_guard_ffi_boundary(|| heap(rel, newrnode, persistence, freeze_xid, minmulti));
     }
-    mark_full_capture(rel);
+    // SAFETY: PostgreSQL's open relation.
+    unsafe { mark_full_capture(rel) };
 }
 
 #[pg_guard]
@@ -49,7 +50,8 @@ unsafe extern "C-unwind" fn relation_nontransactional_truncate(rel: Relation) {
         .expect("heap has relation_nontransactional_truncate");
     // SAFETY: PostgreSQL's arguments forwarded to heap's callback.
     unsafe { pg_guard_ffi_boundary(|| heap(rel)) };
-    mark_full_capture(rel);
+    // SAFETY: PostgreSQL's open relation.
+    unsafe { mark_full_capture(rel) };
 }
 
 #[pg_guard]
@@ -59,7 +61,8 @@ unsafe extern "C-unwind" fn relation_copy_data(rel: Relation, newrnode: *const R
         .expect("heap has relation_copy_data");
     // SAFETY: PostgreSQL's arguments forwarded to heap's callback.
     unsafe { pg_guard_ffi_boundary(|| heap(rel, newrnode)) };
-    mark_full_capture(rel);
+    // SAFETY: PostgreSQL's open relation.
+    unsafe { mark_full_capture(rel) };
 }
 
 #[pg_guard]
@@ -97,5 +100,6 @@ unsafe extern "C-unwind" fn relation_copy_for_cluster(
         });
     }
     // The files of `new_table` become `old_table`'s when the command finishes.
-    mark_full_capture(old_table);
+    // SAFETY: PostgreSQL's open relation.
+    unsafe { mark_full_capture(old_table) };
 }

@@ -63,8 +63,12 @@ pub fn with_groups<R>(f: impl FnOnce(&mut GroupCache<'_>) -> R) -> R {
     }
 }
 
-/// The bytes of a cached group at `extent`. Valid while the caller holds a pin on it.
-pub fn group_bytes(extent: Extent) -> &'static [u8] {
+/// The bytes of a cached group at `extent`.
+///
+/// # Safety
+/// The caller holds a pin on the group for as long as it uses the bytes (the lifetime `'a`
+/// must end before the pin is released: `read::pins::GroupPins` ties it to its guard).
+pub unsafe fn group_bytes<'a>(extent: Extent) -> &'a [u8] {
     let s = shared();
     let l = super::layout_info();
     assert!(

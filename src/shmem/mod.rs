@@ -346,23 +346,36 @@ pub fn cache_capacity() -> usize {
 
 /// True for relations whose pages gsnap never snapshots (temporary tables: only their own
 /// session can read them, and they vanish with it).
-pub fn is_private(rel: pg_sys::Relation) -> bool {
-    // SAFETY: callers pass an open relation.
+///
+/// # Safety
+/// `rel` is an open relation.
+pub unsafe fn is_private(rel: pg_sys::Relation) -> bool {
+    // SAFETY: the caller's promise.
     unsafe { (*(*rel).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP }
 }
 
 /// Records that `block` of `rel` was written in the current span (DESIGN.md, capture 1).
-pub fn record_write(rel: pg_sys::Relation, block: u32) {
-    if !is_private(rel) {
-        // SAFETY: `rel` is open.
-        dirty_sets().record(unsafe { (*rel).rd_id }.to_u32(), block);
+///
+/// # Safety
+/// `rel` is an open relation.
+pub unsafe fn record_write(rel: pg_sys::Relation, block: u32) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if !is_private(rel) {
+            dirty_sets().record((*rel).rd_id.to_u32(), block);
+        }
     }
 }
 
 /// Marks `rel` for a full capture at the next snapshot (its storage was replaced).
-pub fn mark_full_capture(rel: pg_sys::Relation) {
-    if !is_private(rel) {
-        // SAFETY: `rel` is open.
-        dirty_sets().mark_full(unsafe { (*rel).rd_id }.to_u32());
+///
+/// # Safety
+/// `rel` is an open relation.
+pub unsafe fn mark_full_capture(rel: pg_sys::Relation) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if !is_private(rel) {
+            dirty_sets().mark_full((*rel).rd_id.to_u32());
+        }
     }
 }

@@ -9,18 +9,9 @@
 //! copied into the store after the buffer is released, and the tuple's TOAST pointer is
 //! rewritten to name the stored copy, so a snapshot never depends on TOAST chunks.
 
+use gsnap_format::heap;
 use gsnap_format::view::ViewBuilder;
 use pgrx::pg_sys;
-
-/// Bytes of a heap tuple header up to `t_infomask2` (xmin, xmax, cid/xvac, ctid).
-const HEADER_IDS: usize = 18;
-const INFOMASK2: usize = 18;
-const INFOMASK: usize = 20;
-/// The infomask bits that describe the tuple's layout (kept in views).
-const LAYOUT_BITS: u16 = 0x0007; // HEAP_HASNULL | HEAP_HASVARWIDTH | HEAP_HASEXTERNAL
-/// Offset of the TOAST value id inside an on-disk TOAST pointer: 1-byte header, tag byte,
-/// then va_rawsize and va_extinfo.
-const POINTER_ID_AT: usize = 2 + 8;
 
 /// The result of capturing one page.
 pub struct PageView {
@@ -180,7 +171,8 @@ pub unsafe fn capture_page<E>(
             // SAFETY: `t` is a complete heap tuple of `rel` (aligned copy).
             unsafe { copy_out_toast(rel, t.bytes_mut(&mut arena), store_toast)? };
         }
-        normalize(t.bytes_mut(&mut arena));
+        heap::normalize(t.bytes_mut(&mut arena))
+            .expect("a heap tuple is at least as long as its header");
         builder.push(t.lp, t.bytes(&arena));
     }
     Ok(PageView {
@@ -188,16 +180,6 @@ pub unsafe fn capture_page<E>(
         view: builder.finish(),
         unsettled,
     })
-}
-
-/// Zeroes the transaction ids, command id and ctid, and keeps only the layout bits of the
-/// infomasks: what remains depends only on the tuple's contents.
-fn normalize(t: &mut [u8]) {
-    t[..HEADER_IDS].fill(0);
-    let m2 = u16::from_ne_bytes([t[INFOMASK2], t[INFOMASK2 + 1]]) & pg_sys::HEAP_NATTS_MASK as u16;
-    t[INFOMASK2..INFOMASK2 + 2].copy_from_slice(&m2.to_ne_bytes());
-    let m = u16::from_ne_bytes([t[INFOMASK], t[INFOMASK + 1]]) & LAYOUT_BITS;
-    t[INFOMASK..INFOMASK + 2].copy_from_slice(&m.to_ne_bytes());
 }
 
 /// Stores each out-of-line TOAST value of `t` and points its TOAST pointer at the copy.
@@ -216,9 +198,10 @@ unsafe fn copy_out_toast<E>(
     unsafe {
         let desc = (*rel).rd_att;
         let natts = (*desc).natts as usize;
+        let len = t.len();
         let base = t.as_mut_ptr();
         let mut tuple = pg_sys::HeapTupleData {
-            t_len: t.len() as u32,
+            t_len: len as u32,
             t_self: pg_sys::ItemPointerData::default(),
             t_tableOid: (*rel).rd_id,
             t_data: base.cast(),
@@ -231,46 +214,21 @@ unsafe fn copy_out_toast<E>(
             if nulls[i] || att.attlen != -1 || att.attisdropped {
                 continue;
             }
+            // The rest of the tuple from this attribute on, through `base` (which the datums
+            // of the remaining attributes point into, so it stays the only way in).
             let ptr = values[i].cast_mut_ptr::<u8>();
-            // VARATT_IS_EXTERNAL_ONDISK: a 1-byte external header (0x01 on little-endian
-            // machines) followed by the VARTAG_ONDISK tag.
-            if *ptr != 0x01 || u32::from(*ptr.add(1)) != pg_sys::vartag_external::VARTAG_ONDISK {
+            let rest = std::slice::from_raw_parts_mut(ptr, len - ptr.offset_from(base) as usize);
+            if !heap::is_toast_pointer(rest) {
                 continue;
             }
-            let offset = ptr.offset_from(base) as usize;
-            let value = pg_sys::detoast_external_attr(ptr.cast());
-            let size = varsize_any(value.cast());
-            let id = store_toast(std::slice::from_raw_parts(value.cast::<u8>(), size))?;
+            let value = pg_sys::detoast_external_attr(ptr.cast()).cast::<u8>();
+            // A detoasted value is an inline varlena: its header tells its whole size.
+            let header = std::slice::from_raw_parts(value, heap::varlena_header_len(*value));
+            let size = heap::varsize_any(header).expect("a detoasted value is a varlena");
+            let id = store_toast(std::slice::from_raw_parts(value, size))?;
             pg_sys::pfree(value.cast());
-            // Through `base`, which the datums of the remaining attributes point into.
-            std::ptr::copy_nonoverlapping(
-                id.to_le_bytes().as_ptr(),
-                base.add(offset + POINTER_ID_AT),
-                8,
-            );
+            heap::set_toast_id(rest, id).expect("checked to be a TOAST pointer");
         }
     }
     Ok(())
-}
-
-/// VARSIZE_ANY of an in-memory varlena.
-///
-/// # Safety
-/// `p` points to a valid varlena (not external).
-pub unsafe fn varsize_any(p: *const u8) -> usize {
-    // SAFETY: reading the header of a valid varlena (little-endian layouts).
-    unsafe {
-        let first = *p;
-        if first == 0x01 {
-            // external: header + tag + payload (callers never pass one)
-            2 + match u32::from(*p.add(1)) {
-                pg_sys::vartag_external::VARTAG_ONDISK => 16,
-                _ => 8,
-            }
-        } else if first & 0x01 == 0x01 {
-            (first >> 1) as usize // 1-byte header
-        } else {
-            (u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]) >> 2) as usize
-        }
-    }
 }

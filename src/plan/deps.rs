@@ -20,7 +20,7 @@
 //!   the columns changed;
 //! - a view over a snapshot depends on its table.
 //!
-//! The scans add their own checks at executor start (`custom_scan.rs`): they keep the
+//! The scans add their own checks at executor start (`crate::exec`): they keep the
 //! relation open while they run (so the same session cannot alter it under an open cursor)
 //! and compare the row type they were planned with to the table's.
 
@@ -83,10 +83,10 @@ pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
         finfo.fn_addr.map(|f| f as usize)
     };
     let readers = [
-        (super::asof::gsnap_asof_id as *const () as usize, Reader::AsofId),
-        (super::asof::gsnap_asof_time as *const () as usize, Reader::AsofTime),
-        (super::sets::gsnap_range as *const () as usize, Reader::Range),
-        (super::sets::gsnap_diff as *const () as usize, Reader::Diff),
+        (crate::sql::asof::gsnap_asof_id as *const () as usize, Reader::AsofId),
+        (crate::sql::asof::gsnap_asof_time as *const () as usize, Reader::AsofTime),
+        (crate::sql::range::gsnap_range as *const () as usize, Reader::Range),
+        (crate::sql::diff::gsnap_diff as *const () as usize, Reader::Diff),
     ];
     let kind = readers
         .iter()

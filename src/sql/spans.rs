@@ -1,6 +1,6 @@
 //! Introspection of the current span: which pages gsnap will capture at the next snapshot.
 
-use super::regclass::RegClass;
+use crate::ffi::regclass::RegClass;
 use crate::error::error;
 use crate::shmem::dirty_sets;
 use pgrx::prelude::*;

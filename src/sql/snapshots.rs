@@ -1,7 +1,8 @@
 //! Declaring snapshots and listing them: `gsnap_snapshot()`, `gsnap_snapshots()`,
 //! `gsnap_snapshot_tables()`, `gsnap_progress()`.
 
-use super::access::{relation_name, require_gsnap_database};
+use super::access::require_gsnap_database;
+use crate::ffi::relation::relation_name;
 use crate::error::error;
 use crate::ipc;
 use crate::ipc::protocol::{self, Kind};

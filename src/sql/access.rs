@@ -9,22 +9,9 @@
 //!   database.
 
 use crate::error::error;
+use crate::ffi::relation::relation_name;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
-use std::ffi::CStr;
-
-/// The name of a relation for messages (qualified if not visible).
-pub fn relation_name(relid: pg_sys::Oid) -> String {
-    // SAFETY: looking up a relation name in the catalog.
-    unsafe {
-        let name = pg_sys::get_rel_name(relid);
-        if name.is_null() {
-            format!("relation with OID {}", relid.to_u32())
-        } else {
-            CStr::from_ptr(name).to_string_lossy().into_owned()
-        }
-    }
-}
 
 /// Raises an ERROR unless this session is connected to gsnap's database.
 pub fn require_gsnap_database() {

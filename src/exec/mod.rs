@@ -1,0 +1,159 @@
+//! The executor side of gsnap's custom scans: the "gsnap AS OF" node (`asof_scan.rs`) fills
+//! scan slots from [`crate::read::asof::AsofRows`], the "gsnap range" node (`range_scan.rs`)
+//! from [`crate::read::range::RangeCursor`].
+//!
+//! What both nodes do the same way is here: at executor start the table is opened and locked
+//! ACCESS SHARE (the lock stays until the transaction ends, the relation stays open while the
+//! scan runs, so the same session cannot alter it under a cursor) and must still have the row
+//! type the plan recorded; the reader itself is opened at the first fetch (and again after a
+//! rescan), because the snapshot arguments may use parameters that are only set by then.
+//! A node whose executor never reaches its end (an ERROR) is dropped by a reset callback of
+//! the query's memory context, which releases its pins.
+
+mod asof_scan;
+mod node;
+mod range_scan;
+
+use crate::error::{error, no_such_snapshot, null_argument};
+use crate::ffi::list;
+use crate::ffi::relation::{relation_name, OpenRelation};
+use crate::plan::nodes::{same_row_type, ScanKind, ScanPlan};
+use crate::sql::access::{require_gsnap_database, require_read_access};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+
+/// Creates the executor state of one of gsnap's scan nodes.
+#[pg_guard]
+pub unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut pg_sys::Node {
+    // SAFETY: our plan node; the state is PostgreSQL's CustomScanState followed by ours,
+    // zeroed, with the node tag and methods set, as the API requires.
+    unsafe {
+        let plan = ScanPlan::decode((*cscan).custom_private);
+        if plan.kind == ScanKind::Range {
+            range_scan::create_state()
+        } else {
+            asof_scan::create_state()
+        }
+    }
+}
+
+/// What both scan nodes keep: the table they read and their snapshot arguments.
+struct ScanTable {
+    kind: ScanKind,
+    relid: pg_sys::Oid,
+    /// The table, open while the scan runs. Dropped (closed) by EndCustomScan; after an
+    /// ERROR the transaction's abort releases it instead.
+    rel: Option<OpenRelation>,
+    /// The snapshot arguments, ready to evaluate.
+    args: Vec<*mut pg_sys::ExprState>,
+}
+
+impl ScanTable {
+    /// Executor start: the checks every read makes, the table opened and its row type
+    /// checked against the plan's, the snapshot arguments prepared.
+    ///
+    /// # Safety
+    /// `css` is one of our scan states being initialized.
+    unsafe fn begin(css: *mut pg_sys::CustomScanState) -> ScanTable {
+        // SAFETY: our plan node and state.
+        unsafe {
+            let cscan = (*css).ss.ps.plan.cast::<pg_sys::CustomScan>();
+            let plan = ScanPlan::decode((*cscan).custom_private);
+            require_gsnap_database();
+            require_read_access(plan.relid);
+            let Some(rel) =
+                OpenRelation::open(plan.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
+            else {
+                error(
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+                    format!(
+                        "the table with OID {} read by this query no longer exists",
+                        plan.relid.to_u32()
+                    ),
+                )
+                .raise()
+            };
+            // A cached plan is replanned after a schema change (plan/deps.rs): this is the
+            // last line of defence.
+            if !same_row_type(plan.signature, &rel) {
+                error(
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                    "cached plan must not change result type",
+                )
+                .detail(format!(
+                    "The columns of table {} changed after this query was planned.",
+                    relation_name(plan.relid)
+                ))
+                .hint("Prepare the statement again.")
+                .raise();
+            }
+            let exprs = (*cscan).custom_exprs;
+            let args = (0..plan.kind.snapshot_args())
+                .map(|i| pg_sys::ExecInitExpr(list::nth(exprs, i), &mut (*css).ss.ps))
+                .collect();
+            ScanTable {
+                kind: plan.kind,
+                relid: plan.relid,
+                rel: Some(rel),
+                args,
+            }
+        }
+    }
+
+    /// The open table.
+    fn rel(&self) -> &OpenRelation {
+        self.rel.as_ref().expect("the table is open while the scan runs")
+    }
+
+    /// Evaluates snapshot argument `i`: a snapshot id, or a time resolved to one.
+    ///
+    /// # Safety
+    /// `css` is the node this table belongs to.
+    unsafe fn snapshot_argument(&self, css: *mut pg_sys::CustomScanState, i: usize) -> u64 {
+        // SAFETY: evaluating the plan's own expression in the node's expression context.
+        let value = unsafe {
+            let econtext = (*css).ss.ps.ps_ExprContext;
+            let mut isnull = false;
+            let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
+            let arg = self.args[i];
+            let evalfunc = (*arg).evalfunc.expect("an initialized expression has a function");
+            let value = evalfunc(arg, econtext, &mut isnull);
+            pg_sys::MemoryContextSwitchTo(old);
+            (!isnull).then_some(value.value() as i64)
+        };
+        let what = match (self.kind, i) {
+            (ScanKind::AsofId, _) => "the snapshot id of gsnap_asof",
+            (ScanKind::AsofTime, _) => "the time of gsnap_asof",
+            (ScanKind::Range, 0) => "the first snapshot of gsnap_range",
+            (ScanKind::Range, _) => "the last snapshot of gsnap_range",
+        };
+        let Some(value) = value else { null_argument(what) };
+        if self.kind == ScanKind::AsofTime {
+            return crate::sql::asof::resolve_time(value);
+        }
+        if value <= 0 {
+            no_such_snapshot(value);
+        }
+        value as u64
+    }
+
+    /// EndCustomScan: closes the table (its lock stays until the transaction ends).
+    fn end(&mut self) {
+        self.rel = None;
+    }
+
+    /// After an ERROR: the transaction's abort releases the relation.
+    fn abandon(&mut self) {
+        if let Some(rel) = self.rel.take() {
+            rel.forget();
+        }
+    }
+}
+
+/// The methods tables of the executor nodes (they must live for the process).
+struct ExecMethods(pg_sys::CustomExecMethods);
+// SAFETY: immutable after construction; only C string pointers to statics and functions.
+unsafe impl Sync for ExecMethods {}
+// SAFETY: as above.
+unsafe impl Send for ExecMethods {}

@@ -1,0 +1,13 @@
+//! The narrow edge to PostgreSQL's C API: small safe or clearly-unsafe helpers for what the
+//! rest of the extension would otherwise write by hand many times (List iteration, memory
+//! context switches, relations held open, V1 function arguments, `regclass` arguments).
+//!
+//! Rules kept here: an `unsafe fn` says in `# Safety` what its caller promises; a safe
+//! function never dereferences a pointer it was given; every `unsafe` block is a few lines
+//! with a `SAFETY:` comment saying why that call is sound.
+
+pub mod fcinfo;
+pub mod list;
+pub mod memcx;
+pub mod regclass;
+pub mod relation;

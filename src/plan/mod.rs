@@ -1,0 +1,20 @@
+//! The planner side of queries over snapshots.
+//!
+//! - `deps`: every query calling a reader depends on its table and locks it (issue 11);
+//! - `paths`: `FROM gsnap_asof(NULL::t, ...)` and `FROM gsnap_range(...)` become custom scan
+//!   paths instead of function scans;
+//! - `nodes`: the custom scan plan nodes built from those paths, and what their private
+//!   lists hold.
+//!
+//! The executor side of the scans is `crate::exec`; what they read, `crate::read`.
+
+pub mod deps;
+pub mod nodes;
+mod paths;
+
+/// Installs the planner hooks; called from `_PG_init`.
+pub fn init() {
+    deps::init();
+    nodes::register();
+    paths::init();
+}

@@ -1,0 +1,134 @@
+//! One table at one snapshot, row by row: the row iterator behind `gsnap_asof`, shared by the
+//! set-returning function and the "gsnap AS OF" custom scan.
+//!
+//! When the row type recorded at the snapshot is the table's current one (and the consumer
+//! can take stored tuples, see [`AsofRows::open`]), a tuple without out-of-line values is
+//! handed out as it is stored, straight from the pinned page image, like a heap scan hands
+//! out buffer tuples; every other tuple is decoded into the current row type.
+
+use super::decode::{current_columns, Decoder};
+use super::pages::PageReader;
+use super::table::{self, TableAtSnapshot};
+use crate::error::corrupt;
+use crate::ffi::memcx::OwnedContext;
+use gsnap_format::{columns, heap, view};
+use pgrx::pg_sys;
+
+/// A row of a table at a snapshot.
+pub enum Row<'a> {
+    /// The stored tuple, valid as a tuple of the current row type (until the next row).
+    Tuple { block: u32, lp: u16, bytes: &'a [u8] },
+    /// The row's values in the current row type, one per attribute of the current
+    /// descriptor (dropped ones NULL); valid until the next row. What they point to lives in
+    /// `scratch`, reset when the reader moves to the next page: a consumer that forms a
+    /// tuple from them forms it there too.
+    Values {
+        block: u32,
+        lp: u16,
+        values: &'a [pg_sys::Datum],
+        nulls: &'a [bool],
+        scratch: &'a OwnedContext,
+    },
+}
+
+/// The rows of one table at one snapshot, in block and line pointer order.
+pub struct AsofRows {
+    snap: u64,
+    pages: PageReader,
+    decoder: Decoder,
+    in_place: bool,
+    /// The current page: its block, and its tuples as (line pointer, offset, length).
+    block: u32,
+    tuples: Vec<(u16, usize, usize)>,
+    next: usize,
+    /// What decoding the current page's rows allocates; reset when the next page is read.
+    scratch: OwnedContext,
+}
+
+impl AsofRows {
+    /// Opens table `relid` (whose current descriptor is `desc`) at snapshot `snap`. With
+    /// `stored_tuples`, rows may come as [`Row::Tuple`]: the consumer deforms tuples with a
+    /// descriptor of the table's live columns that carries no missing values (the custom
+    /// scan's heap slot); it is only used when the table has no dropped column.
+    ///
+    /// # Safety
+    /// `desc` is the table's current descriptor, valid while the rows are read; call in a
+    /// transaction.
+    pub unsafe fn open(
+        relid: pg_sys::Oid,
+        desc: pg_sys::TupleDesc,
+        snap: u64,
+        stored_tuples: bool,
+    ) -> AsofRows {
+        let table: TableAtSnapshot = table::at(snap, relid);
+        // SAFETY: the caller's promise.
+        let current = unsafe { current_columns(desc) };
+        let in_place = stored_tuples && columns::in_place(&table.row_type, &current);
+        AsofRows {
+            snap,
+            pages: PageReader::open(snap, &table),
+            // SAFETY: the caller's promise.
+            decoder: unsafe { Decoder::new(snap, relid, table.row_type.clone(), desc) },
+            in_place,
+            block: 0,
+            tuples: Vec::new(),
+            next: 0,
+            scratch: OwnedContext::new("gsnap AS OF rows"),
+        }
+    }
+
+    /// Moves to the next page with tuples; false at the end.
+    fn next_page(&mut self) -> bool {
+        loop {
+            let Some((block, bytes)) = self.pages.next_page() else {
+                return false;
+            };
+            let tuples = view::decode(bytes).unwrap_or_else(|e| {
+                corrupt(format_args!(
+                    "snapshot {} holds a corrupt page view for block {block}: {e}",
+                    self.snap
+                ))
+            });
+            let base = bytes.as_ptr() as usize;
+            self.tuples.clear();
+            self.tuples.extend(
+                tuples
+                    .iter()
+                    .map(|t| (t.lp, t.bytes.as_ptr() as usize - base, t.bytes.len())),
+            );
+            self.block = block;
+            self.next = 0;
+            // SAFETY: the previous page's rows are consumed (the caller asked for more).
+            unsafe { self.scratch.reset() };
+            if !self.tuples.is_empty() {
+                return true;
+            }
+        }
+    }
+
+    /// The next row; None at the end.
+    pub fn next(&mut self) -> Option<Row<'_>> {
+        if self.next >= self.tuples.len() && !self.next_page() {
+            return None;
+        }
+        let (lp, offset, len) = self.tuples[self.next];
+        self.next += 1;
+        let block = self.block;
+        let (_, page) = self.pages.current().expect("a page is being read");
+        let bytes = &page[offset..offset + len];
+        if self.in_place && !heap::has_external(bytes) {
+            return Some(Row::Tuple { block, lp, bytes });
+        }
+        let decoder = &mut self.decoder;
+        let (values, nulls) = self
+            .scratch
+            .run(move || decoder.decode_tuple(block, lp, bytes));
+        Some(Row::Values {
+            block,
+            lp,
+            values,
+            nulls,
+            scratch: &self.scratch,
+        })
+    }
+}

@@ -1,0 +1,179 @@
+//! The rows that differ between two snapshots of a table: the diff behind `gsnap_diff`.
+//!
+//! The two page tables are walked together in the index, skipping the subtrees they share
+//! (`gsnap_core::diff`), so only blocks whose images differ are read, each image once. Per
+//! block, tuples at the same line pointer with the same bytes on both sides are no change
+//! (`gsnap_format::diff::changed_tuples`); the others are removed (side a) or added (side b)
+//! rows. A row removed from one page and added unchanged on another (VACUUM FULL, CLUSTER,
+//! a non-HOT update that changed nothing) is no change (`cancel_moves`), rows compared by
+//! their formed `rec` datums.
+
+use super::decode::Decoder;
+use super::pins::{GroupPins, ImageBatches};
+use super::range::form_record;
+use super::table::{self, TableAtSnapshot};
+use crate::error::{corrupt, corrupt_index, error};
+use crate::ffi::relation::relation_name;
+use gsnap_core::{PageDiff, RelId, SnapId};
+use gsnap_format::diff::{cancel_moves, changed_tuples, Change};
+use gsnap_format::view;
+use pgrx::pg_sys;
+use pgrx::PgSqlErrorCode;
+use std::collections::BTreeMap;
+
+/// One side of a diff: the decoder of its row type and the table's size in blocks then.
+struct Side {
+    decoder: Decoder,
+    nblocks: u32,
+}
+
+/// The bytes of a formed `rec` datum (a composite with a 4-byte varlena header), the
+/// identity rows are compared by.
+fn rec_bytes(rec: &pg_sys::Datum) -> &[u8] {
+    let p = rec.cast_mut_ptr::<u8>().cast_const();
+    // SAFETY: `rec` is a datum formed by heap_form_tuple (a 4-byte varlena header holding its
+    // length), alive for the whole diff.
+    unsafe {
+        let len = pgrx::varlena::varsize_any(p.cast());
+        std::slice::from_raw_parts(p, len)
+    }
+}
+
+/// The pages whose image differs between the two sides (block, before, after).
+fn changed_pages(
+    a: (u64, &Option<TableAtSnapshot>, &GroupPins),
+    b: (u64, &Option<TableAtSnapshot>, &GroupPins),
+) -> Vec<PageDiff> {
+    let mut pages = Vec::new();
+    match (a.1, b.1) {
+        (Some(x), Some(y)) if x.rel == y.rel => {
+            gsnap_core::diff(
+                a.2.view_of(a.0),
+                SnapId(a.0),
+                b.2.view_of(b.0),
+                SnapId(b.0),
+                RelId(x.rel),
+                &mut |d| pages.push(d),
+            )
+            .unwrap_or_else(|e| corrupt_index(e));
+        }
+        _ => {
+            // Different incarnations (the table was rewritten, created or converted in
+            // between), or one side only: every page of each side.
+            let mut all: BTreeMap<u32, PageDiff> = BTreeMap::new();
+            for (side, (snap, t, pins)) in [a, b].into_iter().enumerate() {
+                let Some(t) = t else { continue };
+                let view = pins.view_of(snap);
+                let tree = view.tree(SnapId(snap)).unwrap_or_else(|e| corrupt_index(e));
+                let relation = tree.relation(RelId(t.rel)).unwrap_or_else(|e| corrupt_index(e));
+                let Some(relation) = relation else { continue };
+                relation
+                    .scan(0..t.nblocks, &mut |block, image| {
+                        let d = all.entry(block).or_insert(PageDiff {
+                            block,
+                            before: None,
+                            after: None,
+                        });
+                        if side == 0 {
+                            d.before = Some(image);
+                        } else {
+                            d.after = Some(image);
+                        }
+                    })
+                    .unwrap_or_else(|e| corrupt_index(e));
+            }
+            pages = all.into_values().collect();
+        }
+    }
+    pages
+}
+
+/// Calls `emit(change, rec)` for each row that differs between snapshots `a` and `b` (added
+/// rows first, then removed ones). A snapshot that does not hold the table has no rows of
+/// it; neither holding it is an ERROR.
+///
+/// # Safety
+/// `row_desc` is the table's current row type; call in a transaction.
+pub unsafe fn diff_rows(
+    relid: pg_sys::Oid,
+    a: u64,
+    b: u64,
+    row_desc: pg_sys::TupleDesc,
+    emit: &mut dyn FnMut(Change, pg_sys::Datum),
+) {
+    let ta = table::held_by(a, relid);
+    let tb = table::held_by(b, relid);
+    if ta.is_none() && tb.is_none() {
+        error(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!(
+                "table {} is in neither snapshot {a} nor snapshot {b}",
+                relation_name(relid)
+            ),
+        )
+        .hint(crate::error::HINT_TABLES_OF_SNAPSHOT)
+        .raise();
+    }
+    let pins_a = GroupPins::pin(a, a, true);
+    let pins_b = GroupPins::pin(b, b, true);
+    let pages = changed_pages((a, &ta, &pins_a), (b, &tb, &pins_b));
+    let side = |t: &Option<TableAtSnapshot>, snap: u64| {
+        t.as_ref().map(|t| Side {
+            // SAFETY: the caller's promise.
+            decoder: unsafe { Decoder::new(snap, relid, t.row_type.clone(), row_desc) },
+            nblocks: t.nblocks,
+        })
+    };
+    let mut sides = [side(&ta, a), side(&tb, b)];
+    // Each page's images, the two sides pinned together: key (page, side).
+    let mut images: ImageBatches<(usize, usize)> = ImageBatches::default();
+    for (i, d) in pages.iter().enumerate() {
+        let mut group = Vec::with_capacity(2);
+        for (side, image) in [d.before, d.after].into_iter().enumerate() {
+            let holds = sides[side].as_ref().is_some_and(|s| d.block < s.nblocks);
+            if let (true, Some(image)) = (holds, image) {
+                group.push(((i, side), image.0));
+            }
+        }
+        if !group.is_empty() {
+            images.push_group(&group);
+        }
+    }
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    while let Some(batch) = images.next_batch() {
+        let mut at = 0;
+        while at < batch.len() {
+            let ((page, _), _) = batch.get(at);
+            let block = pages[page].block;
+            let mut views: [Vec<view::ViewTuple<'_>>; 2] = [Vec::new(), Vec::new()];
+            while at < batch.len() && batch.get(at).0 .0 == page {
+                let ((_, side), bytes) = batch.get(at);
+                views[side] = view::decode(bytes).unwrap_or_else(|e| {
+                    corrupt(format_args!("a stored page view of block {block} is corrupt: {e}"))
+                });
+                at += 1;
+            }
+            changed_tuples(&views[0], &views[1], |change, t| {
+                let side = usize::from(change == Change::Added);
+                let s = sides[side].as_mut().expect("the side has this page");
+                let (values, nulls) = s.decoder.decode_tuple(block, t.lp, t.bytes);
+                // SAFETY: the values match the table's current row type.
+                let rec = unsafe { form_record(row_desc, values, nulls) };
+                if change == Change::Added {
+                    added.push(rec);
+                } else {
+                    removed.push(rec);
+                }
+            });
+        }
+    }
+    let removed_keys: Vec<&[u8]> = removed.iter().map(rec_bytes).collect();
+    let added_keys: Vec<&[u8]> = added.iter().map(rec_bytes).collect();
+    let net = cancel_moves(&removed_keys, &added_keys);
+    for i in net.added {
+        emit(Change::Added, added[i]);
+    }
+    for i in net.removed {
+        emit(Change::Removed, removed[i]);
+    }
+}

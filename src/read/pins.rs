@@ -1,0 +1,239 @@
+//! What a backend pins while it reads snapshots: index groups in the shared group cache and
+//! page images in the shared image cache. Everything pinned is unpinned when its guard is
+//! dropped (also when an ERROR unwinds), and every view of pinned memory borrows its guard,
+//! so the compiler checks that nothing reads a group or an image after its pin is gone.
+//!
+//! Images are read through [`ImageBatches`], the one implementation of "pin a batch, ask the
+//! worker to load the next one meanwhile": a scan's decoding and the worker's store reads
+//! overlap instead of adding up, and a batch is at most an eighth of the image cache, so
+//! concurrent scans never hold all of it between them.
+
+use crate::error::{corrupt_index, error};
+use crate::ipc::protocol::{self, GroupEntry, Kind, PinnedEntry};
+use crate::ipc::{self, Pinned};
+use crate::shmem::{self, groups};
+use gsnap_core::cache::Extent;
+use gsnap_core::{GroupReader, SnapId};
+use gsnap_shmem::cache::CacheKey;
+use gsnap_shmem::requests::REPLY_BYTES;
+use pgrx::PgSqlErrorCode;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Groups pinned in the shared group cache for this backend; unpinned when dropped.
+pub struct GroupPins {
+    entries: Vec<GroupEntry>,
+}
+
+impl GroupPins {
+    /// Pins the groups holding snapshots `first..=last`. `record` tells the dividing policy
+    /// about the access (queries do; internal lookups do not).
+    pub fn pin(first: u64, last: u64, record: bool) -> GroupPins {
+        let a = ipc::call(
+            Kind::IndexPin,
+            &[first as i64, last as i64, i64::from(record)],
+        );
+        GroupPins {
+            entries: protocol::decode_groups(&a.reply),
+        }
+    }
+
+    /// Readers of the pinned groups, in snapshot order.
+    pub fn views(&self) -> Vec<GroupReader<'_>> {
+        let mut v: Vec<GroupReader<'_>> = self
+            .entries
+            .iter()
+            .map(|e| {
+                let extent = Extent {
+                    offset: e.offset,
+                    size: e.size,
+                };
+                // SAFETY: this guard holds the group's pin until it is dropped, and the views
+                // borrow the guard.
+                let bytes = unsafe { groups::group_bytes(extent) };
+                GroupReader::new(bytes).unwrap_or_else(|e| corrupt_index(e))
+            })
+            .collect();
+        v.sort_by_key(|g| g.first_snap().unwrap_or(SnapId(0)));
+        v
+    }
+
+    /// The reader of the group holding `snap`.
+    pub fn view_of(&self, snap: u64) -> GroupReader<'_> {
+        self.views()
+            .into_iter()
+            .find(|v| v.contains(SnapId(snap)))
+            .unwrap_or_else(|| {
+                error(
+                    PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+                    format!("snapshot {snap} is committed but not in the snapshot index"),
+                )
+                .raise()
+            })
+    }
+}
+
+impl Drop for GroupPins {
+    fn drop(&mut self) {
+        protocol::unpin_groups(&self.entries);
+    }
+}
+
+/// Images per LoadImages or Prefetch request (the ids travel in the request's buffer).
+const IDS_PER_REQUEST: usize = REPLY_BYTES / 8;
+
+/// How many images one scan pins at once: a small share of the image cache.
+pub fn images_per_batch() -> usize {
+    (shmem::cache_capacity() / 8).clamp(1, 256)
+}
+
+/// Page images to read in order, each with the caller's key. [`ImageBatches::next_batch`]
+/// pins the next batch (whole groups of images, at most [`images_per_batch`] unless one
+/// group is bigger) and asks the worker to load the batch after it without waiting.
+pub struct ImageBatches<K> {
+    /// (key, image id, first image of its group).
+    queued: VecDeque<(K, u64, bool)>,
+}
+
+impl<K: Copy> Default for ImageBatches<K> {
+    fn default() -> Self {
+        ImageBatches {
+            queued: VecDeque::new(),
+        }
+    }
+}
+
+impl<K: Copy> ImageBatches<K> {
+    /// Queues one image.
+    pub fn push(&mut self, key: K, image: u64) {
+        self.queued.push_back((key, image, true));
+    }
+
+    /// Queues images that must be pinned together (the two sides of a page of a diff).
+    pub fn push_group(&mut self, images: &[(K, u64)]) {
+        for (i, &(key, image)) in images.iter().enumerate() {
+            self.queued.push_back((key, image, i == 0));
+        }
+    }
+
+    /// Images queued and not pinned yet.
+    pub fn queued(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// The number of queued images the next batch takes: whole groups, up to `limit` images
+    /// (more only if the first group alone is bigger).
+    fn batch_len(&self, limit: usize) -> usize {
+        let mut n = 0;
+        for (i, &(_, _, first)) in self.queued.iter().enumerate() {
+            if first && n >= limit {
+                break;
+            }
+            n = i + 1;
+        }
+        n
+    }
+
+    /// Pins the next batch and prefetches the one after it; None when nothing is queued.
+    pub fn next_batch(&mut self) -> Option<PinnedBatch<K>> {
+        if self.queued.is_empty() {
+            return None;
+        }
+        let limit = images_per_batch();
+        let n = self.batch_len(limit);
+        let batch: Vec<(K, u64, bool)> = self.queued.drain(..n).collect();
+        let ids: Vec<u64> = batch.iter().map(|&(_, id, _)| id).collect();
+        let pins = pin_images(&ids);
+        let next = self.batch_len(limit);
+        let upcoming: Vec<u64> = self.queued.iter().take(next).map(|&(_, id, _)| id).collect();
+        prefetch_images(&upcoming);
+        Some(PinnedBatch {
+            pins,
+            keys: batch.into_iter().map(|(k, _, _)| k).collect(),
+        })
+    }
+}
+
+/// A batch of pinned images; unpinned when dropped.
+pub struct PinnedBatch<K> {
+    pins: Pinned,
+    keys: Vec<K>,
+}
+
+impl<K: Copy> PinnedBatch<K> {
+    /// Images in the batch.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Image `i` of the batch (in queue order) and its key.
+    pub fn get(&self, i: usize) -> (K, &[u8]) {
+        (self.keys[i], self.pins.bytes(&self.pins.entries[i]))
+    }
+}
+
+/// Pins the images `ids` (entry `i` is `ids[i]`), waiting while the cache is full.
+fn pin_images(ids: &[u64]) -> Pinned {
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        if let Some(pinned) = try_pin_images(ids) {
+            return pinned;
+        }
+        // The cache is full of pages other queries hold. Holding part of a batch while
+        // waiting for the rest could deadlock with a scan doing the same, so nothing is held
+        // while we wait (cancellably) for them to move on.
+        ipc::wait_latch(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Asks the worker to load those of `ids` that are not in the image cache, without waiting
+/// (see [`ipc::prefetch`]).
+fn prefetch_images(ids: &[u64]) {
+    let missing: Vec<u64> = shmem::with_cache(|c| {
+        ids.iter()
+            .copied()
+            .filter(|&id| !c.contains(&CacheKey::image(id)))
+            .take(IDS_PER_REQUEST)
+            .collect()
+    });
+    ipc::prefetch(&missing);
+}
+
+/// Pins all of `ids`, or nothing if the cache has no room for the missing ones.
+fn try_pin_images(ids: &[u64]) -> Option<Pinned> {
+    let mut entries: Vec<PinnedEntry> = Vec::with_capacity(ids.len());
+    let mut missing = Vec::new();
+    shmem::with_cache(|c| {
+        for (i, &id) in ids.iter().enumerate() {
+            match c.lookup_pin(&CacheKey::image(id)) {
+                Some((slot, len)) => entries.push(PinnedEntry {
+                    key: i as u32,
+                    slot: slot as u32,
+                    len: len as u32,
+                }),
+                None => missing.push(i),
+            }
+        }
+    });
+    // Dropping `pinned` unpins, on an error as on giving up.
+    let mut pinned = Pinned { entries };
+    let mut at = 0;
+    while at < missing.len() {
+        let chunk = &missing[at..(at + IDS_PER_REQUEST).min(missing.len())];
+        let payload: Vec<u8> = chunk.iter().flat_map(|&i| ids[i].to_le_bytes()).collect();
+        let answer = ipc::call_with_payload(Kind::LoadImages, &[], &payload);
+        // The worker pins a prefix of the chunk, at most its share of the cache per request.
+        let got = protocol::decode_pinned(&answer.reply);
+        if got.is_empty() {
+            return None;
+        }
+        at += got.len();
+        pinned.entries.extend(got.into_iter().map(|e| PinnedEntry {
+            key: chunk[e.key as usize] as u32,
+            ..e
+        }));
+    }
+    pinned.entries.sort_unstable_by_key(|e| e.key);
+    Some(pinned)
+}

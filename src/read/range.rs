@@ -1,0 +1,352 @@
+//! One table at every readable snapshot of a range, row version by row version: the cursor
+//! behind `gsnap_range`, shared by the set-returning function and the "gsnap range" custom
+//! scan.
+//!
+//! The index reports, per block, the runs of snapshots that share one image (in block order,
+//! and per block in snapshot order), so an image shared by several snapshots is read once for
+//! all of them. Within a block, a tuple that an image shares with the block's previous image
+//! (same line pointer, same bytes: `gsnap_format::versions`) is the same row version: it is
+//! neither decoded nor offered to the caller's filter again, and the filter's answer holds for
+//! all the snapshots of both images.
+
+use super::decode::Decoder;
+use super::pins::{GroupPins, ImageBatches, PinnedBatch};
+use super::table::{self, TableAtSnapshot};
+use crate::error::{corrupt, corrupt_index, error};
+use crate::ffi::memcx::OwnedContext;
+use gsnap_core::{ImageRun, RelId, SnapId};
+use gsnap_format::versions::{Owned, VersionMatcher};
+use gsnap_format::view;
+use pgrx::pg_sys;
+use pgrx::PgSqlErrorCode;
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// Decoders by row type (the row type can change between snapshots), allocated in the
+/// cursor's long-lived context.
+struct Decoders {
+    snap: u64,
+    relid: pg_sys::Oid,
+    row_desc: pg_sys::TupleDesc,
+    list: Vec<Decoder>,
+    by_row_type: HashMap<Vec<u8>, usize>,
+}
+
+impl Decoders {
+    /// The index in `list` of the decoder of `t`'s row type (made on first use, in `cx`).
+    fn index_of(&mut self, t: &TableAtSnapshot, cx: &OwnedContext) -> usize {
+        if let Some(&i) = self.by_row_type.get(&t.row_type_bytes) {
+            return i;
+        }
+        let (snap, relid, desc) = (self.snap, self.relid, self.row_desc);
+        let row_type = t.row_type.clone();
+        // SAFETY: `row_desc` is the table's current row type (see RangeCursor::open).
+        let d = cx.run(|| unsafe { Decoder::new(snap, relid, row_type, desc) });
+        self.list.push(d);
+        self.by_row_type
+            .insert(t.row_type_bytes.clone(), self.list.len() - 1);
+        self.list.len() - 1
+    }
+}
+
+/// What the cursor keeps of a row version: its `rec` datum (in the block's context) and
+/// whether the caller's filter keeps it.
+#[derive(Clone, Copy)]
+struct Kept {
+    rec: pg_sys::Datum,
+    keep: bool,
+}
+
+/// The snapshots of the current image that hold its block, grouped by row type: (snapshot
+/// ids, the decoder of their row type).
+type Holders = Vec<(Vec<u64>, usize)>;
+
+/// Reads a table at every readable snapshot of `from..=to`, one row version at a time, each
+/// with the run of snapshots that hold it.
+pub struct RangeCursor {
+    snaps: Vec<(u64, TableAtSnapshot)>,
+    groups: Option<GroupPins>,
+    /// Segments of `snaps` in which the table has one incarnation; the next one to read.
+    segments: Vec<Range<usize>>,
+    next_segment: usize,
+    segment: Range<usize>,
+    /// The current segment's runs (block, image, snapshots sharing it), and their images.
+    runs: Vec<ImageRun>,
+    images: ImageBatches<usize>,
+    batch: Option<PinnedBatch<usize>>,
+    at: usize,
+    /// The current image: its run, its tuples (line pointer, offset, length) and holders.
+    run: Option<ImageRun>,
+    tuples: Vec<(u16, usize, usize)>,
+    holders: Holders,
+    holder: usize,
+    next_tuple: usize,
+    /// Versions of the block's previous image (when comparable), and whether the current
+    /// image is matched with them; the (segment, block, decoder) they belong to.
+    matcher: VersionMatcher<Owned<Kept>>,
+    matching: bool,
+    versions_of: Option<(usize, u32, usize)>,
+    decoders: Decoders,
+    /// The decoder of each snapshot's row type (by position in `snaps`).
+    decoder_of: Vec<usize>,
+    /// Decoders live in `_long`; rows and what decoding allocates in `block_cx`, reset when
+    /// the cursor moves to another block.
+    _long: OwnedContext,
+    block_cx: OwnedContext,
+}
+
+impl RangeCursor {
+    /// Opens the range (the readable snapshots of it that hold the table; an ERROR if there
+    /// is none).
+    ///
+    /// # Safety
+    /// `row_desc` is the table's current row type, alive as long as the cursor; call in a
+    /// transaction.
+    pub unsafe fn open(
+        relid: pg_sys::Oid,
+        from: u64,
+        to: u64,
+        row_desc: pg_sys::TupleDesc,
+    ) -> RangeCursor {
+        if from > to {
+            error(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("gsnap_range from snapshot {from} to snapshot {to}: the range is empty"),
+            )
+            .hint("Give the older snapshot first.")
+            .raise();
+        }
+        let snaps = table::in_range(relid, from, to);
+        let mut segments = Vec::new();
+        let mut start = 0;
+        for segment in snaps.chunk_by(|a, b| a.1.rel == b.1.rel) {
+            segments.push(start..start + segment.len());
+            start += segment.len();
+        }
+        let groups = match (snaps.first(), snaps.last()) {
+            (Some(first), Some(last)) => Some(GroupPins::pin(first.0, last.0, true)),
+            _ => None,
+        };
+        let long = OwnedContext::new("gsnap range");
+        let mut decoders = Decoders {
+            snap: snaps.first().map_or(from, |s| s.0),
+            relid,
+            row_desc,
+            list: Vec::new(),
+            by_row_type: HashMap::new(),
+        };
+        let decoder_of = snaps
+            .iter()
+            .map(|(_, t)| decoders.index_of(t, &long))
+            .collect();
+        RangeCursor {
+            snaps,
+            groups,
+            segments,
+            next_segment: 0,
+            segment: 0..0,
+            runs: Vec::new(),
+            images: ImageBatches::default(),
+            batch: None,
+            at: 0,
+            run: None,
+            tuples: Vec::new(),
+            holders: Vec::new(),
+            holder: 0,
+            next_tuple: 0,
+            matcher: VersionMatcher::new(),
+            matching: false,
+            versions_of: None,
+            decoders,
+            decoder_of,
+            _long: long,
+            block_cx: OwnedContext::new("gsnap range block"),
+        }
+    }
+
+    /// The next row version (a `rec` datum of the table's current row type) and the
+    /// snapshots that hold it, valid until the next call; None at the end. `keep(rec, snap)`
+    /// is asked once per row version: versions it refuses are skipped for every snapshot
+    /// that holds them.
+    pub fn next_row(
+        &mut self,
+        keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
+    ) -> Option<(&[u64], pg_sys::Datum)> {
+        loop {
+            if self.holder < self.holders.len() {
+                let page = self.batch.as_ref().expect("an image is pinned").get(self.at - 1).1;
+                let run = self.run.expect("an image is being read");
+                while self.next_tuple < self.tuples.len() {
+                    let (lp, offset, len) = self.tuples[self.next_tuple];
+                    self.next_tuple += 1;
+                    let bytes = &page[offset..offset + len];
+                    let known = if self.matching {
+                        self.matcher.same_as_before(lp, bytes).map(|v| v.value)
+                    } else {
+                        None
+                    };
+                    let kept = known.unwrap_or_else(|| {
+                        let (snaps, decoder) = &self.holders[self.holder];
+                        let decoder = &mut self.decoders.list[*decoder];
+                        let rec = self.block_cx.run(|| {
+                            let (values, nulls) = decoder.decode_tuple(run.block, lp, bytes);
+                            // SAFETY: the values match the table's current row type.
+                            unsafe { form_record(self.decoders.row_desc, values, nulls) }
+                        });
+                        Kept {
+                            rec,
+                            keep: keep(rec, snaps[0]),
+                        }
+                    });
+                    if self.matching {
+                        self.matcher.keep(Owned {
+                            lp,
+                            bytes: bytes.to_vec(),
+                            value: kept,
+                        });
+                    }
+                    if kept.keep {
+                        return Some((&self.holders[self.holder].0, kept.rec));
+                    }
+                }
+                if self.matching {
+                    self.matcher.end_image();
+                }
+                self.holder += 1;
+                self.next_tuple = 0;
+                continue;
+            }
+            if !self.next_image() {
+                return None;
+            }
+        }
+    }
+
+    /// Moves to the next image of the range that some snapshot holds; false at the end.
+    fn next_image(&mut self) -> bool {
+        loop {
+            let in_batch = matches!(&self.batch, Some(b) if self.at < b.len());
+            if in_batch {
+                self.at += 1;
+                let (run_index, bytes) = self.batch.as_ref().expect("checked").get(self.at - 1);
+                let run = self.runs[run_index];
+                let tuples = view::decode(bytes).unwrap_or_else(|e| {
+                    corrupt(format_args!(
+                        "a stored page view of block {} is corrupt: {e}",
+                        run.block
+                    ))
+                });
+                let base = bytes.as_ptr() as usize;
+                self.tuples.clear();
+                self.tuples.extend(
+                    tuples
+                        .iter()
+                        .map(|t| (t.lp, t.bytes.as_ptr() as usize - base, t.bytes.len())),
+                );
+                self.begin_image(run);
+                if !self.holders.is_empty() {
+                    return true;
+                }
+                continue;
+            }
+            self.batch = None; // unpins
+            if let Some(batch) = self.images.next_batch() {
+                self.batch = Some(batch);
+                self.at = 0;
+                continue;
+            }
+            if !self.next_segment() {
+                return false;
+            }
+        }
+    }
+
+    /// Sets up reading `run`'s image: which snapshots hold its block, by row type, and
+    /// whether its tuples are matched with the block's previous image.
+    fn begin_image(&mut self, run: ImageRun) {
+        self.run = Some(run);
+        // The snapshots of this run that hold the block (it may be beyond a snapshot's size,
+        // after the table shrank), grouped by row type.
+        self.holders.clear();
+        let holding: Vec<usize> = self
+            .segment
+            .clone()
+            .filter(|&i| {
+                let (s, t) = &self.snaps[i];
+                *s >= run.first.0 && *s <= run.last.0 && run.block < t.nblocks
+            })
+            .collect();
+        for same in holding.chunk_by(|&a, &b| self.decoder_of[a] == self.decoder_of[b]) {
+            self.holders.push((
+                same.iter().map(|&i| self.snaps[i].0).collect(),
+                self.decoder_of[same[0]],
+            ));
+        }
+        self.holder = 0;
+        self.next_tuple = 0;
+        let same_block = self
+            .versions_of
+            .is_some_and(|(seg, block, _)| (seg, block) == (self.next_segment, run.block));
+        if !same_block {
+            // SAFETY: the previous block's rows are consumed (the caller asked for more).
+            unsafe { self.block_cx.reset() };
+        }
+        // Versions are matched with the block's previous image when all the snapshots of
+        // this image that hold the block have the row type of that image.
+        let decoder = self.holders.first().map(|h| h.1);
+        self.matching = self.holders.len() == 1;
+        if !(same_block && self.matching && self.versions_of.map(|v| v.2) == decoder) {
+            self.matcher.forget();
+        }
+        self.versions_of = decoder.map(|d| (self.next_segment, run.block, d));
+        if self.matching && self.tuples.is_empty() {
+            // An empty image: the block's next image has no version in common with it.
+            self.matcher.end_image();
+        }
+    }
+
+    /// Moves to the next segment (one incarnation of the table) and queues its images;
+    /// false at the end.
+    fn next_segment(&mut self) -> bool {
+        let Some(segment) = self.segments.get(self.next_segment).cloned() else {
+            return false;
+        };
+        self.next_segment += 1;
+        let rel = self.snaps[segment.start].1.rel;
+        let (first, last) = (self.snaps[segment.start].0, self.snaps[segment.end - 1].0);
+        self.runs.clear();
+        let groups = self.groups.as_ref().expect("a non-empty range has its groups pinned");
+        let views = groups.views();
+        let runs = &mut self.runs;
+        gsnap_core::range(&views, SnapId(first), SnapId(last), RelId(rel), &mut |r| {
+            runs.push(r)
+        })
+        .unwrap_or_else(|e| corrupt_index(e));
+        for (i, r) in self.runs.iter().enumerate() {
+            self.images.push(i, r.image.0);
+        }
+        self.segment = segment;
+        true
+    }
+}
+
+/// Forms a `rec` datum of the table's row type (in the current memory context).
+///
+/// # Safety
+/// `values`/`nulls` match `row_desc`.
+pub unsafe fn form_record(
+    row_desc: pg_sys::TupleDesc,
+    values: &[pg_sys::Datum],
+    nulls: &[bool],
+) -> pg_sys::Datum {
+    // SAFETY: forming a tuple of a named composite type; heap_form_tuple only reads the
+    // arrays.
+    unsafe {
+        let tuple = pg_sys::heap_form_tuple(
+            row_desc,
+            values.as_ptr().cast_mut(),
+            nulls.as_ptr().cast_mut(),
+        );
+        pg_sys::Datum::from((*tuple).t_data)
+    }
+}

@@ -1,0 +1,104 @@
+//! What snapshots hold of a table: its incarnation (the relation whose pages the snapshot
+//! maps), its size in blocks and its row type at the time, asked of the worker.
+//!
+//! The rule every reader follows (README, "Snapshots that do not hold a table"): a snapshot
+//! that does not hold the table has no rows of it, and reading a table from snapshots none of
+//! which holds it is an ERROR.
+
+use crate::error::{self, error, not_in_snapshot};
+use crate::ffi::relation::relation_name;
+use crate::ipc::protocol::{self, ErrorCode, Kind, ScanHeader};
+use crate::ipc;
+use gsnap_format::rowtype::RowType;
+use pgrx::pg_sys;
+use pgrx::PgSqlErrorCode;
+use std::time::Duration;
+
+/// What a snapshot holds of a table.
+pub struct TableAtSnapshot {
+    /// The relation incarnation whose pages the snapshot maps.
+    pub rel: u32,
+    /// The table's size in blocks at the snapshot.
+    pub nblocks: u32,
+    pub row_type: RowType,
+    /// The row type's stored bytes (equal bytes: equal row types).
+    pub row_type_bytes: Vec<u8>,
+}
+
+/// What snapshot `snap` holds of `relid` (None: the table is not in the snapshot). A
+/// snapshot whose capture is still running is waited for (the wait can be cancelled); one
+/// that does not exist or cannot be read is an ERROR.
+pub fn held_by(snap: u64, relid: pg_sys::Oid) -> Option<TableAtSnapshot> {
+    let mut told = false;
+    let begin = loop {
+        let args = [snap as i64, i64::from(relid.to_u32()), 0];
+        match ipc::call_paged_checked(Kind::ScanBegin, &args, 2) {
+            Ok(a) => break a,
+            Err((code, _)) if code == ErrorCode::Capturing as u32 => {
+                if !told {
+                    pgrx::notice!(
+                        "snapshot {snap} is still being captured; waiting for its capture to \
+                         end (see gsnap_progress())"
+                    );
+                    told = true;
+                }
+                ipc::wait_latch(Duration::from_millis(20))
+            }
+            Err((code, reply)) => ipc::raise_worker_error(code, &reply),
+        }
+    };
+    if begin.result == 1 {
+        return None;
+    }
+    let Some((header, row_type)) = ScanHeader::decode(&begin.reply) else {
+        error::corrupt("a short answer from the gsnap worker to the beginning of a scan")
+    };
+    let decoded = RowType::decode(row_type)
+        .unwrap_or_else(|e| error::corrupt(format_args!("snapshot {snap}: {e}")));
+    Some(TableAtSnapshot {
+        rel: header.rel,
+        nblocks: header.nblocks,
+        row_type: decoded,
+        row_type_bytes: row_type.to_vec(),
+    })
+}
+
+/// What snapshot `snap` holds of `relid`, or the ERROR that it does not hold the table.
+pub fn at(snap: u64, relid: pg_sys::Oid) -> TableAtSnapshot {
+    held_by(snap, relid).unwrap_or_else(|| not_in_snapshot(&relation_name(relid), snap))
+}
+
+/// The readable snapshots in `from..=to` that hold `relid`, with the table as each holds it,
+/// oldest first. A range with no readable snapshot, or none holding the table, is an ERROR.
+pub fn in_range(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnapshot)> {
+    let listing = protocol::decode_snapshots(&ipc::call_paged(Kind::Snapshots, &[0], 0).reply);
+    let readable: Vec<u64> = listing
+        .into_iter()
+        .filter(|s| s.state == "committed" && s.id >= from && s.id <= to)
+        .map(|s| s.id)
+        .collect();
+    if readable.is_empty() {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("no readable snapshot from snapshot {from} to snapshot {to}"),
+        )
+        .hint("gsnap_snapshots() lists the snapshots and their states.")
+        .raise();
+    }
+    let holding: Vec<(u64, TableAtSnapshot)> = readable
+        .into_iter()
+        .filter_map(|s| held_by(s, relid).map(|t| (s, t)))
+        .collect();
+    if holding.is_empty() {
+        error(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!(
+                "table {} is in no snapshot from snapshot {from} to snapshot {to}",
+                relation_name(relid)
+            ),
+        )
+        .hint(error::HINT_TABLES_OF_SNAPSHOT)
+        .raise();
+    }
+    holding
+}

@@ -1,0 +1,83 @@
+//! The SQL functions of gsnap, thin over what they call:
+//!
+//! | function | planned by | executed by | rows from |
+//! |---|---|---|---|
+//! | `gsnap_asof` in FROM | `plan::paths`, `plan::nodes` | `exec::asof_scan` | `read::asof` |
+//! | `gsnap_asof` elsewhere | (function scan) | `sql::asof` | `read::asof` |
+//! | `gsnap_range` in FROM | `plan::paths`, `plan::nodes` | `exec::range_scan` | `read::range` |
+//! | `gsnap_range` elsewhere | (function scan) | `sql::range` | `read::range` |
+//! | `gsnap_diff` | (function scan) | `sql::diff` | `read::diff` |
+//! | `gsnap_snapshot`, listings | | `sql::snapshots` | the worker (`ipc`) |
+//! | `gsnap_written_blocks`, `gsnap_full_capture_pending` | | `sql::spans` | the dirty sets |
+//!
+//! Every query calling a reader also depends on its table (`plan::deps`); who may read what
+//! is `access`.
+
+pub mod access;
+pub mod asof;
+pub mod diff;
+pub mod range;
+mod snapshots;
+mod spans;
+
+use crate::error::{error, no_such_snapshot, null_argument};
+use crate::ffi::fcinfo::Call;
+use crate::ffi::relation::{relation_kind, relation_name};
+use pgrx::pg_sys;
+use pgrx::PgSqlErrorCode;
+
+/// The table a reader call reads: the relation whose row type its first argument has, locked
+/// ACCESS SHARE until the transaction ends (as a SELECT would), after the checks every read
+/// makes (database, privileges).
+pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
+    // SAFETY: a catalog lookup of a type's relation.
+    let relid = unsafe { pg_sys::get_typ_typrelid(call.arg_type(0)) };
+    let kind = (relid != pg_sys::InvalidOid).then(|| relation_kind(relid)).flatten();
+    if kind == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+        error(
+            PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+            format!(
+                "{function} reads one table, and {} is partitioned",
+                relation_name(relid)
+            ),
+        )
+        .hint("Read each partition, for example with UNION ALL over its partitions.")
+        .raise();
+    }
+    if kind != Some(pg_sys::RELKIND_RELATION) && kind != Some(pg_sys::RELKIND_MATVIEW) {
+        error(
+            PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+            format!("the first argument of {function} must name a table by its row type"),
+        )
+        .hint(format!("Write {function}(NULL::my_table, ...)."))
+        .raise();
+    }
+    access::require_gsnap_database();
+    access::require_read_access(relid);
+    // Already held when the query was analyzed (plan/deps.rs).
+    // SAFETY: a lock request on an existing relation.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+    relid
+}
+
+/// Argument `i`, a snapshot id: not NULL, positive.
+pub fn snapshot_argument(call: Call, i: usize, what: &str) -> u64 {
+    let snap = call.arg_i64(i).unwrap_or_else(|| null_argument(what));
+    if snap <= 0 {
+        no_such_snapshot(snap);
+    }
+    snap as u64
+}
+
+/// The materialize-mode result of a set-returning call: its descriptor and tuplestore.
+///
+/// # Safety
+/// `call` is a set-returning call.
+pub unsafe fn materialized_result(call: Call) -> (pg_sys::TupleDesc, *mut pg_sys::Tuplestorestate) {
+    // SAFETY: the materialize-mode SRF protocol.
+    unsafe {
+        pg_sys::InitMaterializedSRF(call.raw(), 0);
+        let rsinfo = (*call.raw()).resultinfo.cast::<pg_sys::ReturnSetInfo>();
+        ((*rsinfo).setDesc, (*rsinfo).setResult)
+    }
+}
