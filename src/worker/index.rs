@@ -18,7 +18,7 @@
 
 use super::Store;
 use gsnap_core::dividing::{Decision, DividingConfig, GroupDividing};
-use gsnap_core::{last_page_table, GroupBuilder, GroupView, ImageId, IndexError, Mapping, PageKey};
+use gsnap_core::{last_page_table, GroupBuilder, GroupReader, ImageId, IndexError, Mapping, PageKey};
 use gsnap_store::{GroupId, GroupMeta, SnapId, SnapshotState, StoreError};
 
 /// Cache keys of published copies of the active group (sealed groups use their id).
@@ -125,7 +125,7 @@ impl IndexState {
     /// missing or damaged (and stored again).
     pub fn group_bytes(&self, meta: &GroupMeta) -> Result<Vec<u8>, IndexFailure> {
         if let Some(bytes) = self.store.group_body(meta.id)? {
-            if GroupView::new_verified(&bytes).is_ok() {
+            if GroupReader::new_verified(&bytes).is_ok() {
                 return Ok(bytes);
             }
             pgrx::warning!(
@@ -154,7 +154,7 @@ impl IndexState {
     fn add_to_active(&mut self, snap: SnapId, mappings: &[Mapping]) -> Result<(), IndexFailure> {
         if self.builder.is_empty() {
             let base = match &self.last_sealed {
-                Some(bytes) => last_page_table(&GroupView::new(bytes)?)?,
+                Some(bytes) => last_page_table(&GroupReader::new(bytes)?)?,
                 None => Vec::new(),
             };
             self.builder
@@ -178,7 +178,7 @@ impl IndexState {
     /// Seals the active group: stores it as one unit and starts a new one.
     fn seal(&mut self) -> Result<(), IndexFailure> {
         let bytes = self.builder.seal();
-        let snaps: Vec<SnapId> = GroupView::new(&bytes)?
+        let snaps: Vec<SnapId> = GroupReader::new(&bytes)?
             .snapshots()?
             .into_iter()
             .map(|s| s.snap)
@@ -211,7 +211,7 @@ impl IndexState {
         }
         match &self.last_sealed {
             Some(bytes) => {
-                let view = GroupView::new(bytes)?;
+                let view = GroupReader::new(bytes)?;
                 view.lookup(view.last_snap()?, page)
             }
             None => Ok(None),

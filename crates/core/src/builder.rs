@@ -13,7 +13,7 @@ use crate::format::{self, RootRecord, ROOT_RECORD_LEN};
 use crate::index::SnapshotIndex;
 use crate::radix::{self, Arena, Subtree};
 use crate::types::{validate_batch, ImageId, Mapping, PageKey, RelId, SnapId};
-use crate::view::GroupView;
+use crate::reader::GroupReader;
 
 /// How much of the active group is published: readers may use `node_area()[..node_bytes]`
 /// and `root_table()[..roots * ROOT_RECORD_LEN]`.
@@ -88,8 +88,8 @@ impl GroupBuilder {
         }
     }
 
-    pub fn view(&self) -> GroupView<'_> {
-        GroupView::trusted(&self.arena.bytes, &self.roots)
+    pub fn view(&self) -> GroupReader<'_> {
+        GroupReader::trusted(&self.arena.bytes, &self.roots)
     }
 
     /// Allocated bytes of the node area and the root table.
@@ -224,11 +224,11 @@ impl GroupBuilder {
 /// tree holding its diff to the previous source; snapshots for which `deleted` holds are
 /// flagged deleted. Used to merge groups and to drop deleted snapshots' trees.
 pub fn rebuild_group(
-    sources: &[(GroupView<'_>, SnapId)],
+    sources: &[(GroupReader<'_>, SnapId)],
     deleted: &dyn Fn(SnapId) -> bool,
 ) -> Result<GroupBuilder, IndexError> {
     let mut b = GroupBuilder::new();
-    let mut prev: Option<(GroupView<'_>, SnapId)> = None;
+    let mut prev: Option<(GroupReader<'_>, SnapId)> = None;
     for &(view, snap) in sources {
         match prev {
             None => {
@@ -269,7 +269,7 @@ pub fn rebuild_group(
 }
 
 /// The page table of the last snapshot of `view`, as the base of the next group.
-pub fn last_page_table(view: &GroupView<'_>) -> Result<Vec<(PageKey, ImageId)>, IndexError> {
+pub fn last_page_table(view: &GroupReader<'_>) -> Result<Vec<(PageKey, ImageId)>, IndexError> {
     let mut pages = Vec::new();
     if !view.is_empty() {
         view.scan_all(view.last_snap()?, &mut |p, i| pages.push((p, i)))?;
@@ -426,7 +426,7 @@ mod tests {
             &prefix_nodes[..],
             "prefix never changes"
         );
-        let old = GroupView::from_parts(&prefix_nodes, &prefix_roots).unwrap();
+        let old = GroupReader::from_parts(&prefix_nodes, &prefix_roots).unwrap();
         assert_eq!(
             old.lookup(SnapId(1), PageKey::new(1, 5)),
             Ok(Some(ImageId(6)))
@@ -436,7 +436,7 @@ mod tests {
             Err(IndexError::UnknownSnapshot(SnapId(2)))
         );
         let sealed = g.seal();
-        let v = GroupView::new_verified(&sealed).unwrap();
+        let v = GroupReader::new_verified(&sealed).unwrap();
         assert_eq!(
             v.lookup(SnapId(2), PageKey::new(1, 5)),
             Ok(Some(ImageId(99)))

@@ -20,7 +20,7 @@
 //! and the root table (flags zeroed); all integers are little-endian.
 //!
 //! The active group is published as two append-only parts, the node area and the root table,
-//! each growing at its end; `GroupView::from_parts` reads any published prefix of both.
+//! each growing at its end; `GroupReader::from_parts` reads any published prefix of both.
 
 use crate::bytes::{put_u32, put_u64, read_u32, read_u64, Checksum};
 use crate::error::IndexError;

@@ -13,7 +13,7 @@
 //!   group is merged or rebuilt, which keeps only retained trees (and the group's last tree).
 //!
 //! This in-memory index is what the tests and benchmarks drive; the PostgreSQL side uses the
-//! same parts (`GroupBuilder`, `GroupView`, `GroupDividing`) with groups in shared memory.
+//! same parts (`GroupBuilder`, `GroupReader`, `GroupDividing`) with groups in shared memory.
 
 use crate::builder::{last_page_table, rebuild_group, GroupBuilder};
 use crate::dividing::{Decision, DividingConfig, GroupDividing, GroupOutcome};
@@ -21,7 +21,7 @@ use crate::error::IndexError;
 use crate::format;
 use crate::index::SnapshotIndex;
 use crate::types::{validate_batch, ImageId, ImageRun, Mapping, PageDiff, PageKey, RelId, SnapId};
-use crate::view::GroupView;
+use crate::reader::GroupReader;
 use crate::walk::{self, WalkStats};
 use std::ops::Range;
 
@@ -60,7 +60,7 @@ impl SealedGroup {
         outcome: Option<GroupOutcome>,
     ) -> Result<Self, IndexError> {
         let layout = format::parse_header(&bytes)?;
-        let view = GroupView::new(&bytes)?;
+        let view = GroupReader::new(&bytes)?;
         let snaps = view.snapshots()?;
         let live = snaps.iter().filter(|s| !s.deleted).count();
         let (first, last) = (view.first_snap()?, view.last_snap()?);
@@ -76,8 +76,8 @@ impl SealedGroup {
         })
     }
 
-    fn view(&self) -> GroupView<'_> {
-        GroupView::trusted(
+    fn view(&self) -> GroupReader<'_> {
+        GroupReader::trusted(
             &self.bytes[self.nodes.0..self.nodes.1],
             &self.bytes[self.roots.0..self.roots.1],
         )
@@ -197,7 +197,7 @@ impl GsnapIndex {
     }
 
     /// Views of all groups, oldest first (the active one last if it has snapshots).
-    pub fn views(&self) -> Vec<GroupView<'_>> {
+    pub fn views(&self) -> Vec<GroupReader<'_>> {
         let mut v: Vec<_> = self.sealed.iter().map(|g| g.view()).collect();
         if !self.active.is_empty() {
             v.push(self.active.view());
@@ -229,7 +229,7 @@ impl GsnapIndex {
     }
 
     /// The page table of a retained snapshot, resolved once for many lookups or scans.
-    pub fn tree(&self, snap: SnapId) -> Result<crate::view::SnapshotTree<'_>, IndexError> {
+    pub fn tree(&self, snap: SnapId) -> Result<crate::reader::SnapshotTree<'_>, IndexError> {
         let i = self
             .directory
             .binary_search_by_key(&snap, |e| e.0)
@@ -242,7 +242,7 @@ impl GsnapIndex {
         view.tree_at(pos as usize)
     }
 
-    fn view_of(&self, snap: SnapId) -> Result<GroupView<'_>, IndexError> {
+    fn view_of(&self, snap: SnapId) -> Result<GroupReader<'_>, IndexError> {
         Ok(match self.locate(snap)? {
             Loc::Sealed(i) => self.sealed[i].view(),
             Loc::Active => self.active.view(),
@@ -302,7 +302,7 @@ impl GsnapIndex {
         rel: RelId,
         f: &mut dyn FnMut(ImageRun),
     ) -> Result<WalkStats, IndexError> {
-        let views: Vec<GroupView<'_>> = self
+        let views: Vec<GroupReader<'_>> = self
             .views()
             .into_iter()
             .filter(|v| {

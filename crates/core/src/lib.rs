@@ -1,9 +1,9 @@
 //! gsnap's snapshot index, in pure Rust (no PostgreSQL types).
 //!
 //! - `types`, `error`, `index`: the vocabulary, the one error type, the `SnapshotIndex` trait;
-//! - `radix`, `format`, `builder`, `view`, `walk`: page tables as radix trees with path copying
+//! - `radix`, `format`, `builder`, `reader`, `walk`: page tables as radix trees with path copying
 //!   (SSI), laid out position-independently in one byte area per group; the active group's
-//!   builder, read-only views over bytes, and the snapshot-set walks (diff, range);
+//!   builder, read-only readers over group bytes, and the snapshot-set walks (diff, range);
 //! - `dividing`, `gsnap`: group dividing (Algorithm 1) and the GSnap index over groups;
 //! - `coverage`, `cache`: which groups a request needs (Algorithm 2), and the group cache
 //!   state kept in a caller's byte region (shared memory);
@@ -24,7 +24,7 @@ mod radix;
 pub mod reference;
 pub mod skippy;
 mod types;
-mod view;
+mod reader;
 mod walk;
 
 pub use builder::{last_page_table, rebuild_group, GroupBuilder, Published};
@@ -35,5 +35,5 @@ pub use index::SnapshotIndex;
 pub use types::{
     validate_batch, BlockNo, ImageId, ImageRun, Mapping, PageDiff, PageKey, RelId, SnapId,
 };
-pub use view::{GroupSnapshot, GroupView, RelationTree, SnapshotTree};
+pub use reader::{GroupReader, GroupSnapshot, RelationTree, SnapshotTree};
 pub use walk::{diff, range, WalkStats};

@@ -1,8 +1,8 @@
-//! `GroupView`: read-only queries over a group's bytes, in place, from any address.
+//! `GroupReader`: read-only queries over a group's bytes, in place, from any address.
 //!
-//! A view is two slices, the node area and the root table, taken from sealed bytes
-//! (`GroupView::new`) or from the published prefix of an active group (`from_parts`). Building
-//! a view validates the header and every root record (O(snapshots)); every node read after
+//! A reader is two slices, the node area and the root table, taken from sealed bytes
+//! (`GroupReader::new`) or from the published prefix of an active group (`from_parts`). Building
+//! a reader validates the header and every root record (O(snapshots)); every node read after
 //! that is bounds- and level-checked, so corrupt bytes give `IndexError`, never a panic.
 //! Locating a page of any snapshot is one root-to-leaf walk: the snapshot's relation
 //! directory, then the relation's block tree.
@@ -15,7 +15,7 @@ use std::ops::Range;
 
 /// A group's bytes, ready to query.
 #[derive(Clone, Copy, Debug)]
-pub struct GroupView<'a> {
+pub struct GroupReader<'a> {
     pub(crate) nodes: &'a [u8],
     pub(crate) roots: &'a [u8],
 }
@@ -27,7 +27,7 @@ pub struct GroupSnapshot {
     pub deleted: bool,
 }
 
-impl<'a> GroupView<'a> {
+impl<'a> GroupReader<'a> {
     /// A view over sealed group bytes; checks the header and the root table.
     pub fn new(sealed: &'a [u8]) -> Result<Self, IndexError> {
         let layout = format::parse_header(sealed)?;
@@ -57,12 +57,12 @@ impl<'a> GroupView<'a> {
     pub fn from_parts(nodes: &'a [u8], roots: &'a [u8]) -> Result<Self, IndexError> {
         format::validate_node_area(nodes)?;
         format::validate_roots(roots, nodes.len())?;
-        Ok(GroupView { nodes, roots })
+        Ok(GroupReader { nodes, roots })
     }
 
     /// A view over parts this crate produced and validated already.
     pub(crate) fn trusted(nodes: &'a [u8], roots: &'a [u8]) -> Self {
-        GroupView { nodes, roots }
+        GroupReader { nodes, roots }
     }
 
     /// The number of snapshots (deleted ones included).
@@ -281,7 +281,7 @@ impl<'a> GroupView<'a> {
 /// One snapshot's page table inside a group view.
 #[derive(Clone, Copy, Debug)]
 pub struct SnapshotTree<'a> {
-    view: GroupView<'a>,
+    view: GroupReader<'a>,
     record: RootRecord,
 }
 

@@ -14,7 +14,7 @@
 use crate::error::IndexError;
 use crate::radix::{self, Node, Subtree, FANOUT};
 use crate::types::{ImageId, ImageRun, PageDiff, RelId, SnapId};
-use crate::view::GroupView;
+use crate::reader::GroupReader;
 
 /// A subtree in one of the walked node areas, at its own level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,15 +213,15 @@ pub(crate) fn walk(
 }
 
 /// Whether two views are the same group bytes (so their trees may share nodes).
-fn same_area(a: &GroupView<'_>, b: &GroupView<'_>) -> bool {
+fn same_area(a: &GroupReader<'_>, b: &GroupReader<'_>) -> bool {
     std::ptr::eq(a.nodes, b.nodes)
 }
 
 /// Diff of `rel` between SPT(a) in `va` and SPT(b) in `vb`, deleted snapshots allowed.
 pub(crate) fn diff_any(
-    va: GroupView<'_>,
+    va: GroupReader<'_>,
     a: SnapId,
-    vb: GroupView<'_>,
+    vb: GroupReader<'_>,
     b: SnapId,
     rel: RelId,
     f: &mut dyn FnMut(PageDiff),
@@ -232,9 +232,9 @@ pub(crate) fn diff_any(
 }
 
 fn diff_records(
-    va: GroupView<'_>,
+    va: GroupReader<'_>,
     ra: &crate::format::RootRecord,
-    vb: GroupView<'_>,
+    vb: GroupReader<'_>,
     rb: &crate::format::RootRecord,
     rel: RelId,
     f: &mut dyn FnMut(PageDiff),
@@ -268,9 +268,9 @@ fn diff_records(
 /// The blocks of `rel` whose image differs between SPT(a) (in `va`) and SPT(b) (in `vb`), in
 /// block order. Within one group, subtrees shared by both trees are skipped.
 pub fn diff(
-    va: GroupView<'_>,
+    va: GroupReader<'_>,
     a: SnapId,
-    vb: GroupView<'_>,
+    vb: GroupReader<'_>,
     b: SnapId,
     rel: RelId,
     f: &mut dyn FnMut(PageDiff),
@@ -284,7 +284,7 @@ pub fn diff(
 /// one image, in (block, first snapshot) order. `views` are consecutive groups in snapshot
 /// order (any that do not overlap the range are ignored).
 pub fn range(
-    views: &[GroupView<'_>],
+    views: &[GroupReader<'_>],
     first: SnapId,
     last: SnapId,
     rel: RelId,
@@ -332,7 +332,7 @@ pub fn range(
     })
 }
 
-impl GroupView<'_> {
+impl GroupReader<'_> {
     /// `diff` within this group.
     pub fn diff(
         &self,

@@ -3,7 +3,7 @@
 
 use gsnap_core::cache::{GroupCache, Probe};
 use gsnap_core::{
-    GroupBuilder, GroupView, ImageId, Mapping, PageKey, RelId, SnapId, GROUP_HEADER_LEN,
+    GroupBuilder, GroupReader, ImageId, Mapping, PageKey, RelId, SnapId, GROUP_HEADER_LEN,
     ROOT_RECORD_LEN,
 };
 use proptest::prelude::*;
@@ -30,7 +30,7 @@ fn sample_group(snaps: u64) -> (GroupBuilder, Vec<u8>) {
 }
 
 /// Runs every query on a possibly corrupt view; any outcome but a panic is fine.
-fn exercise(v: &GroupView<'_>) {
+fn exercise(v: &GroupReader<'_>) {
     for s in 0..8u64 {
         for x in 0..40u32 {
             let _ = v.lookup(SnapId(s), PageKey::new(x % 3, x * 37));
@@ -71,14 +71,14 @@ proptest! {
             bad.truncate(c.index(bad.len()));
         }
         if bad != sealed && !(only_deleted_flags && cut.is_none()) {
-            prop_assert!(GroupView::new_verified(&bad).is_err(), "damage must be detected");
+            prop_assert!(GroupReader::new_verified(&bad).is_err(), "damage must be detected");
         }
-        if let Ok(v) = GroupView::new(&bad) {
+        if let Ok(v) = GroupReader::new(&bad) {
             exercise(&v);
         }
         // A damaged published prefix (no checksum) must not panic either.
         let (nodes, roots) = (&bad[GROUP_HEADER_LEN.min(bad.len())..roots_at.min(bad.len())], &bad[roots_at.min(bad.len())..]);
-        if let Ok(v) = GroupView::from_parts(nodes, roots) {
+        if let Ok(v) = GroupReader::from_parts(nodes, roots) {
             exercise(&v);
         }
     }

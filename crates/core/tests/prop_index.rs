@@ -1,13 +1,13 @@
 //! Property tests: every index agrees with the reference model on random workloads (uniform
 //! and skewed page choice, random group boundaries, random sparse deletions, more snapshots
-//! after them), diff and range agree with the reference, and a GroupView over sealed bytes or
+//! after them), diff and range agree with the reference, and a GroupReader over sealed bytes or
 //! a published prefix agrees with the builder.
 
 use gsnap_core::baselines::{OIndex, TIndex};
 use gsnap_core::dividing::DividingConfig;
 use gsnap_core::reference::ReferenceIndex;
 use gsnap_core::{
-    GroupBuilder, GroupView, GsnapIndex, ImageId, IndexError, Mapping, MergeConfig, PageKey, RelId,
+    GroupBuilder, GroupReader, GsnapIndex, ImageId, IndexError, Mapping, MergeConfig, PageKey, RelId,
     SnapId, SnapshotIndex, ROOT_RECORD_LEN,
 };
 use proptest::prelude::*;
@@ -288,9 +288,9 @@ proptest! {
             }
         }
         let sealed = b.seal();
-        let v = GroupView::new_verified(&sealed).unwrap();
+        let v = GroupReader::new_verified(&sealed).unwrap();
         let (nodes, roots, n) = published.unwrap();
-        let prefix = GroupView::from_parts(&nodes, &roots).unwrap();
+        let prefix = GroupReader::from_parts(&nodes, &roots).unwrap();
         prop_assert_eq!(prefix.len(), n);
         for (i, &s) in snaps.iter().enumerate() {
             for &p in &pages {
