@@ -81,3 +81,29 @@ pub fn corrupt(what: impl std::fmt::Display) -> ! {
 pub fn corrupt_index(e: gsnap_core::IndexError) -> ! {
     corrupt(format_args!("gsnap snapshot index: {e}"))
 }
+
+/// Keeps Rust backtraces out of the ERRORs clients see. pgrx attaches a backtrace to the
+/// DETAIL of an error that crosses a nested FFI boundary whenever backtraces are enabled, and
+/// a server started with `RUST_BACKTRACE=1` in its environment (common on Rust developers'
+/// machines) would show one with every gsnap error. So library backtraces are turned off in
+/// the postmaster (every server process inherits that), and a genuine panic (a bug, not an
+/// ERROR raised on purpose) writes its backtrace to the server log instead.
+pub fn keep_backtraces_out_of_errors() {
+    // The postmaster loads gsnap before it starts any thread or child process.
+    std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    let next = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let deliberate = payload.is::<pgrx::pg_sys::panic::ErrorReportWithLevel>()
+            || payload.is::<ErrorReport>()
+            || payload.is::<pgrx::pg_sys::panic::CaughtError>();
+        if !deliberate {
+            eprintln!(
+                "gsnap: Rust panic at {}: {}",
+                info.location().map(|l| l.to_string()).unwrap_or_default(),
+                std::backtrace::Backtrace::force_capture()
+            );
+        }
+        next(info)
+    }));
+}

@@ -37,6 +37,7 @@ pub extern "C-unwind" fn _PG_init() {
         // first use can raise the error that says how to fix it (require_preloaded).
         return;
     }
+    error::keep_backtraces_out_of_errors();
     gucs::init();
     PRELOADED.store(true, Ordering::Release);
     shmem::init();
