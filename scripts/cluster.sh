@@ -33,8 +33,7 @@ start)
         } >> "$datadir/postgresql.conf"
     fi
     if ! as_pg "$PGBIN/pg_ctl" -D "$datadir" status >/dev/null 2>&1; then
-        # No Rust backtraces in error details (the environment may ask for them).
-        RUST_BACKTRACE=0 as_pg "$PGBIN/pg_ctl" -D "$datadir" -l "$datadir/server.log" -w -t 60 start >/dev/null \
+        as_pg "$PGBIN/pg_ctl" -D "$datadir" -l "$datadir/server.log" -w -t 60 start >/dev/null \
             || { tail -n 30 "$datadir/server.log" >&2; die "the server did not start"; }
     fi
     ;;
