@@ -7,11 +7,10 @@
 //! out buffer tuples; every other tuple is decoded into the current row type.
 
 use super::decode::{current_columns, Decoder};
-use super::pages::PageReader;
+use super::pages::{view_tuples, PageReader};
 use super::table::{self, TableAtSnapshot};
-use crate::error::corrupt;
 use crate::ffi::memcx::OwnedContext;
-use gsnap_format::{columns, heap, view};
+use gsnap_format::{columns, heap};
 use pgrx::pg_sys;
 
 /// A row of a table at a snapshot.
@@ -33,7 +32,6 @@ pub enum Row<'a> {
 
 /// The rows of one table at one snapshot, in block and line pointer order.
 pub struct AsofRows {
-    snap: u64,
     pages: PageReader,
     decoder: Decoder,
     in_place: bool,
@@ -65,7 +63,6 @@ impl AsofRows {
         let current = unsafe { current_columns(desc) };
         let in_place = stored_tuples && columns::in_place(&table.row_type, &current);
         AsofRows {
-            snap,
             pages: PageReader::open(snap, &table),
             // SAFETY: the caller's promise.
             decoder: unsafe { Decoder::new(snap, relid, table.row_type.clone(), desc) },
@@ -83,19 +80,7 @@ impl AsofRows {
             let Some((block, bytes)) = self.pages.next_page() else {
                 return false;
             };
-            let tuples = view::decode(bytes).unwrap_or_else(|e| {
-                corrupt(format_args!(
-                    "snapshot {} holds a corrupt page view for block {block}: {e}",
-                    self.snap
-                ))
-            });
-            let base = bytes.as_ptr() as usize;
-            self.tuples.clear();
-            self.tuples.extend(
-                tuples
-                    .iter()
-                    .map(|t| (t.lp, t.bytes.as_ptr() as usize - base, t.bytes.len())),
-            );
+            view_tuples(bytes, block, &mut self.tuples);
             self.block = block;
             self.next = 0;
             // SAFETY: the previous page's rows are consumed (the caller asked for more).

@@ -4,8 +4,9 @@
 
 use super::pins::{images_per_batch, GroupPins, ImageBatches, PinnedBatch};
 use super::table::TableAtSnapshot;
-use crate::error::corrupt_index;
+use crate::error::{corrupt, corrupt_index};
 use gsnap_core::{RelId, SnapId};
+use gsnap_format::view;
 
 /// Blocks looked up in the index per step.
 const BLOCKS_PER_STEP: u32 = 4096;
@@ -89,4 +90,22 @@ impl PageReader {
             self.at = 0;
         }
     }
+}
+
+/// The tuples of a page view (`bytes`, the image of `block`) as (line pointer, offset,
+/// length) into `bytes`, in line pointer order, replacing the contents of `into`. A view that
+/// does not decode is corruption.
+pub fn view_tuples(bytes: &[u8], block: u32, into: &mut Vec<(u16, usize, usize)>) {
+    let tuples = view::decode(bytes).unwrap_or_else(|e| {
+        corrupt(format_args!(
+            "a stored page view of block {block} is corrupt: {e}"
+        ))
+    });
+    let base = bytes.as_ptr() as usize;
+    into.clear();
+    into.extend(
+        tuples
+            .iter()
+            .map(|t| (t.lp, t.bytes.as_ptr() as usize - base, t.bytes.len())),
+    );
 }

@@ -10,13 +10,13 @@
 //! all the snapshots of both images.
 
 use super::decode::Decoder;
+use super::pages::view_tuples;
 use super::pins::{GroupPins, ImageBatches, PinnedBatch};
 use super::table::{self, TableAtSnapshot};
-use crate::error::{corrupt, corrupt_index, error};
+use crate::error::{corrupt_index, error};
 use crate::ffi::memcx::OwnedContext;
 use gsnap_core::{ImageRun, RelId, SnapId};
 use gsnap_format::versions::{Owned, VersionMatcher};
-use gsnap_format::view;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 use std::collections::HashMap;
@@ -230,19 +230,7 @@ impl RangeCursor {
                 self.at += 1;
                 let (run_index, bytes) = self.batch.as_ref().expect("checked").get(self.at - 1);
                 let run = self.runs[run_index];
-                let tuples = view::decode(bytes).unwrap_or_else(|e| {
-                    corrupt(format_args!(
-                        "a stored page view of block {} is corrupt: {e}",
-                        run.block
-                    ))
-                });
-                let base = bytes.as_ptr() as usize;
-                self.tuples.clear();
-                self.tuples.extend(
-                    tuples
-                        .iter()
-                        .map(|t| (t.lp, t.bytes.as_ptr() as usize - base, t.bytes.len())),
-                );
+                view_tuples(bytes, run.block, &mut self.tuples);
                 self.begin_image(run);
                 if !self.holders.is_empty() {
                     return true;

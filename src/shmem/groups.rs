@@ -9,9 +9,8 @@
 //! backends unpin them when their query is done. All bookkeeping runs under one LWLock; the
 //! bytes of a pinned group are read without it (a pinned group is never evicted).
 
-use super::{shared, LayoutInfo};
+use super::{shared, ExclusiveLock, LayoutInfo};
 use gsnap_core::cache::{Extent, GroupCache};
-use pgrx::pg_sys;
 use std::sync::atomic::Ordering;
 
 /// Groups the cache can hold at once.
@@ -43,19 +42,10 @@ pub(super) unsafe fn init(meta: *mut u8, data_size: usize) {
 pub fn with_groups<R>(f: impl FnOnce(&mut GroupCache<'_>) -> R) -> R {
     let s = shared();
     let l = super::layout_info();
-    let lock = s.groups_lock.load(Ordering::Relaxed);
-    struct Release(*mut pg_sys::LWLock);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            // SAFETY: acquired below by this process.
-            unsafe { pg_sys::LWLockRelease(self.0) };
-        }
-    }
     // SAFETY: the lock serializes all users of the metadata region; the region was
     // initialized at startup.
     unsafe {
-        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let _release = Release(lock);
+        let _held = ExclusiveLock::acquire(s.groups_lock.load(Ordering::Relaxed));
         let region =
             std::slice::from_raw_parts_mut(super::base_of(s).add(l.groups_meta_at), meta_size());
         let mut cache = GroupCache::attach(region).expect("the group cache region is valid");

@@ -310,22 +310,36 @@ pub fn request_slot(procno: usize) -> &'static RequestSlot {
 pub fn with_cache<R>(f: impl FnOnce(&mut CacheIndex<'_>) -> R) -> R {
     let shared = shared();
     let l = layout(shared);
-    let lock = shared.cache_lock.load(Ordering::Relaxed);
-    struct Release(*mut pg_sys::LWLock);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            // SAFETY: acquired below by this process.
-            unsafe { pg_sys::LWLockRelease(self.0) };
-        }
-    }
     // SAFETY: the lock lives in the main LWLock array; holding it exclusively makes this
-    // process the only user of the cache metadata until `_release` drops.
+    // process the only user of the cache metadata until `_held` drops.
     unsafe {
-        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let _release = Release(lock);
+        let _held = ExclusiveLock::acquire(shared.cache_lock.load(Ordering::Relaxed));
         let (meta, table) = cache_arrays(shared, &l);
         let mut index = CacheIndex::new(&mut *shared.cache_header.get(), meta, table, false);
         f(&mut index)
+    }
+}
+
+/// One of gsnap's LWLocks held exclusively by this process; released when dropped (also
+/// when an ERROR unwinds).
+pub(crate) struct ExclusiveLock(*mut pg_sys::LWLock);
+
+impl ExclusiveLock {
+    /// Waits for and takes `lock`.
+    ///
+    /// # Safety
+    /// `lock` is one of gsnap's LWLocks in shared memory.
+    pub(crate) unsafe fn acquire(lock: *mut pg_sys::LWLock) -> ExclusiveLock {
+        // SAFETY: the caller's promise.
+        unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
+        ExclusiveLock(lock)
+    }
+}
+
+impl Drop for ExclusiveLock {
+    fn drop(&mut self) {
+        // SAFETY: acquired by `acquire` in this process.
+        unsafe { pg_sys::LWLockRelease(self.0) };
     }
 }
 
