@@ -23,6 +23,44 @@ SCRIPTS = ROOT / "scripts"
 PGBIN = Path("/usr/lib/postgresql/15/bin")
 
 
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Polls `predicate` until it returns something true and returns that; after `timeout`
+    seconds fails with an AssertionError naming `what` and the last value seen.
+
+    Tests wait for conditions this way, never with a fixed sleep: a fixed sleep is too short
+    on a slow machine and wasted time on a fast one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+def worker_caught_up(conn: psycopg.Connection) -> None:
+    """Returns once the gsnap worker has begun a new pass of its main loop since the call.
+
+    Each pass of the worker's loop first rereads the configuration files if a reload was
+    signalled, then looks at every request slot once, then frees the requests that backends
+    gave up (src/worker/mod.rs, `Worker::run`). A request of this session answered, then a
+    second one sent only afterwards, cannot both be served by the same pass: the second
+    answer comes from a pass that began after the first request was sent."""
+    for _ in range(2):
+        conn.execute("SELECT count(*) FROM gsnap_snapshots()").fetchone()
+
+
+def reload_conf(conn: psycopg.Connection, timeout: float = 10) -> None:
+    """pg_reload_conf(), then waits until this session and the gsnap worker have both reread
+    the configuration files (the postmaster signals every process on the same SIGHUP)."""
+    before = conn.execute("SELECT pg_conf_load_time()").fetchone()[0]
+    conn.execute("SELECT pg_reload_conf()")
+    wait_until(lambda: conn.execute("SELECT pg_conf_load_time()").fetchone()[0] != before,
+               timeout, "this session to reread the configuration files after pg_reload_conf()")
+    worker_caught_up(conn)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from cluster import Cluster
+from cluster import Cluster, reload_conf, wait_until  # noqa: F401 - wait_until is re-exported
 
 PGBENCH_ENV = {"PGOPTIONS": "-c default_table_access_method=gsnap"}
 
@@ -27,18 +27,6 @@ def ops():
         yield c
     finally:
         c.destroy()
-
-
-def wait_until(pred, timeout: float, what: str, interval: float = 0.1):
-    """Polls `pred` until it returns something true; fails saying `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def wait_server(cluster: Cluster, timeout: float = 60):
@@ -102,14 +90,14 @@ def snapshot_row(conn, snap) -> dict | None:
 
 
 def configure(conn, **settings):
-    """ALTER SYSTEM SET gsnap.<name> (None: RESET) and reload."""
+    """ALTER SYSTEM SET gsnap.<name> (None: RESET), reload, and wait until the worker has
+    reread the configuration."""
     for k, v in settings.items():
         if v is None:
             conn.execute(f"ALTER SYSTEM RESET gsnap.{k}")
         else:
             conn.execute(f"ALTER SYSTEM SET gsnap.{k} = '{v}'")
-    conn.execute("SELECT pg_reload_conf()")
-    time.sleep(0.3)  # the worker rereads the file at its next loop
+    reload_conf(conn)
 
 
 @contextmanager

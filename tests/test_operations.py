@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from cluster import worker_caught_up
 from ops_helpers import (
     Bg,
     PGBENCH_ENV,
@@ -104,7 +105,7 @@ def test_periodic_snapshots_follow_the_interval_and_are_consistent(ops):
 
             # Interval 0: no more snapshots.
             n = len(snapshots(conn))
-            time.sleep(3)
+            time.sleep(3)  # a window in which no snapshot may come (the time is the point)
             assert len(snapshots(conn)) == n, "snapshots kept coming with gsnap.snapshot_interval = 0"
         finally:
             conn.execute("DROP TABLE IF EXISTS " + ", ".join(tables))
@@ -184,8 +185,13 @@ def test_progress_reports_a_capture_in_flight(ops):
                 p1 = wait_capturing(conn, snap)
                 assert p1["phase"] == "capturing", p1
                 val(conn, "SELECT gsnap_snapshot(false)")
-                time.sleep(1.0)  # a few batches
-                p2 = in_flight(conn, snap)
+                mark = progress(conn)["pages_done"]
+
+                def advanced():  # a batch captured since (or the capture over: asserted below)
+                    p = in_flight(conn, snap)
+                    return "over" if p is None else p["pages_done"] > mark and p
+                p2 = wait_until(advanced, 10, f"the capture of snapshot {snap} to advance")
+                p2 = None if p2 == "over" else p2
                 assert p2 and p2["pages_done"] > p1["pages_done"], (p1, p2)
                 assert p2["queued"] == 1, p2
                 assert p2["phase"] == "capturing", (
@@ -229,7 +235,7 @@ def test_declaration_waits_for_an_open_rewrite(ops, kind):
             bg = Bg(ops, lambda c: val(c, "SELECT gsnap_snapshot(false)"))
             wait_until(lambda: progress(conn)["waiting_for_table"] == oid, 10,
                        f"gsnap_progress().waiting_for_table = {t}")
-            time.sleep(0.5)
+            time.sleep(0.5)  # a window in which the declaration must go on waiting
             assert bg.is_alive(), f"gsnap_snapshot(false) returned {bg.result!r} {bg.error!r} during an open {kind}"
             committed_at = time.monotonic()
             writer.execute("COMMIT")
@@ -275,7 +281,7 @@ def test_storage_replacing_commands_wait_for_the_capture(ops, command):
                 bg = Bg(ops, lambda c: c.execute(f"{command} {t}"))
                 wait_until(lambda: val(conn, "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted",
                                        (bg.pid,)) > 0, 10, f"{command} to wait for a lock")
-                time.sleep(1.0)
+                time.sleep(1.0)  # a window in which the command must go on waiting
                 assert bg.is_alive(), f"{command} finished during the capture of {snap}: {bg.error!r}"
                 assert in_flight(conn, snap), progress(conn)
             # the pause is lifted: the capture ends, then the command goes through
@@ -387,7 +393,7 @@ def test_drop_database_does_not_wait_for_the_worker(ops):
         wait_ready(conn, 20)
         conn.execute("DROP DATABASE IF EXISTS ops_drop_me")
         conn.execute("CREATE DATABASE ops_drop_me")
-        time.sleep(1.5)  # let the worker go idle in its latch wait
+        wait_settled(conn, 20)  # the worker idle, in its latch wait
         log_from = len(ops.log())
         pid = progress(conn)["worker_pid"]
         try:
@@ -460,7 +466,12 @@ def test_cancelled_asof_wait_leaves_the_session_healthy(ops):
                 snap = val(conn, "SELECT gsnap_snapshot(false)")
                 wait_capturing(conn, snap)
                 bg = Bg(ops, lambda c: val(c, f"SELECT count(*) FROM {asof(t, snap)}"))
-                time.sleep(1.0)
+
+                def waiting():  # in a gsnap wait (or returned: asserted below)
+                    row = conn.execute("SELECT wait_event_type FROM pg_stat_activity"
+                                       " WHERE pid = %s AND state = 'active'", (bg.pid,)).fetchone()
+                    return not bg.is_alive() or (row is not None and row[0] == "Extension")
+                wait_until(waiting, 10, "the AS OF query to wait for the capture")
                 assert bg.is_alive(), f"AS OF a capturing snapshot returned {bg.result!r} {bg.error!r}"
                 t0 = time.monotonic()
                 conn.execute("SELECT pg_cancel_backend(%s)", (bg.pid,))
@@ -601,11 +612,14 @@ def test_cancelled_scans_leak_no_cache_pins(ops):
                 except errors.QueryCanceled:
                     cancelled += 1
                 except psycopg.OperationalError as e:
-                    time.sleep(0.5)
-                    log = ops.log()[log_from:]
-                    crash = [line for line in log.splitlines()
-                             if "terminated by signal" in line or "double free" in line
-                             or "corrupt" in line or "PANIC" in line]
+                    def crash_lines():
+                        return [line for line in ops.log()[log_from:].splitlines()
+                                if "terminated by signal" in line or "double free" in line
+                                or "corrupt" in line or "PANIC" in line]
+                    try:  # the postmaster logs the crash a moment after the client saw it
+                        crash = wait_until(crash_lines, 5, "the server log to report the crash")
+                    except AssertionError:
+                        crash = []
                     pytest.fail(f"the backend died during the {i + 1}th AS OF scan cancelled by "
                                 f"statement_timeout = {ms} ms ({e}); server log: {crash}")
                 except errors.InternalError_ as e:
@@ -644,7 +658,7 @@ def test_cancelled_scans_leak_no_cache_pins(ops):
                     reset_timeout(conn)
             print(f"[ops] pins: {range_cancelled}/15 range scans cancelled part way")
             assert range_cancelled >= 3, "too few range scans were cancelled to test anything"
-            time.sleep(0.2)
+            worker_caught_up(conn)  # it has freed what the cancelled requests left
             conn.execute("SET statement_timeout = '30s'")
             for _ in range(3):
                 assert digest(conn, asof(t, snap)) == expected

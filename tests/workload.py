@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
+from cluster import reload_conf, wait_until  # noqa: F401 - wait_until is re-exported
+
 # --------------------------------------------------------------------------------------------
 # Tables
 # --------------------------------------------------------------------------------------------
@@ -150,20 +152,6 @@ def progress(conn: psycopg.Connection) -> dict:
     return dict(zip(names, cur.fetchone()))
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
-    """Polls `predicate` until it returns something truthy; fails with `what` after
-    `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
-
-
 def wait_worker_ready(cluster, timeout: float = 60) -> None:
     """Waits until the gsnap worker runs and its store is open."""
     def ready():
@@ -201,15 +189,16 @@ def _setting_value(text: str) -> int:
 
 
 def set_settings(conn: psycopg.Connection, **settings) -> None:
-    """ALTER SYSTEM SET gsnap.<name> = value for each setting (None resets), then reloads and
-    waits until this session sees them (the worker reloads on the same SIGHUP)."""
+    """ALTER SYSTEM SET gsnap.<name> = value for each setting (None resets), then reloads,
+    waits until this session and the worker have reread the configuration, and checks that
+    this session sees the new values."""
     for name, value in settings.items():
         ident = sql.Identifier(*f"gsnap.{name}".split("."))
         if value is None:
             conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(ident))
         else:
             conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(ident, sql.Literal(str(value))))
-    conn.execute("SELECT pg_reload_conf()")
+    reload_conf(conn)
     for name, value in settings.items():
         if value is None:  # what the configuration files say now, or the default
             row = conn.execute("SELECT setting FROM pg_file_settings WHERE name = %s AND error IS NULL "
@@ -217,12 +206,8 @@ def set_settings(conn: psycopg.Connection, **settings) -> None:
             want = _setting_value(row[0] if row else DEFAULTS[name])
         else:
             want = _setting_value(str(value))
-        wait_until(
-            lambda: _setting_value(
-                conn.execute("SELECT current_setting(%s)", (f"gsnap.{name}",)).fetchone()[0]) == want,
-            10, f"gsnap.{name} = {value} to be in effect")
-    # The worker reads the file on the same signal; give its loop a beat to process it.
-    time.sleep(0.3)
+        got = conn.execute("SELECT current_setting(%s)", (f"gsnap.{name}",)).fetchone()[0]
+        assert _setting_value(got) == want, f"gsnap.{name} is {got} after the reload, expected {want}"
 
 
 def table_sizes(conn: psycopg.Connection, table: str, snap: int, back: int = 3) -> str:
