@@ -1,10 +1,12 @@
 //! gsnap: a PostgreSQL extension that keeps many long-lived, transactionally consistent,
 //! page-level snapshots of chosen tables and answers queries over them.
 //!
-//! This crate is the only code that talks to PostgreSQL (DESIGN.md): `am` is the table access
-//! method, `shmem` the shared memory, `worker` the background worker (declare, capture,
-//! serve), `ipc` how backends talk to it, `api` the SQL functions, `gucs` the settings. The
-//! algorithms and formats live in the pure crates under `crates/`.
+//! This crate is the only code that talks to PostgreSQL (docs/design.md): `am` is the table
+//! access method, `shmem` the shared memory, `worker` the background worker (declare, capture,
+//! serve), `ipc` how backends talk to it, `plan` and `exec` the planner and executor sides of
+//! the custom scans, `read` the readers over snapshots, `sql` the SQL functions, `ffi` the
+//! narrow helpers over PostgreSQL's C API, `gucs` the settings. The algorithms and formats
+//! live in the pure crates under `crates/`.
 
 mod am;
 mod error;

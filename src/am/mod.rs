@@ -49,7 +49,7 @@ fn gsnap_routine() -> &'static pg_sys::TableAmRoutine {
 }
 
 /// TOAST tables of gsnap tables are plain heap tables: a snapshot copies out-of-line values
-/// into its own store at capture time, so it never depends on TOAST chunks (DESIGN.md, image).
+/// into its own store at capture time, so it never depends on TOAST chunks (docs/design.md, image).
 #[pg_guard]
 unsafe extern "C-unwind" fn relation_toast_am(_rel: pg_sys::Relation) -> pg_sys::Oid {
     pg_sys::HEAP_TABLE_AM_OID

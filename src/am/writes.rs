@@ -1,7 +1,7 @@
 //! Heap's tuple-writing callbacks, wrapped so each records the blocks it changed.
 //!
 //! Each wrapper calls heap's callback first and records afterwards: the dirty set must never
-//! name a page whose change has not happened yet (DESIGN.md, second capture ordering). A
+//! name a page whose change has not happened yet (docs/design.md, second capture ordering). A
 //! wrapper records every block heap may have touched, even when heap reports a concurrency
 //! failure: an extra page costs one recapture of an unchanged view, a missing one would cost
 //! a wrong snapshot.

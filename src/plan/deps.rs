@@ -1,4 +1,4 @@
-//! Queries over snapshots depend on their table, as queries over the table do (DESIGN.md,
+//! Queries over snapshots depend on their table, as queries over the table do (docs/design.md,
 //! "Reading safely").
 //!
 //! `gsnap_asof(NULL::t, 42)` names its table by a row type, not in FROM, so PostgreSQL alone

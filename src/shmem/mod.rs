@@ -368,7 +368,7 @@ pub unsafe fn is_private(rel: pg_sys::Relation) -> bool {
     unsafe { (*(*rel).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP }
 }
 
-/// Records that `block` of `rel` was written in the current span (DESIGN.md, capture 1).
+/// Records that `block` of `rel` was written in the current span (docs/design.md, capture 1).
 ///
 /// # Safety
 /// `rel` is an open relation.

@@ -1,4 +1,4 @@
-//! The worker's side of the GSnap index (DESIGN.md, The index): the active group being built,
+//! The worker's side of the GSnap index (docs/design.md, The index): the active group being built,
 //! the sealed groups in the store, and the dividing policy.
 //!
 //! The store's mapping log is the truth: a snapshot's commit writes its mappings there (with

@@ -1,4 +1,4 @@
-//! Computing the v-view of one heap page (DESIGN.md, capture step 3).
+//! Computing the v-view of one heap page (docs/design.md, capture step 3).
 //!
 //! Under a share lock on the buffer: every normal line pointer's tuple is tested against the
 //! declared MVCC snapshot, visible tuples are copied with their header *normalized* (so the

@@ -22,7 +22,7 @@ use crate::ids::{Fingerprint, GroupId, ImageId, PageKey, Rank, RelId, RowTypeId,
 pub const IMAGE_RANKS: u8 = 1;
 
 /// A column family: a separately stored, separately compacted key space. Families separate
-/// what has different lifetimes (see DESIGN.md, "The store").
+/// what has different lifetimes (see docs/design.md, "The store").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Cf {
     /// Format record and id counters.

@@ -1,5 +1,5 @@
 //! The mapping log: every mapping (page, snapshot) -> image, stored once, in snapshot order,
-//! with Skippy levels over it (DESIGN.md, The index; `gsnap_core::skippy`).
+//! with Skippy levels over it (docs/design.md, The index; `gsnap_core::skippy`).
 //!
 //! The `maplog` column family holds the log as `gsnap_core` Skippy nodes keyed by (level,
 //! node number). Level 0 *is* the mapping log (the only copy of the mappings: there is no
