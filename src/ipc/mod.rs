@@ -1,326 +1,239 @@
-//! Talking to the gsnap worker: a backend writes a request into its own request slot, sets
-//! the worker's latch, and sleeps on its own latch until the answer is there (DESIGN.md,
-//! "Talking to the worker"). The wait is interruptible: a cancelled query gives the request
-//! up, and the worker cleans up after it.
+//! Talking to the gsnap worker: a backend sends one typed [`Request`] through its own request
+//! slot and gets one typed [`Reply`] or the worker's [`WorkerError`] back (DESIGN.md,
+//! "Talking to the worker"). The bytes in between are `gsnap_protocol`'s, encoded and decoded
+//! only there; the slot exchange is [`transport`]'s. The wait is interruptible: a cancelled
+//! query gives the request up, and the worker cleans up after it.
 //!
-//! Bulk answers (page images, TOAST chunks) come through the shared image cache: the worker
-//! loads what was asked into cache slots *pinned* for the backend and answers with the list
-//! of slots; the backend reads them in place and unpins them ([`Pinned`]). So every read also
-//! warms the cache for the next query, and no second copy through a queue is needed.
+//! Bulk answers (page images, TOAST chunks, index groups) come through the shared caches:
+//! the worker loads what was asked into cache slots *pinned* for the backend and answers with
+//! the list of slots; the backend reads them in place and unpins them ([`Pinned`],
+//! [`PinnedGroups`]). So every read also warms the cache for the next query, and no second
+//! copy through a queue is needed.
+//!
+//! A worker's error becomes a PostgreSQL ERROR in one place, [`raise`]: its code's SQLSTATE,
+//! its message, DETAIL and HINT.
 
-pub mod protocol;
+mod pinned;
+mod transport;
+
+pub use pinned::{release, release_answer, unpin_groups, unpin_images, Pinned, PinnedGroups};
+pub use transport::{prefetch, set_latch_of, wait_latch};
 
 use crate::error::error;
-use crate::shmem::{self, WorkerState};
-use gsnap_shmem::requests::{GaveUp, RequestBody, RequestSlot};
-use pgrx::pg_sys;
+use gsnap_protocol::listing::{self, GroupRow, ScanHeader, SnapshotRow, TableRow};
+use gsnap_protocol::{
+    DecodeError, ErrorCode, ImageId, Kind, Pages, Reply, Request, SnapId, WorkerError,
+};
 use pgrx::PgSqlErrorCode;
-use protocol::{ErrorCode, Kind, PinnedEntry};
-use std::time::{Duration, Instant};
 
-/// How long a request waits for a worker that is not running (it may be restarting).
-const WORKER_START_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// An answer of the worker.
-#[derive(Debug, Default, Clone)]
-pub struct Answer {
-    pub result: i64,
-    pub total: u64,
-    pub reply: Vec<u8>,
+/// Sends `request` and waits for the worker's reply; the worker's error is raised as an
+/// ERROR.
+pub fn request(request: Request) -> Reply {
+    request_checked(request).unwrap_or_else(|e| raise(e))
 }
 
-fn my_slot() -> (&'static RequestSlot, i32) {
-    // SAFETY: MyProc is set for every backend that runs SQL.
-    let procno = unsafe { (*pg_sys::MyProc).pgprocno };
-    (shmem::request_slot(procno as usize), procno)
+/// Sends `request` and waits for the worker's reply or error.
+pub fn request_checked(request: Request) -> Result<Reply, WorkerError> {
+    transport::exchange(&request, None)
 }
 
-/// Sets the latch of the process with PGPROC number `procno`.
-pub fn set_latch_of(procno: usize) {
-    // SAFETY: ProcGlobal->allProcs has an entry for every PGPROC number.
-    unsafe {
-        let proc_ = (*pg_sys::ProcGlobal).allProcs.add(procno);
-        pg_sys::SetLatch(&raw mut (*proc_).procLatch);
+/// Sends `request` and waits for the worker's reply, calling `watch` every few milliseconds
+/// while it waits: `watch` may raise an ERROR (the request is then given up), for example
+/// when the wait can never end. The worker's error is raised as an ERROR.
+pub fn call_watching(request: Request, watch: &mut dyn FnMut()) -> Reply {
+    transport::exchange(&request, Some(watch)).unwrap_or_else(|e| raise(e))
+}
+
+/// Raises a worker's error as a PostgreSQL ERROR: its code's SQLSTATE, its message, and its
+/// DETAIL and HINT if it has them.
+pub fn raise(e: WorkerError) -> ! {
+    let mut r = error(sql_error_code(e.code.sqlstate()), e.message);
+    if let Some(detail) = e.detail {
+        r = r.detail(detail);
     }
-}
-
-/// Sleeps on this process's latch for at most `timeout`, then checks for interrupts (a
-/// cancelled query raises its ERROR here).
-pub fn wait_latch(timeout: Duration) {
-    // SAFETY: standard latch wait of a backend on its own latch.
-    unsafe {
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            timeout.as_millis() as i64,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        pg_sys::ResetLatch(pg_sys::MyLatch);
+    if let Some(hint) = e.hint {
+        r = r.hint(hint);
     }
-    pgrx::check_for_interrupts!();
+    r.raise()
 }
 
-/// Waits for a running worker and returns its PGPROC number; errors out after a while.
-fn worker_procno() -> usize {
-    let deadline = Instant::now() + WORKER_START_TIMEOUT;
-    loop {
-        let w = shmem::worker();
-        if let (Some(p), WorkerState::Ready | WorkerState::StoreUnavailable) =
-            (w.procno(), w.state())
-        {
-            return p;
-        }
-        if Instant::now() >= deadline {
-            error(
-                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                "the gsnap background worker is not running",
-            )
-            .detail(format!("worker state: {}", w.state().as_str()))
-            .hint(format!(
-                "Check the server log. The worker runs in database \"{}\" (gsnap.database), \
-                 which must exist.",
-                crate::gucs::database()
-            ))
-            .raise();
-        }
-        wait_latch(Duration::from_millis(100));
+/// pgrx's error code for a five-character SQLSTATE (PostgreSQL's `MAKE_SQLSTATE`: six bits
+/// per character); one pgrx does not know is `internal_error`.
+fn sql_error_code(sqlstate: &str) -> PgSqlErrorCode {
+    let chars = sqlstate.as_bytes();
+    if chars.len() != 5 {
+        return PgSqlErrorCode::ERRCODE_INTERNAL_ERROR;
     }
-}
-
-/// Gives up a request whose backend stops waiting (an ERROR unwinds through `call`).
-struct InFlight {
-    slot: &'static RequestSlot,
-    kind: Kind,
-    armed: bool,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if self.armed {
-            abandon(self.slot, self.kind);
-        }
-    }
-}
-
-fn abandon(slot: &RequestSlot, kind: Kind) {
-    if slot.give_up() == GaveUp::AnswerArrived {
-        if let Some(answer) = slot.answer() {
-            if answer.error == 0 {
-                kind.release_pins(answer.reply());
-            }
-        }
-        slot.release();
-    }
-}
-
-/// Waits until the slot is free again (a previous request was abandoned while the worker
-/// worked on it: the worker makes it idle when done). The wait can be cancelled.
-fn wait_until_idle(slot: &RequestSlot) {
-    loop {
-        match slot.give_up() {
-            GaveUp::Idle => return,
-            GaveUp::AnswerArrived => slot.release(),
-            GaveUp::Withdrawn => return,
-            GaveUp::LeftToWorker => wait_latch(Duration::from_millis(10)),
-        }
-    }
-}
-
-/// Sends a request and waits for its answer. Raises the ERROR the worker reports.
-pub fn call(kind: Kind, args: &[i64]) -> Answer {
-    call_checked(kind, args).unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
-}
-
-/// Sends a request with a payload (at most `REPLY_BYTES`) and waits for its answer.
-pub fn call_with_payload(kind: Kind, args: &[i64], payload: &[u8]) -> Answer {
-    call_inner(kind, args, payload, None)
-        .unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
-}
-
-/// Sends a request and waits for its answer, or the worker's error (code and message).
-pub fn call_checked(kind: Kind, args: &[i64]) -> Result<Answer, (u32, Vec<u8>)> {
-    call_inner(kind, args, &[], None)
-}
-
-/// Sends a request and waits for its answer, calling `watch` every few milliseconds while it
-/// waits: `watch` may raise an ERROR (the request is then given up), for example when the
-/// wait can never end.
-pub fn call_watching(kind: Kind, args: &[i64], watch: &mut dyn FnMut()) -> Answer {
-    call_inner(kind, args, &[], Some(watch))
-        .unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
-}
-
-thread_local! {
-    /// A [`prefetch`] request of this backend is (or may still be) in its slot.
-    static PREFETCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Asks the worker to load the images `ids` (at most `REPLY_BYTES / 8`) into the image cache
-/// and returns at once: a scan prefetches its next batch while it reads the current one, so
-/// the worker's reading and the backend's decoding overlap. The next request of this
-/// backend first waits for the prefetch to be done; its answer (even an error: the images
-/// are then loaded again, and the error raised, by the request that needs them) is dropped.
-pub fn prefetch(ids: &[u64]) {
-    if ids.is_empty() || PREFETCHING.get() {
-        return;
-    }
-    let (slot, procno) = my_slot();
-    let submitted = slot.submit(|b: &mut RequestBody| {
-        b.kind = Kind::Prefetch as u32;
-        b.requester = procno;
-        b.args = [0; gsnap_shmem::requests::ARGS];
-        let payload: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-        b.set_reply(&payload);
+    let code = chars.iter().enumerate().fold(0i32, |code, (i, &c)| {
+        code + (((i32::from(c) - i32::from(b'0')) & 0x3F) << (6 * i))
     });
-    if submitted {
-        PREFETCHING.set(true);
-        set_latch_of(worker_procno());
-    }
+    PgSqlErrorCode::from(code)
 }
 
-/// Waits for this backend's prefetch, if one is in flight, and frees the slot. A worker
-/// that exits answers it with an error, so the wait ends; it can be cancelled, and after
-/// a few seconds it is left to [`wait_until_idle`].
-fn finish_prefetch(slot: &RequestSlot) {
-    if !PREFETCHING.replace(false) {
-        return;
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if slot.answer().is_some() {
-            slot.release();
-            return;
-        }
-        if slot.is_idle() {
-            return;
-        }
-        wait_latch(Duration::from_millis(100));
-    }
+/// A reply the request's kind never gets (`gsnap_protocol::decode_answer` refuses those, so
+/// this is a bug): its pins are released and it is an ERROR.
+pub fn unexpected(kind: Kind, reply: Reply) -> ! {
+    release(&reply);
+    error(
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        format!("gsnap: a {} reply to a {kind:?} request", reply.name()),
+    )
+    .raise()
 }
 
-fn call_inner(
-    kind: Kind,
-    args: &[i64],
-    payload: &[u8],
-    mut watch: Option<&mut dyn FnMut()>,
-) -> Result<Answer, (u32, Vec<u8>)> {
-    let (slot, procno) = my_slot();
-    finish_prefetch(slot);
-    wait_until_idle(slot);
-    let worker = worker_procno();
-    let submitted = slot.submit(|b: &mut RequestBody| {
-        b.kind = kind as u32;
-        b.requester = procno;
-        b.args = [0; gsnap_shmem::requests::ARGS];
-        b.args[..args.len()].copy_from_slice(args);
-        b.set_reply(payload);
-    });
-    assert!(submitted, "the request slot was idle");
-    let mut guard = InFlight {
-        slot,
-        kind,
-        armed: true,
-    };
-    set_latch_of(worker);
+/// How many times a paged listing is read again from its start because it changed while it
+/// was read, before giving up.
+const MAX_LISTING_RESTARTS: u32 = 100;
+
+/// What a paged request gets: the whole listing, or the one reply that stands instead of it
+/// (a ScanBegin's [`Reply::TableAbsent`]).
+enum Paged {
+    Listing(Vec<u8>),
+    Instead(Reply),
+}
+
+/// Sends a paged `request` (see [`Kind::is_paged`]) page by page and joins the pages. A
+/// listing that changes between two pages (its total differs, or it shrank below the offset
+/// asked for, which the worker answers as an invalid argument) is read again from offset 0.
+fn paged(mut request: Request) -> Result<Paged, WorkerError> {
+    let kind = request.kind();
+    let mut restarts = 0;
+    let mut pages = Pages::new();
     loop {
-        if let Some(body) = slot.answer() {
-            let answer = Answer {
-                result: body.result,
-                total: body.total,
-                reply: body.reply().to_vec(),
-            };
-            let code = body.error;
-            slot.release();
-            guard.armed = false;
-            if code != 0 {
-                return Err((code, answer.reply));
+        let offset = pages.next_offset();
+        *request.offset_mut().expect("a paged request has an offset") = offset;
+        let changed = match request_checked(request.clone()) {
+            Ok(Reply::Page(page)) => match pages.add(page) {
+                Ok(()) if pages.is_complete() => {
+                    let bytes = pages.into_bytes().expect("a complete listing");
+                    return Ok(Paged::Listing(bytes));
+                }
+                Ok(()) => false,
+                Err(DecodeError::PageTotalChanged { .. }) => true,
+                Err(e) => transport::bad_answer(kind, e),
+            },
+            Ok(reply) => return Ok(Paged::Instead(reply)),
+            Err(e) if e.code == ErrorCode::InvalidArgument && offset > 0 => true,
+            Err(e) => return Err(e),
+        };
+        if changed {
+            if restarts == MAX_LISTING_RESTARTS {
+                error(
+                    PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!("the gsnap worker's {kind:?} listing kept changing while it was read"),
+                )
+                .hint("Try again when fewer snapshots are being taken.")
+                .raise();
             }
-            return Ok(answer);
-        }
-        match watch.as_mut() {
-            Some(watch) => {
-                wait_latch(Duration::from_millis(20));
-                watch();
-            }
-            None => wait_latch(Duration::from_millis(1000)),
-        }
-        if slot.is_submitted() {
-            // Not taken yet: the worker may have restarted; nudge whichever worker runs.
-            set_latch_of(worker_procno());
+            restarts += 1;
+            pages = Pages::new();
         }
     }
 }
 
-/// Collects a paged answer: the argument at `offset_arg` is the byte offset of each page.
-pub fn call_paged(kind: Kind, args: &[i64], offset_arg: usize) -> Answer {
-    call_paged_checked(kind, args, offset_arg)
-        .unwrap_or_else(|(code, reply)| raise_worker_error(code, &reply))
-}
-
-/// [`call_paged`] returning the worker's error instead of raising it.
-pub fn call_paged_checked(
-    kind: Kind,
-    args: &[i64],
-    offset_arg: usize,
-) -> Result<Answer, (u32, Vec<u8>)> {
-    let mut args = args.to_vec();
-    if args.len() <= offset_arg {
-        args.resize(offset_arg + 1, 0);
-    }
-    let mut bytes = Vec::new();
-    loop {
-        args[offset_arg] = bytes.len() as i64;
-        let a = call_checked(kind, &args)?;
-        bytes.extend_from_slice(&a.reply);
-        if bytes.len() as u64 >= a.total || a.reply.is_empty() {
-            return Ok(Answer {
-                result: a.result,
-                total: a.total,
-                reply: bytes,
-            });
-        }
+/// The listing a paged `request` answers, decoded with `decode`; the worker's error is
+/// raised.
+fn listing<T>(request: Request, decode: fn(&[u8]) -> Result<T, DecodeError>) -> T {
+    let kind = request.kind();
+    match paged(request).unwrap_or_else(|e| raise(e)) {
+        Paged::Listing(bytes) => decode(&bytes).unwrap_or_else(|e| transport::bad_answer(kind, e)),
+        Paged::Instead(reply) => unexpected(kind, reply),
     }
 }
 
-pub fn raise_worker_error(code: u32, reply: &[u8]) -> ! {
-    let message = String::from_utf8_lossy(reply).into_owned();
-    let (message, hint) = match message.split_once("\nHINT: ") {
-        Some((m, h)) => (m.to_string(), Some(h.to_string())),
-        None => (message, None),
-    };
-    let mut e = error(ErrorCode::from_u32(code).sqlstate(), message);
-    if let Some(h) = hint {
-        e = e.hint(h);
-    }
-    e.raise()
+/// Every snapshot the store knows, oldest first.
+pub fn snapshots() -> Vec<SnapshotRow> {
+    listing(Request::Snapshots { offset: 0 }, listing::decode_snapshots)
 }
 
-/// Cache slots pinned for this backend by an answer; unpinned when dropped (also when an
-/// ERROR unwinds).
-pub struct Pinned {
-    pub entries: Vec<PinnedEntry>,
+/// The tables of snapshot `snap`.
+pub fn snapshot_tables(snap: SnapId) -> Vec<TableRow> {
+    listing(
+        Request::SnapshotTables { snap, offset: 0 },
+        listing::decode_tables,
+    )
 }
 
-impl Pinned {
-    /// Takes ownership of the pins listed in `answer`.
-    pub fn from_answer(answer: &Answer) -> Pinned {
-        Pinned {
-            entries: protocol::decode_pinned(&answer.reply),
-        }
-    }
+/// The index groups.
+pub fn groups() -> Vec<GroupRow> {
+    listing(Request::Groups { offset: 0 }, listing::decode_groups)
+}
 
-    /// The bytes of one pinned entry.
-    pub fn bytes(&self, e: &PinnedEntry) -> &[u8] {
-        // SAFETY: the slot is pinned by this backend, so the worker neither evicts nor
-        // rewrites it; `len` bytes were written before the pin was handed to us.
-        unsafe {
-            std::slice::from_raw_parts(shmem::cache_slot_ptr(e.slot as usize), e.len as usize)
-        }
+/// The start of reading table `relid` at `snap`: where its pages are and its row type bytes;
+/// None if the snapshot does not hold the table.
+pub fn scan_begin(snap: SnapId, relid: u32) -> Result<Option<(ScanHeader, Vec<u8>)>, WorkerError> {
+    let kind = Kind::ScanBegin;
+    match paged(Request::ScanBegin {
+        snap,
+        relid,
+        offset: 0,
+    })? {
+        Paged::Listing(bytes) => Ok(Some(
+            listing::decode_scan(&bytes).unwrap_or_else(|e| transport::bad_answer(kind, e)),
+        )),
+        Paged::Instead(Reply::TableAbsent) => Ok(None),
+        Paged::Instead(reply) => unexpected(kind, reply),
     }
 }
 
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        protocol::unpin_all(&self.entries);
+/// The latest readable snapshot taken at or before `unix_us` (µs since the Unix epoch).
+pub fn resolve_time(unix_us: i64) -> SnapId {
+    match request(Request::ResolveTime { unix_us }) {
+        Reply::Resolved { snap } => snap,
+        reply => unexpected(Kind::ResolveTime, reply),
+    }
+}
+
+/// Pins the index groups holding snapshots `first..=last` in the group cache. `record_access`
+/// tells the dividing policy about the access.
+pub fn index_pin(first: SnapId, last: SnapId, record_access: bool) -> PinnedGroups {
+    match request(Request::IndexPin {
+        first,
+        last,
+        record_access,
+    }) {
+        Reply::GroupsPinned { groups } => PinnedGroups { entries: groups },
+        reply => unexpected(Kind::IndexPin, reply),
+    }
+}
+
+/// Pins the images `ids` (at most [`gsnap_protocol::MAX_IDS_PER_REQUEST`]) in the image
+/// cache: entry `i` holds `ids[i]`. The worker pins a prefix of them, empty when the cache
+/// has no room.
+pub fn load_images(ids: Vec<ImageId>) -> Pinned {
+    match request(Request::LoadImages { ids }) {
+        Reply::ImagesPinned { entries } => Pinned { entries },
+        reply => unexpected(Kind::LoadImages, reply),
+    }
+}
+
+/// Chunks of a stored TOAST value, pinned in the image cache.
+pub struct ToastChunks {
+    /// The value's number of chunks.
+    pub chunks: u32,
+    /// The value's length in bytes.
+    pub len: u64,
+    /// The chunks pinned, from the one asked for, keyed by chunk number (none when the cache
+    /// has no room).
+    pub pinned: Pinned,
+}
+
+/// Pins chunks `first_chunk..` (at most `max_chunks`) of stored TOAST value `value`.
+pub fn toast_fetch(value: u64, first_chunk: u32, max_chunks: u32) -> ToastChunks {
+    match request(Request::ToastFetch {
+        value,
+        first_chunk,
+        max_chunks,
+    }) {
+        Reply::ToastPinned {
+            chunks,
+            len,
+            entries,
+        } => ToastChunks {
+            chunks,
+            len,
+            pinned: Pinned { entries },
+        },
+        reply => unexpected(Kind::ToastFetch, reply),
     }
 }

@@ -9,38 +9,34 @@
 //! concurrent scans never hold all of it between them.
 
 use crate::error::{corrupt_index, error};
-use crate::ipc::protocol::{self, GroupEntry, Kind, PinnedEntry};
-use crate::ipc::{self, Pinned};
+use crate::ipc::{self, Pinned, PinnedGroups};
 use crate::shmem::{self, groups};
 use gsnap_core::cache::Extent;
-use gsnap_core::{GroupReader, SnapId};
+use gsnap_core::{GroupReader, ImageId, SnapId};
+use gsnap_protocol::{PinnedEntry, MAX_IDS_PER_REQUEST};
 use gsnap_shmem::cache::CacheKey;
-use gsnap_shmem::requests::REPLY_BYTES;
 use pgrx::PgSqlErrorCode;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 /// Groups pinned in the shared group cache for this backend; unpinned when dropped.
 pub struct GroupPins {
-    entries: Vec<GroupEntry>,
+    pins: PinnedGroups,
 }
 
 impl GroupPins {
     /// Pins the groups holding snapshots `first..=last`. `record` tells the dividing policy
     /// about the access (queries do; internal lookups do not).
     pub fn pin(first: u64, last: u64, record: bool) -> GroupPins {
-        let a = ipc::call(
-            Kind::IndexPin,
-            &[first as i64, last as i64, i64::from(record)],
-        );
         GroupPins {
-            entries: protocol::decode_groups(&a.reply),
+            pins: ipc::index_pin(SnapId(first), SnapId(last), record),
         }
     }
 
     /// Readers of the pinned groups, in snapshot order.
     pub fn views(&self) -> Vec<GroupReader<'_>> {
         let mut v: Vec<GroupReader<'_>> = self
+            .pins
             .entries
             .iter()
             .map(|e| {
@@ -72,15 +68,6 @@ impl GroupPins {
             })
     }
 }
-
-impl Drop for GroupPins {
-    fn drop(&mut self) {
-        protocol::unpin_groups(&self.entries);
-    }
-}
-
-/// Images per LoadImages or Prefetch request (the ids travel in the request's buffer).
-const IDS_PER_REQUEST: usize = REPLY_BYTES / 8;
 
 /// How many images one scan pins at once: a small share of the image cache.
 pub fn images_per_batch() -> usize {
@@ -145,7 +132,12 @@ impl<K: Copy> ImageBatches<K> {
         let ids: Vec<u64> = batch.iter().map(|&(_, id, _)| id).collect();
         let pins = pin_images(&ids);
         let next = self.batch_len(limit);
-        let upcoming: Vec<u64> = self.queued.iter().take(next).map(|&(_, id, _)| id).collect();
+        let upcoming: Vec<u64> = self
+            .queued
+            .iter()
+            .take(next)
+            .map(|&(_, id, _)| id)
+            .collect();
         prefetch_images(&upcoming);
         Some(PinnedBatch {
             pins,
@@ -190,11 +182,12 @@ fn pin_images(ids: &[u64]) -> Pinned {
 /// Asks the worker to load those of `ids` that are not in the image cache, without waiting
 /// (see [`ipc::prefetch`]).
 fn prefetch_images(ids: &[u64]) {
-    let missing: Vec<u64> = shmem::with_cache(|c| {
+    let missing: Vec<ImageId> = shmem::with_cache(|c| {
         ids.iter()
             .copied()
             .filter(|&id| !c.contains(&CacheKey::image(id)))
-            .take(IDS_PER_REQUEST)
+            .take(MAX_IDS_PER_REQUEST)
+            .map(ImageId)
             .collect()
     });
     ipc::prefetch(&missing);
@@ -220,19 +213,22 @@ fn try_pin_images(ids: &[u64]) -> Option<Pinned> {
     let mut pinned = Pinned { entries };
     let mut at = 0;
     while at < missing.len() {
-        let chunk = &missing[at..(at + IDS_PER_REQUEST).min(missing.len())];
-        let payload: Vec<u8> = chunk.iter().flat_map(|&i| ids[i].to_le_bytes()).collect();
-        let answer = ipc::call_with_payload(Kind::LoadImages, &[], &payload);
+        let chunk = &missing[at..(at + MAX_IDS_PER_REQUEST).min(missing.len())];
         // The worker pins a prefix of the chunk, at most its share of the cache per request.
-        let got = protocol::decode_pinned(&answer.reply);
-        if got.is_empty() {
+        let mut got = ipc::load_images(chunk.iter().map(|&i| ImageId(ids[i])).collect());
+        if got.entries.is_empty() {
             return None;
         }
-        at += got.len();
-        pinned.entries.extend(got.into_iter().map(|e| PinnedEntry {
-            key: chunk[e.key as usize] as u32,
-            ..e
-        }));
+        at += got.entries.len();
+        // The pins move to `pinned`, rekeyed from the chunk's positions to the batch's.
+        pinned.entries.extend(
+            std::mem::take(&mut got.entries)
+                .into_iter()
+                .map(|e| PinnedEntry {
+                    key: chunk[e.key as usize] as u32,
+                    ..e
+                }),
+        );
     }
     pinned.entries.sort_unstable_by_key(|e| e.key);
     Some(pinned)

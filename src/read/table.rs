@@ -7,9 +7,9 @@
 
 use crate::error::{self, error, not_in_snapshot};
 use crate::ffi::relation::relation_name;
-use crate::ipc::protocol::{self, ErrorCode, Kind, ScanHeader};
 use crate::ipc;
 use gsnap_format::rowtype::RowType;
+use gsnap_protocol::{ErrorCode, SnapId};
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 use std::time::Duration;
@@ -31,10 +31,9 @@ pub struct TableAtSnapshot {
 pub fn held_by(snap: u64, relid: pg_sys::Oid) -> Option<TableAtSnapshot> {
     let mut told = false;
     let begin = loop {
-        let args = [snap as i64, i64::from(relid.to_u32()), 0];
-        match ipc::call_paged_checked(Kind::ScanBegin, &args, 2) {
-            Ok(a) => break a,
-            Err((code, _)) if code == ErrorCode::Capturing as u32 => {
+        match ipc::scan_begin(SnapId(snap), relid.to_u32()) {
+            Ok(begin) => break begin,
+            Err(e) if e.code == ErrorCode::Capturing => {
                 if !told {
                     pgrx::notice!(
                         "snapshot {snap} is still being captured; waiting for its capture to \
@@ -44,22 +43,17 @@ pub fn held_by(snap: u64, relid: pg_sys::Oid) -> Option<TableAtSnapshot> {
                 }
                 ipc::wait_latch(Duration::from_millis(20))
             }
-            Err((code, reply)) => ipc::raise_worker_error(code, &reply),
+            Err(e) => ipc::raise(e),
         }
     };
-    if begin.result == 1 {
-        return None;
-    }
-    let Some((header, row_type)) = ScanHeader::decode(&begin.reply) else {
-        error::corrupt("a short answer from the gsnap worker to the beginning of a scan")
-    };
-    let decoded = RowType::decode(row_type)
+    let (header, row_type) = begin?;
+    let decoded = RowType::decode(&row_type)
         .unwrap_or_else(|e| error::corrupt(format_args!("snapshot {snap}: {e}")));
     Some(TableAtSnapshot {
-        rel: header.rel,
+        rel: header.rel.0,
         nblocks: header.nblocks,
         row_type: decoded,
-        row_type_bytes: row_type.to_vec(),
+        row_type_bytes: row_type,
     })
 }
 
@@ -71,11 +65,10 @@ pub fn at(snap: u64, relid: pg_sys::Oid) -> TableAtSnapshot {
 /// The readable snapshots in `from..=to` that hold `relid`, with the table as each holds it,
 /// oldest first. A range with no readable snapshot, or none holding the table, is an ERROR.
 pub fn in_range(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnapshot)> {
-    let listing = protocol::decode_snapshots(&ipc::call_paged(Kind::Snapshots, &[0], 0).reply);
-    let readable: Vec<u64> = listing
+    let readable: Vec<u64> = ipc::snapshots()
         .into_iter()
-        .filter(|s| s.state == "committed" && s.id >= from && s.id <= to)
-        .map(|s| s.id)
+        .filter(|s| s.state.is_readable() && (from..=to).contains(&s.id.0))
+        .map(|s| s.id.0)
         .collect();
     if readable.is_empty() {
         error(

@@ -3,12 +3,11 @@
 //! cache; they never reach PostgreSQL as TOAST pointers.
 
 use crate::error::corrupt;
-use crate::ipc::protocol::Kind;
-use crate::ipc::{self, Pinned};
+use crate::ipc::{self, ToastChunks};
 use pgrx::pg_sys;
 
 /// Chunks asked for per request.
-const CHUNKS_PER_REQUEST: i64 = 64;
+const CHUNKS_PER_REQUEST: u32 = 64;
 
 /// Fetches stored value `id` into a palloc'd varlena (possibly compressed, as PostgreSQL
 /// stored it) in the current memory context.
@@ -17,13 +16,12 @@ pub fn fetch(id: u64) -> pg_sys::Datum {
     let mut total = None;
     let mut next_chunk = 0u32;
     loop {
-        let answer = ipc::call(
-            Kind::ToastFetch,
-            &[id as i64, i64::from(next_chunk), CHUNKS_PER_REQUEST],
-        );
-        let chunks = answer.result as u32;
-        let len = *total.get_or_insert(answer.total as usize);
-        let pinned = Pinned::from_answer(&answer);
+        let ToastChunks {
+            chunks,
+            len,
+            pinned,
+        } = ipc::toast_fetch(id, next_chunk, CHUNKS_PER_REQUEST);
+        let len = *total.get_or_insert(len as usize);
         if pinned.entries.is_empty() && next_chunk < chunks {
             // The cache had no room for any chunk: let other readers move on.
             drop(pinned);
@@ -33,7 +31,9 @@ pub fn fetch(id: u64) -> pg_sys::Datum {
         for e in &pinned.entries {
             let bytes = pinned.bytes(e);
             if value.len() + bytes.len() > len {
-                corrupt(format_args!("stored TOAST value {id} is longer than recorded"));
+                corrupt(format_args!(
+                    "stored TOAST value {id} is longer than recorded"
+                ));
             }
             value.extend_from_slice(bytes);
             next_chunk = e.key + 1;

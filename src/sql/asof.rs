@@ -10,7 +10,6 @@ use super::{materialized_result, reader_table, snapshot_argument};
 use crate::error::null_argument;
 use crate::ffi::fcinfo::Call;
 use crate::ipc;
-use crate::ipc::protocol::Kind;
 use crate::read::asof::{AsofRows, Row};
 use crate::v1_function_info;
 use crate::worker::UNIX_TO_PG_EPOCH_US;
@@ -74,7 +73,7 @@ pub unsafe extern "C-unwind" fn gsnap_asof_time(fcinfo: pg_sys::FunctionCallInfo
 
 /// The latest readable snapshot taken at or before `t` (a PostgreSQL timestamptz).
 pub fn resolve_time(t: pg_sys::TimestampTz) -> u64 {
-    ipc::call(Kind::ResolveTime, &[t.saturating_add(UNIX_TO_PG_EPOCH_US)]).result as u64
+    ipc::resolve_time(t.saturating_add(UNIX_TO_PG_EPOCH_US)).0
 }
 
 extension_sql!(

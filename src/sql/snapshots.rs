@@ -2,12 +2,12 @@
 //! `gsnap_snapshot_tables()`, `gsnap_progress()`.
 
 use super::access::require_gsnap_database;
-use crate::ffi::relation::relation_name;
 use crate::error::error;
+use crate::ffi::relation::relation_name;
 use crate::ipc;
-use crate::ipc::protocol::{self, Kind};
 use crate::shmem;
 use crate::worker::UNIX_TO_PG_EPOCH_US;
+use gsnap_protocol::{Kind, Reply, Request, SnapId};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
@@ -24,15 +24,23 @@ fn lsn_text(lsn: u64) -> String {
 #[pg_extern(volatile, parallel_unsafe)]
 fn gsnap_snapshot(wait: default!(bool, true)) -> i64 {
     require_gsnap_database();
-    declare(&[i64::from(wait), 0]).result
+    let (snap, _) = declare(wait, false);
+    snap.0 as i64
 }
 
 /// Asks the worker for a declaration. The worker takes ACCESS SHARE on every gsnap table
 /// first and postpones the declaration while one is locked by a TRUNCATE, DROP, ALTER TABLE
 /// or LOCK TABLE in progress; if that lock is held by the calling transaction itself, the
-/// wait could only end with the transaction, so it is refused at once.
-fn declare(args: &[i64]) -> ipc::Answer {
-    ipc::call_watching(Kind::Declare, args, &mut || {
+/// wait could only end with the transaction, so it is refused at once. Returns the snapshot
+/// and, with `export`, the name of its exported MVCC snapshot.
+fn declare(wait: bool, export: bool) -> (SnapId, Option<String>) {
+    let request = Request::Declare {
+        wait,
+        export,
+        label: None,
+        rank: None,
+    };
+    let reply = ipc::call_watching(request, &mut || {
         let relid = shmem::progress().read().waiting_for;
         if relid != 0 && crate::locks::holds_access_exclusive(relid) {
             let table = relation_name(pg_sys::Oid::from(relid));
@@ -54,7 +62,11 @@ fn declare(args: &[i64]) -> ipc::Answer {
             )
             .raise();
         }
-    })
+    });
+    match reply {
+        Reply::Declared { snap, exported } => (snap, exported),
+        reply => ipc::unexpected(Kind::Declare, reply),
+    }
 }
 
 /// Test support: declares a snapshot, exports its MVCC snapshot (for `SET TRANSACTION
@@ -63,14 +75,16 @@ fn declare(args: &[i64]) -> ipc::Answer {
 fn gsnap_debug_snapshot() -> TableIterator<'static, (name!(snap_id, i64), name!(exported, String))>
 {
     require_gsnap_database();
-    let a = declare(&[0, 1]);
-    TableIterator::once((a.result, String::from_utf8_lossy(&a.reply).into_owned()))
+    let (snap, exported) = declare(false, true);
+    TableIterator::once((snap.0 as i64, exported.unwrap_or_default()))
 }
 
 /// Test support: releases a snapshot exported by `gsnap_debug_snapshot()`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn gsnap_debug_release(snap_id: i64) {
-    ipc::call(Kind::ReleaseExport, &[snap_id]);
+    ipc::request(Request::ReleaseExport {
+        snap: SnapId(snap_id as u64),
+    });
 }
 
 /// Every snapshot the store knows, oldest first (the raw listing behind
@@ -93,13 +107,12 @@ fn gsnap_snapshots_raw() -> TableIterator<
     ),
 > {
     require_gsnap_database();
-    let rows = protocol::decode_snapshots(&ipc::call_paged(Kind::Snapshots, &[0], 0).reply);
-    TableIterator::new(rows.into_iter().map(|r| {
+    TableIterator::new(ipc::snapshots().into_iter().map(|r| {
         (
-            r.id as i64,
+            r.id.0 as i64,
             timestamptz(r.taken_at_us),
             lsn_text(r.lsn),
-            r.state,
+            r.state.as_str().to_string(),
             r.tables as i32,
             r.pages_captured as i64,
             r.new_images as i64,
@@ -125,15 +138,14 @@ fn gsnap_snapshot_tables(
     ),
 > {
     require_gsnap_database();
-    let rows =
-        protocol::decode_tables(&ipc::call_paged(Kind::SnapshotTables, &[snap_id, 0], 1).reply);
+    let rows = ipc::snapshot_tables(SnapId(snap_id as u64));
     TableIterator::new(rows.into_iter().map(|r| {
         (
             pg_sys::Oid::from(r.relid),
             r.name,
             i64::from(r.nblocks),
             pg_sys::Oid::from(r.relfilenode),
-            i64::from(r.rel),
+            i64::from(r.rel.0),
         )
     }))
 }
@@ -242,19 +254,18 @@ fn gsnap_groups() -> TableIterator<
     ),
 > {
     require_gsnap_database();
-    let rows = protocol::decode_group_rows(&ipc::call_paged(Kind::Groups, &[0], 0).reply);
-    TableIterator::new(rows.into_iter().map(|r| {
+    TableIterator::new(ipc::groups().into_iter().map(|r| {
         (
             r.id as i64,
-            r.state,
-            r.first as i64,
-            r.last as i64,
+            r.state.as_str().to_string(),
+            r.first.0 as i64,
+            r.last.0 as i64,
             r.snapshots as i64,
             r.pages as i64,
             r.bytes as i64,
             r.loaded,
             r.length_budget as i64,
-            i64::try_from(r.page_budget).ok(),
+            r.page_budget.and_then(|b| i64::try_from(b).ok()),
         )
     }))
 }

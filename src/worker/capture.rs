@@ -13,8 +13,8 @@ use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
 use super::page::capture_page;
 use super::{code_of, xact, Worker};
-use crate::ipc::protocol::ErrorCode;
 use crate::shmem::{self, Phase};
+use gsnap_protocol::{ErrorCode, WorkerError};
 use gsnap_shmem::dirty::Drained;
 use gsnap_store::{Capture, PageKey, RelId, RocksBackend, SnapId, StoreError};
 use pgrx::pg_sys;
@@ -369,10 +369,11 @@ impl Worker {
             .drain(..)
             .partition(|&(_, s)| s == snap);
         self.durable_waiters = rest;
+        let error = error.map(|(code, message)| WorkerError::new(code, message));
         for (slot, _) in done {
             match &error {
-                None => declare::answer_snapshot(slot, snap, ""),
-                Some((code, message)) => declare::answer_error(Some(slot), *code, message),
+                None => declare::answer_snapshot(slot, snap, None),
+                Some(error) => declare::answer_error(Some(slot), error),
             }
         }
     }

@@ -14,10 +14,11 @@
 
 use super::capture::CarryForward;
 use super::catalog::{self, TableInfo};
+use super::serve::encode_answer;
 use super::xact;
 use super::{Store, Worker};
-use crate::ipc::protocol::ErrorCode;
 use crate::shmem::{self, Phase};
+use gsnap_protocol::{ErrorCode, Kind, Reply, SnapId, WorkerError};
 use gsnap_store::{Rank, RelId, RelIncarnation, RelationSnapshot, SnapshotDecl, StoreError};
 use pgrx::pg_sys;
 use std::collections::HashMap;
@@ -170,12 +171,12 @@ impl Worker {
             return;
         }
         let Some(store) = self.store else {
-            let (code, message) = self
-                .store_problem
-                .clone()
-                .unwrap_or((ErrorCode::Io, "the gsnap store is not open".to_string()));
+            let error = match self.store_problem.clone() {
+                Some((code, message)) => WorkerError::new(code, message),
+                None => WorkerError::new(ErrorCode::Io, "the gsnap store is not open"),
+            };
             for p in std::mem::take(&mut self.pending) {
-                answer_error(p.slot, code, &message);
+                answer_error(p.slot, &error);
             }
             return;
         };
@@ -211,8 +212,9 @@ impl Worker {
                 release(&locked, mvcc);
                 let message = format!("could not declare a snapshot: {message}");
                 pgrx::warning!("{message}");
+                let error = WorkerError::new(ErrorCode::Internal, message);
                 for p in std::mem::take(&mut self.pending) {
-                    answer_error(p.slot, ErrorCode::Internal, &message);
+                    answer_error(p.slot, &error);
                 }
                 return;
             }
@@ -258,14 +260,14 @@ impl Worker {
                     // subtransaction is not allowed); the name is a C string.
                     let name = unsafe { CStr::from_ptr(pg_sys::ExportSnapshot(mvcc)) };
                     self.exports.push(snap);
-                    name.to_string_lossy().into_owned()
+                    Some(name.to_string_lossy().into_owned())
                 } else {
-                    String::new()
+                    None
                 };
                 for p in std::mem::take(&mut self.pending) {
                     match p.slot {
                         Some(s) if p.wait => self.durable_waiters.push((s, snap)),
-                        Some(s) => answer_snapshot(s, snap, &export),
+                        Some(s) => answer_snapshot(s, snap, export.as_deref()),
                         None => {}
                     }
                 }
@@ -276,8 +278,9 @@ impl Worker {
                 self.span_leftover = pages;
                 let message = format!("could not declare a snapshot: {}", e.message());
                 pgrx::warning!("{message}");
+                let error = WorkerError::new(super::code_of(&e), message);
                 for p in std::mem::take(&mut self.pending) {
-                    answer_error(p.slot, super::code_of(&e), &message);
+                    answer_error(p.slot, &error);
                 }
             }
         }
@@ -361,24 +364,27 @@ impl Worker {
 }
 
 /// Answers a declaration request with the snapshot id (and the exported snapshot's name).
-pub(super) fn answer_snapshot(slot: usize, snap: u64, export: &str) {
-    let s = shmem::request_slot(slot);
-    // SAFETY: the worker took this request and has not finished it.
-    let body = unsafe { s.taken_body() };
-    body.result = snap as i64;
-    body.set_reply(export.as_bytes());
-    let requester = body.requester;
-    s.finish(|_| {});
-    crate::ipc::set_latch_of(requester as usize);
+pub(super) fn answer_snapshot(slot: usize, snap: u64, exported: Option<&str>) {
+    let reply = Reply::Declared {
+        snap: SnapId(snap),
+        exported: exported.map(str::to_owned),
+    };
+    deliver(slot, &encode_answer(Kind::Declare, Ok(reply)));
 }
 
-/// Answers a request the worker took with an error.
-pub(super) fn answer_error(slot: Option<usize>, code: ErrorCode, message: &str) {
-    let Some(slot) = slot else { return };
+/// Answers a declaration request the worker took with an error.
+pub(super) fn answer_error(slot: Option<usize>, error: &WorkerError) {
+    if let Some(slot) = slot {
+        deliver(slot, &error.encode());
+    }
+}
+
+/// Finishes a declaration request the worker took with `answer` (which holds no pins).
+fn deliver(slot: usize, answer: &[u8]) {
     let s = shmem::request_slot(slot);
     // SAFETY: the worker took this request and has not finished it.
     let body = unsafe { s.taken_body() };
-    body.set_error(code as u32, message);
+    body.set_message(answer);
     let requester = body.requester;
     s.finish(|_| {});
     crate::ipc::set_latch_of(requester as usize);

@@ -16,10 +16,10 @@ mod serve;
 mod xact;
 
 use crate::gucs;
-use crate::ipc::protocol::ErrorCode;
 use crate::shmem::{self, Phase, WorkerState};
 use capture::{CaptureJob, CarryForward};
 use declare::{Declared, Known, PendingDeclare};
+use gsnap_protocol::{ErrorCode, WorkerError};
 use gsnap_store::{ErrorKind, RocksBackend, SnapId, SnapshotStore, StoreError, StoreOptions};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder};
 use pgrx::pg_sys;
@@ -128,12 +128,14 @@ pub extern "C-unwind" fn gsnap_worker_main(_arg: pg_sys::Datum) {
 
 /// Answers requests a previous worker took but never finished.
 fn recover_request_slots() {
+    let answer = WorkerError::new(
+        ErrorCode::WorkerRestarted,
+        "the gsnap worker restarted while working on this request; try again",
+    )
+    .encode();
     for i in 0..shmem::request_slot_count() {
         let slot = shmem::request_slot(i);
-        if slot.recover_after_worker_exit(
-            ErrorCode::WorkerRestarted as u32,
-            "the gsnap worker restarted while working on this request; try again",
-        ) {
+        if slot.recover_after_worker_exit(&answer) {
             crate::ipc::set_latch_of(i);
         }
     }

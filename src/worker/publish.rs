@@ -9,18 +9,22 @@
 
 use super::index::ACTIVE_KEY;
 use super::Worker;
-use crate::ipc::protocol::{self, ErrorCode, GroupEntry, GroupRow};
+use crate::ipc;
 use crate::shmem::groups::{self, with_groups};
 use gsnap_core::cache::Probe;
 use gsnap_core::coverage::{plan_load, GroupSpan};
 use gsnap_core::{IndexError, SnapId};
-use gsnap_shmem::requests::RequestBody;
+use gsnap_protocol::listing::{self, GroupRow, GroupState};
+use gsnap_protocol::{ErrorCode, GroupEntry, Reply, WorkerError, MAX_GROUPS_PER_REPLY};
 use gsnap_store::GroupMeta;
 
-type Failure = (ErrorCode, String);
+fn index_failure(e: impl std::fmt::Display) -> WorkerError {
+    WorkerError::new(ErrorCode::Corrupt, format!("snapshot index: {e}"))
+}
 
-fn index_failure(e: impl std::fmt::Display) -> Failure {
-    (ErrorCode::Corrupt, format!("snapshot index: {e}"))
+/// A page budget as `gsnap_groups()` shows it: None when unlimited.
+fn page_budget(budget: u64) -> Option<u64> {
+    (budget != u64::MAX).then_some(budget)
 }
 
 /// One group a request needs.
@@ -30,15 +34,21 @@ enum Needed {
 }
 
 impl Worker {
-    /// Answers [`protocol::Kind::IndexPin`].
-    pub(super) fn index_pin(&mut self, body: &mut RequestBody) -> Result<(), Failure> {
-        let [first, last, record, ..] = body.args;
-        let (first, last) = (first.max(0) as u64, last.max(0) as u64);
-        let index = self.index.as_mut().ok_or((
-            ErrorCode::Io,
-            "the snapshot index is not available; see the server log".to_string(),
-        ))?;
-        if record != 0 && first <= last {
+    /// Answers an IndexPin request: pins the groups holding snapshots `first..=last`.
+    pub(super) fn index_pin(
+        &mut self,
+        first: SnapId,
+        last: SnapId,
+        record_access: bool,
+    ) -> Result<Reply, WorkerError> {
+        let (first, last) = (first.0, last.0);
+        let index = self.index.as_mut().ok_or_else(|| {
+            WorkerError::new(
+                ErrorCode::Io,
+                "the snapshot index is not available; see the server log",
+            )
+        })?;
+        if record_access && first <= last {
             index.dividing.record_access(SnapId(first), SnapId(last));
         }
         let mut spans: Vec<GroupSpan> = index
@@ -70,14 +80,14 @@ impl Worker {
             match self.pin_group(n) {
                 Ok(e) => entries.push(e),
                 Err(f) => {
-                    protocol::unpin_groups(&entries);
+                    ipc::unpin_groups(&entries);
                     return Err(f);
                 }
             }
         }
-        if entries.len() * 24 > gsnap_shmem::requests::REPLY_BYTES {
-            protocol::unpin_groups(&entries);
-            return Err((
+        if entries.len() > MAX_GROUPS_PER_REPLY {
+            ipc::unpin_groups(&entries);
+            return Err(WorkerError::new(
                 ErrorCode::InvalidArgument,
                 format!(
                     "snapshots {first} to {last} span {} index groups; ask for fewer",
@@ -85,12 +95,11 @@ impl Worker {
                 ),
             ));
         }
-        body.set_reply(&protocol::encode_groups(&entries));
-        Ok(())
+        Ok(Reply::GroupsPinned { groups: entries })
     }
 
     /// Pins one group in the cache for the requester, loading it if needed.
-    fn pin_group(&mut self, needed: Needed) -> Result<GroupEntry, Failure> {
+    fn pin_group(&mut self, needed: Needed) -> Result<GroupEntry, WorkerError> {
         let index = self.index.as_ref().expect("checked by the caller");
         let key = match &needed {
             Needed::Sealed(m) => m.id.0,
@@ -113,14 +122,14 @@ impl Worker {
             with_groups(|c| c.reserve(key, bytes.len() as u64)).map_err(|e| match e {
                 IndexError::CacheFull {
                     needed, capacity, ..
-                } => (
+                } => WorkerError::new(
                     ErrorCode::Busy,
                     format!(
                         "the index cache cannot hold a group of {needed} bytes next to the groups \
-                     in use (gsnap.index_cache_size is {capacity} bytes)\nHINT: raise \
-                     gsnap.index_cache_size, or read fewer snapshots at once"
+                         in use (gsnap.index_cache_size is {capacity} bytes)"
                     ),
-                ),
+                )
+                .with_hint("raise gsnap.index_cache_size, or read fewer snapshots at once"),
                 e => index_failure(e),
             })?;
         groups::write_group(reservation.extent, &bytes);
@@ -156,9 +165,17 @@ impl Worker {
     }
 
     /// The listing behind `gsnap_groups()`.
-    pub(super) fn group_rows(&self) -> Vec<u8> {
+    pub(super) fn group_rows(&self) -> Result<Vec<u8>, WorkerError> {
+        let encode = |rows: &[GroupRow]| {
+            listing::encode_groups(rows).map_err(|e| {
+                WorkerError::new(
+                    ErrorCode::Internal,
+                    format!("the group listing cannot be encoded: {e}"),
+                )
+            })
+        };
         let Some(index) = self.index.as_ref() else {
-            return Vec::new();
+            return encode(&[]);
         };
         let loaded: Vec<u64> = with_groups(|c| c.entries())
             .map(|e| e.iter().filter(|e| !e.loading).map(|e| e.group).collect())
@@ -168,41 +185,41 @@ impl Worker {
             .iter()
             .map(|m| GroupRow {
                 id: m.id.0,
-                state: "sealed".into(),
-                first: m.first().0,
-                last: m.last().0,
+                state: GroupState::Sealed,
+                first: m.first(),
+                last: m.last(),
                 snapshots: m.snaps.len() as u64,
                 pages: m.pages,
                 bytes: m.bytes,
                 loaded: loaded.contains(&m.id.0),
                 length_budget: 0,
-                page_budget: 0,
+                page_budget: None,
             })
             .collect();
         // The budgets each group was given are the ones its predecessor's split computed.
         for i in (1..rows.len()).rev() {
             rows[i].length_budget = u64::from(index.sealed[i - 1].next_length_budget);
-            rows[i].page_budget = index.sealed[i - 1].next_page_budget;
+            rows[i].page_budget = page_budget(index.sealed[i - 1].next_page_budget);
         }
         if let Some(first) = rows.first_mut() {
             first.length_budget = u64::from(index.dividing.config().initial_length);
-            first.page_budget = u64::MAX;
+            first.page_budget = None;
         }
         if let Some((f, l)) = index.active_span() {
-            let (length_budget, page_budget) = index.dividing.budgets();
+            let (length_budget, budget) = index.dividing.budgets();
             rows.push(GroupRow {
                 id: index.sealed.last().map_or(1, |m| m.id.0 + 1),
-                state: "active".into(),
-                first: f,
-                last: l,
+                state: GroupState::Active,
+                first: SnapId(f),
+                last: SnapId(l),
                 snapshots: index.builder.len() as u64,
                 pages: index.builder.pages_changed(),
                 bytes: (index.builder.node_area().len() + index.builder.root_table().len()) as u64,
                 loaded: loaded.contains(&(ACTIVE_KEY | index.active_version)),
                 length_budget: u64::from(length_budget),
-                page_budget,
+                page_budget: page_budget(budget),
             });
         }
-        protocol::encode_group_rows(&rows)
+        encode(&rows)
     }
 }

@@ -1,23 +1,67 @@
 //! Answering backends' requests: catalog listings, snapshot resolution, and the page images
 //! and TOAST chunks of scans, which are loaded into the shared cache pinned for the asking
 //! backend (see `crate::ipc`).
+//!
+//! Each request is decoded from its slot and answered with one typed [`Reply`] or a
+//! [`WorkerError`], encoded here ([`encode_answer`]); a reply whose pins the backend will
+//! never see (it cannot be encoded, or the backend gave the request up) has them released
+//! before the slot is let go.
 
 use super::declare::PendingDeclare;
 use super::{code_of, Store, Worker};
-use crate::ipc::protocol::{
-    self, encode_pinned, ErrorCode, Kind, PinnedEntry, ScanHeader, SnapshotRow, TableRow,
-};
+use crate::ipc;
 use crate::shmem::{self, CACHE_SLOT_BYTES};
+use gsnap_protocol::listing::{self, ScanHeader, SnapshotRow, TableRow};
+use gsnap_protocol::{
+    ErrorCode, Kind, Page, PinnedEntry, Reply, Request, WorkerError, MAX_PINNED_PER_REPLY,
+};
 use gsnap_shmem::cache::{CacheError, CacheKey};
-use gsnap_shmem::requests::RequestBody;
-use gsnap_store::{ImageId, SnapId, SnapshotState, StoreError, ToastId};
+use gsnap_store::{ErrorKind, ImageId, SnapId, SnapshotState, StoreError, ToastId};
 use std::rc::Rc;
 
-/// A request's failure: code and message.
-type Failure = (ErrorCode, String);
+fn fail(e: StoreError) -> WorkerError {
+    WorkerError::new(code_of(&e), e.message())
+}
 
-fn fail(e: StoreError) -> Failure {
-    (code_of(&e), e.message().to_string())
+/// A failure to load content a snapshot names (a page image, a TOAST value): missing is
+/// corruption, not an unknown snapshot.
+fn load_failure(e: StoreError) -> WorkerError {
+    match e.kind() {
+        ErrorKind::NotFound => WorkerError::new(ErrorCode::Corrupt, e.message()),
+        _ => fail(e),
+    }
+}
+
+/// A listing that cannot be encoded (a bug: its counts are far below the limits).
+fn unencodable(what: &str, e: gsnap_protocol::EncodeError) -> WorkerError {
+    WorkerError::new(
+        ErrorCode::Internal,
+        format!("the {what} cannot be encoded: {e}"),
+    )
+}
+
+/// The answer bytes for a request of kind `kind`. A reply that cannot be encoded has its
+/// pins released and becomes an internal error.
+pub(super) fn encode_answer(kind: Kind, answer: Result<Reply, WorkerError>) -> Vec<u8> {
+    let error = match answer {
+        Ok(reply) => match reply.encode(kind) {
+            Ok(bytes) => return bytes,
+            Err(e) => {
+                ipc::release(&reply);
+                WorkerError::new(
+                    ErrorCode::Internal,
+                    format!("the gsnap worker cannot answer a {kind:?} request: {e}"),
+                )
+            }
+        },
+        Err(e) => e,
+    };
+    error.encode()
+}
+
+/// The key of a cached listing: the request kind and what it lists (a snapshot, or 0).
+fn answer_key(kind: Kind, key: u64) -> (u32, i64) {
+    (kind.tag(), key as i64)
 }
 
 impl Worker {
@@ -30,107 +74,139 @@ impl Worker {
                 continue;
             }
             let Some(body) = slot.take() else { continue };
-            let kind = Kind::from_u32(body.kind);
-            if kind == Some(Kind::Declare) {
-                self.pending.push(PendingDeclare {
-                    slot: Some(i),
-                    wait: body.args[0] != 0,
-                    export: body.args[1] != 0,
-                    periodic: false,
-                });
-                continue;
-            }
             let requester = body.requester;
-            if let Err((code, message)) = self.answer(kind, body) {
-                body.set_error(code as u32, &message);
-            }
-            slot.finish(|b| {
-                if let (Some(k), 0) = (kind, b.error) {
-                    k.release_pins(b.reply());
+            let answer = match Request::decode(body.kind, body.message()) {
+                Ok(Request::Declare {
+                    wait,
+                    export,
+                    label: None,
+                    rank: None,
+                }) => {
+                    self.pending.push(PendingDeclare {
+                        slot: Some(i),
+                        wait,
+                        export,
+                        periodic: false,
+                    });
+                    continue;
                 }
-            });
-            crate::ipc::set_latch_of(requester as usize);
+                Ok(Request::Declare { .. }) => WorkerError::new(
+                    ErrorCode::InvalidArgument,
+                    "snapshot labels and ranks are not supported yet",
+                )
+                .encode(),
+                Ok(request) => {
+                    let kind = request.kind();
+                    encode_answer(kind, self.answer(request))
+                }
+                Err(e) => WorkerError::new(
+                    ErrorCode::Internal,
+                    format!("the gsnap worker cannot decode a request: {e}"),
+                )
+                .encode(),
+            };
+            body.set_message(&answer);
+            slot.finish(|b| ipc::release_answer(b.kind, b.message()));
+            ipc::set_latch_of(requester as usize);
         }
     }
 
-    fn answer(&mut self, kind: Option<Kind>, body: &mut RequestBody) -> Result<(), Failure> {
-        let kind = kind.ok_or((
-            ErrorCode::Internal,
-            format!("unknown request kind {}", body.kind),
-        ))?;
-        if kind == Kind::ReleaseExport {
-            let snap = body.args[0] as u64;
-            self.exports.retain(|&s| s != snap);
-            return Ok(());
+    fn answer(&mut self, request: Request) -> Result<Reply, WorkerError> {
+        if let Request::ReleaseExport { snap } = request {
+            self.exports.retain(|&s| s != snap.0);
+            return Ok(Reply::Done);
         }
-        let store = self.store.ok_or_else(|| {
-            self.store_problem
-                .clone()
-                .unwrap_or((ErrorCode::Io, "the gsnap store is not open".into()))
+        let store = self.store.ok_or_else(|| match self.store_problem.clone() {
+            Some((code, message)) => WorkerError::new(code, message),
+            None => WorkerError::new(ErrorCode::Io, "the gsnap store is not open"),
         })?;
-        let a = body.args;
-        match kind {
-            Kind::Snapshots => {
-                let blob = self.cached(kind as u32, 0, || listing(store))?;
-                page_out(body, &blob, a[0]);
+        match request {
+            Request::Snapshots { offset } => {
+                let blob = self.cached(answer_key(Kind::Snapshots, 0), || listing(store))?;
+                page(&blob, offset)
             }
-            Kind::SnapshotTables => {
-                let blob = self.cached(kind as u32, a[0], || tables(store, a[0] as u64))?;
-                page_out(body, &blob, a[1]);
+            Request::SnapshotTables { snap, offset } => {
+                let key = answer_key(Kind::SnapshotTables, snap.0);
+                let blob = self.cached(key, || tables(store, snap))?;
+                page(&blob, offset)
             }
-            Kind::ResolveTime => body.result = resolve_time(store, a[0])? as i64,
-            Kind::ScanBegin => scan_begin(store, body)?,
-            Kind::IndexPin => self.index_pin(body)?,
-            Kind::LoadImages => load_images(store, body)?,
-            Kind::Prefetch => {
-                load_images(store, body)?;
+            Request::ResolveTime { unix_us } => Ok(Reply::Resolved {
+                snap: resolve_time(store, unix_us)?,
+            }),
+            Request::ScanBegin {
+                snap,
+                relid,
+                offset,
+            } => scan_begin(store, snap, relid, offset),
+            Request::IndexPin {
+                first,
+                last,
+                record_access,
+            } => self.index_pin(first, last, record_access),
+            Request::LoadImages { ids } => Ok(Reply::ImagesPinned {
+                entries: load_images(store, &ids)?,
+            }),
+            Request::Prefetch { ids } => {
                 // Left in the cache for the scan's next LoadImages, but not pinned.
-                protocol::unpin_all(&protocol::decode_pinned(body.reply()));
-                body.set_reply(&[]);
+                ipc::unpin_images(&load_images(store, &ids)?);
+                Ok(Reply::Done)
             }
-            Kind::Groups => {
-                if !self.answers.contains_key(&(kind as u32, 0)) {
-                    let rows = Rc::new(self.group_rows());
-                    self.answers.insert((kind as u32, 0), rows);
+            Request::Groups { offset } => {
+                let key = answer_key(Kind::Groups, 0);
+                if !self.answers.contains_key(&key) {
+                    let rows = Rc::new(self.group_rows()?);
+                    self.answers.insert(key, rows);
                 }
-                let blob = Rc::clone(&self.answers[&(kind as u32, 0)]);
-                page_out(body, &blob, a[0]);
+                let blob = Rc::clone(&self.answers[&key]);
+                page(&blob, offset)
             }
-            Kind::ToastFetch => toast_fetch(store, body)?,
-            Kind::Declare | Kind::ReleaseExport => unreachable!("handled above"),
+            Request::ToastFetch {
+                value,
+                first_chunk,
+                max_chunks,
+            } => toast_fetch(store, ToastId(value), first_chunk, max_chunks),
+            Request::Declare { .. } | Request::ReleaseExport { .. } => {
+                unreachable!("handled by the caller and above")
+            }
         }
-        Ok(())
     }
 
     fn cached(
         &mut self,
-        kind: u32,
-        key: i64,
-        build: impl FnOnce() -> Result<Vec<u8>, Failure>,
-    ) -> Result<Rc<Vec<u8>>, Failure> {
-        if let Some(b) = self.answers.get(&(kind, key)) {
+        key: (u32, i64),
+        build: impl FnOnce() -> Result<Vec<u8>, WorkerError>,
+    ) -> Result<Rc<Vec<u8>>, WorkerError> {
+        if let Some(b) = self.answers.get(&key) {
             return Ok(Rc::clone(b));
         }
         let b = Rc::new(build()?);
-        self.answers.insert((kind, key), Rc::clone(&b));
+        self.answers.insert(key, Rc::clone(&b));
         Ok(b)
     }
 }
 
-fn page_out(body: &mut RequestBody, blob: &[u8], offset: i64) {
-    let from = usize::try_from(offset).unwrap_or(0).min(blob.len());
-    body.total = blob.len() as u64;
-    body.set_reply(&blob[from..]);
+/// The page of listing `blob` from byte `offset`; an offset past its end is an error (the
+/// backend then reads the listing again, which changed).
+fn page(blob: &[u8], offset: u64) -> Result<Reply, WorkerError> {
+    Page::slice(blob, offset).map(Reply::Page).ok_or_else(|| {
+        WorkerError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "offset {offset} is past the end of a {}-byte listing",
+                blob.len()
+            ),
+        )
+    })
 }
 
-fn listing(store: &Store) -> Result<Vec<u8>, Failure> {
+fn listing(store: &Store) -> Result<Vec<u8>, WorkerError> {
     let rows: Vec<SnapshotRow> = store
         .snapshots()
         .map_err(fail)?
         .into_iter()
         .map(|s| SnapshotRow {
-            id: s.id.0,
-            state: s.state.as_str().to_string(),
+            id: s.id,
+            state: listed_state(s.state),
             taken_at_us: s.decl.declared_at_us,
             lsn: s.decl.wal_lsn,
             rank: s.decl.rank.0,
@@ -142,141 +218,140 @@ fn listing(store: &Store) -> Result<Vec<u8>, Failure> {
             failure: s.failure_reason,
         })
         .collect();
-    Ok(protocol::encode_snapshots(&rows))
+    listing::encode_snapshots(&rows).map_err(|e| unencodable("snapshot listing", e))
 }
 
-fn tables(store: &Store, snap: u64) -> Result<Vec<u8>, Failure> {
-    let info = store.snapshot(SnapId(snap)).map_err(|_| unknown(snap))?;
+/// A store snapshot state as the listing carries it.
+fn listed_state(state: SnapshotState) -> listing::SnapshotState {
+    match state {
+        SnapshotState::Capturing => listing::SnapshotState::Capturing,
+        SnapshotState::Committed => listing::SnapshotState::Committed,
+        SnapshotState::Failed => listing::SnapshotState::Failed,
+        SnapshotState::Deleted => listing::SnapshotState::Deleted,
+    }
+}
+
+fn tables(store: &Store, snap: SnapId) -> Result<Vec<u8>, WorkerError> {
+    let info = store.snapshot(snap).map_err(|_| unknown(snap))?;
     let rows: Vec<TableRow> = info
         .decl
         .relations
         .iter()
         .map(|r| TableRow {
             relid: r.pg_relid,
-            rel: r.rel.0,
+            rel: r.rel,
             relfilenode: r.relfilenode,
             nblocks: r.nblocks,
             name: r.name.clone(),
         })
         .collect();
-    Ok(protocol::encode_tables(&rows))
+    listing::encode_tables(&rows).map_err(|e| unencodable("table listing", e))
 }
 
-fn unknown(snap: u64) -> Failure {
-    (
+fn unknown(snap: SnapId) -> WorkerError {
+    WorkerError::new(
         ErrorCode::UnknownSnapshot,
-        format!("snapshot {snap} does not exist"),
+        format!("snapshot {} does not exist", snap.0),
     )
 }
 
 /// Ok if `snap` can be read; otherwise the error that says why not.
-fn readable(store: &Store, snap: u64) -> Result<(), Failure> {
-    let state = store
-        .snapshot_state(SnapId(snap))
-        .ok_or_else(|| unknown(snap))?;
+fn readable(store: &Store, snap: SnapId) -> Result<(), WorkerError> {
+    let state = store.snapshot_state(snap).ok_or_else(|| unknown(snap))?;
+    let n = snap.0;
     let why = match state {
         SnapshotState::Committed => return Ok(()),
         SnapshotState::Capturing => {
-            return Err((
+            return Err(WorkerError::new(
                 ErrorCode::Capturing,
-                format!("snapshot {snap} is still being captured"),
+                format!("snapshot {n} is still being captured"),
             ))
         }
-        SnapshotState::Deleted => format!("snapshot {snap} was deleted"),
+        SnapshotState::Deleted => format!("snapshot {n} was deleted"),
         SnapshotState::Failed => {
             let reason = store
-                .snapshot(SnapId(snap))
+                .snapshot(snap)
                 .ok()
                 .and_then(|i| i.failure_reason)
                 .unwrap_or_default();
-            format!("snapshot {snap} failed and cannot be read: {reason}")
+            format!("snapshot {n} failed and cannot be read: {reason}")
         }
     };
-    Err((ErrorCode::NotReadable, why))
+    Err(WorkerError::new(ErrorCode::NotReadable, why))
 }
 
-fn resolve_time(store: &Store, time_us: i64) -> Result<u64, Failure> {
+fn resolve_time(store: &Store, time_us: i64) -> Result<SnapId, WorkerError> {
     if let Some(s) = store.committed_at_or_before(time_us) {
-        return Ok(s.0);
+        return Ok(s);
     }
     let first = store
         .snapshots()
         .map_err(fail)?
         .into_iter()
         .find(|s| s.state == SnapshotState::Committed);
-    Err((
+    let e = WorkerError::new(
         ErrorCode::NoSnapshotAtTime,
-        match first {
-            Some(f) => format!(
-                "no snapshot was taken at or before that time\nHINT: the first readable \
-                 snapshot, {}, was taken at {} (Unix time in microseconds)",
-                f.id.0, f.decl.declared_at_us
-            ),
-            None => "no snapshot was taken at or before that time\nHINT: no readable snapshot \
-                     exists yet; take one with gsnap_snapshot()"
-                .to_string(),
-        },
-    ))
+        "no snapshot was taken at or before that time",
+    );
+    Err(match first {
+        Some(f) => e.with_hint(format!(
+            "the first readable snapshot, {}, was taken at {} (Unix time in microseconds)",
+            f.id.0, f.decl.declared_at_us
+        )),
+        None => e.with_hint("no readable snapshot exists yet; take one with gsnap_snapshot()"),
+    })
 }
 
-fn scan_begin(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
-    let [snap, relid, offset, ..] = body.args;
-    readable(store, snap as u64)?;
-    let info = store.snapshot(SnapId(snap as u64)).map_err(fail)?;
-    let Some(r) = info.relation(relid as u32) else {
-        body.result = 1; // not in the snapshot: the backend says so with the table's name
-        return Ok(());
+fn scan_begin(store: &Store, snap: SnapId, relid: u32, offset: u64) -> Result<Reply, WorkerError> {
+    readable(store, snap)?;
+    let info = store.snapshot(snap).map_err(fail)?;
+    let Some(r) = info.relation(relid) else {
+        // Not in the snapshot: the backend says so with the table's name.
+        return Ok(Reply::TableAbsent);
     };
     let row_type = store.row_type(r.row_type).map_err(fail)?;
-    let blob = ScanHeader {
-        rel: r.rel.0,
+    let header = ScanHeader {
+        rel: r.rel,
         nblocks: r.nblocks,
-    }
-    .encode(&row_type);
-    page_out(body, &blob, offset);
-    Ok(())
+    };
+    let blob = listing::encode_scan(&header, &row_type)
+        .map_err(|e| unencodable("beginning of a scan", e))?;
+    page(&blob, offset)
 }
 
 /// Most entries one answer pins: bounded by the reply and by a share of the cache, so that
 /// concurrent scans cannot pin all of it.
-fn pin_budget(asked: i64) -> usize {
+fn pin_budget(asked: usize) -> usize {
     let share = (shmem::cache_capacity() / 8).max(1);
-    usize::try_from(asked)
-        .unwrap_or(1)
-        .clamp(1, protocol::MAX_PINNED_PER_REPLY)
-        .min(share)
+    asked.clamp(1, MAX_PINNED_PER_REPLY).min(share)
 }
 
-fn load_images(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
-    let ids: Vec<u64> = body
-        .reply()
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
-        .collect();
-    let budget = pin_budget(ids.len() as i64);
+fn load_images(store: &Store, ids: &[ImageId]) -> Result<Vec<PinnedEntry>, WorkerError> {
+    let budget = pin_budget(ids.len());
     let wanted: Vec<(u32, CacheKey)> = ids
         .iter()
         .take(budget)
         .enumerate()
-        .map(|(i, &id)| (i as u32, CacheKey::image(id)))
+        .map(|(i, id)| (i as u32, CacheKey::image(id.0)))
         .collect();
     store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
     let (entries, _) = pin(&wanted, |keys| {
         let ids: Vec<ImageId> = keys.iter().map(|k| ImageId(k.id)).collect();
         store.images(&ids)
     })
-    .map_err(fail)?;
-    body.set_reply(&encode_pinned(&entries));
-    Ok(())
+    .map_err(load_failure)?;
+    Ok(entries)
 }
 
-fn toast_fetch(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
-    let [id, first, max, ..] = body.args;
-    let id = ToastId(id as u64);
-    let info = store.toast_info(id).map_err(fail)?;
-    let first = first as u32;
+fn toast_fetch(
+    store: &Store,
+    id: ToastId,
+    first: u32,
+    max_chunks: u32,
+) -> Result<Reply, WorkerError> {
+    let info = store.toast_info(id).map_err(load_failure)?;
     let last = first
-        .saturating_add(pin_budget(max) as u32)
+        .saturating_add(pin_budget(max_chunks as usize) as u32)
         .min(info.chunks);
     let wanted: Vec<(u32, CacheKey)> = (first..last)
         .map(|c| (c, CacheKey::toast_chunk(id.0, c)))
@@ -286,11 +361,12 @@ fn toast_fetch(store: &Store, body: &mut RequestBody) -> Result<(), Failure> {
             .map(|k| store.toast_chunk(id, k.sub - 1))
             .collect()
     })
-    .map_err(fail)?;
-    body.result = i64::from(info.chunks);
-    body.total = info.len;
-    body.set_reply(&encode_pinned(&entries));
-    Ok(())
+    .map_err(load_failure)?;
+    Ok(Reply::ToastPinned {
+        chunks: info.chunks,
+        len: info.len,
+        entries,
+    })
 }
 
 /// Pins the cached objects `wanted` (in key order) for the requester, loading misses with
@@ -322,7 +398,7 @@ fn pin(
         let loaded = match loaded {
             Ok(l) => l,
             Err(e) => {
-                protocol::unpin_all(&got.iter().flatten().copied().collect::<Vec<_>>());
+                ipc::unpin_images(&got.iter().flatten().copied().collect::<Vec<_>>());
                 return Err(e);
             }
         };
@@ -359,7 +435,7 @@ fn pin(
         None => (got.into_iter().flatten().collect(), None),
         Some(g) => {
             let after: Vec<PinnedEntry> = got[g..].iter().flatten().copied().collect();
-            protocol::unpin_all(&after);
+            ipc::unpin_images(&after);
             (
                 got[..g].iter().flatten().copied().collect(),
                 Some(wanted[g].0),

@@ -16,14 +16,19 @@
 //! cache pins it took for the backend) instead of delivering. Every transition is a
 //! compare-and-swap, so exactly one side owns the body at any time; the body is only touched
 //! by its owner, through the guards below.
+//!
+//! The body is the request's kind tag and one buffer of [`REPLY_BYTES`]: the backend writes
+//! the request bytes, the worker replaces them with the answer bytes. What the bytes mean is
+//! not this module's business (the extension encodes them with `gsnap_protocol`); the kind
+//! stays next to the answer so that whoever cleans up an abandoned answer can decode it.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, Ordering::AcqRel, Ordering::Acquire, Ordering::Release};
 
-/// Bytes of answer a slot carries (larger answers are paged by offset).
+/// Bytes of the one message a slot carries: the request, then its answer (listings larger
+/// than that are paged by offset). Equal to `gsnap_protocol::MAX_MESSAGE_BYTES`, which the
+/// extension checks at compile time.
 pub const REPLY_BYTES: usize = 8192;
-/// Number of integer arguments of a request.
-pub const ARGS: usize = 6;
 
 const IDLE: u32 = 0;
 const SUBMITTED: u32 = 1;
@@ -31,46 +36,41 @@ const WORKING: u32 = 2;
 const DONE: u32 = 3;
 const ABANDONED: u32 = 4;
 
-/// The request and its answer.
+/// The request and its answer: the request's kind and the one buffer that holds its bytes
+/// until the worker replaces them with the answer's. The bytes are opaque here (the
+/// extension encodes them with `gsnap_protocol`).
 #[repr(C)]
 #[derive(Clone)]
 pub struct RequestBody {
-    /// What is asked (the extension's request kinds).
+    /// What is asked: the request kind's tag. It stays when the answer replaces the request
+    /// bytes, so whoever cleans up an abandoned answer knows what it answers.
     pub kind: u32,
     /// PGPROC number of the asking backend (whose latch the worker sets when done).
     pub requester: i32,
-    /// Integer arguments.
-    pub args: [i64; ARGS],
-    /// Integer result.
-    pub result: i64,
-    /// 0 on success, otherwise an error code; `reply` then holds the message.
-    pub error: u32,
-    /// Bytes of `reply` used.
-    pub len: u32,
-    /// Total length of a paged answer.
-    pub total: u64,
-    /// Answer bytes.
-    pub reply: [u8; REPLY_BYTES],
+    /// Bytes of `message` used.
+    len: u32,
+    /// The request bytes, then the answer bytes.
+    message: [u8; REPLY_BYTES],
 }
 
 impl RequestBody {
-    /// The used part of the reply.
-    pub fn reply(&self) -> &[u8] {
-        &self.reply[..(self.len as usize).min(REPLY_BYTES)]
+    /// The used part of the buffer: the request, or, once answered, the answer.
+    pub fn message(&self) -> &[u8] {
+        &self.message[..(self.len as usize).min(REPLY_BYTES)]
     }
 
-    /// Replaces the reply with `bytes` (truncated to [`REPLY_BYTES`]); returns how many fit.
-    pub fn set_reply(&mut self, bytes: &[u8]) -> usize {
-        let n = bytes.len().min(REPLY_BYTES);
-        self.reply[..n].copy_from_slice(&bytes[..n]);
-        self.len = n as u32;
-        n
-    }
-
-    /// Marks the request failed with `code` and `message`.
-    pub fn set_error(&mut self, code: u32, message: &str) {
-        self.error = code;
-        self.set_reply(message.as_bytes());
+    /// Replaces the buffer's contents with `bytes`.
+    ///
+    /// # Panics
+    /// If `bytes` is longer than [`REPLY_BYTES`] (the protocol never encodes more).
+    pub fn set_message(&mut self, bytes: &[u8]) {
+        assert!(
+            bytes.len() <= REPLY_BYTES,
+            "a message of {} bytes does not fit a request slot",
+            bytes.len()
+        );
+        self.message[..bytes.len()].copy_from_slice(bytes);
+        self.len = bytes.len() as u32;
     }
 }
 
@@ -122,12 +122,8 @@ impl RequestSlot {
             body: UnsafeCell::new(RequestBody {
                 kind: 0,
                 requester: -1,
-                args: [0; ARGS],
-                result: 0,
-                error: 0,
                 len: 0,
-                total: 0,
-                reply: [0; REPLY_BYTES],
+                message: [0; REPLY_BYTES],
             }),
         }
     }
@@ -140,10 +136,7 @@ impl RequestSlot {
         // SAFETY: IDLE means the backend (the only writer of its own slot in this state)
         // owns the body; the worker touches it only after seeing SUBMITTED.
         let body = unsafe { &mut *self.body.get() };
-        body.error = 0;
         body.len = 0;
-        body.total = 0;
-        body.result = 0;
         fill(body);
         self.state.store(SUBMITTED, Release);
         true
@@ -262,14 +255,15 @@ impl RequestSlot {
         }
     }
 
-    /// Worker, at start: answers requests a previous worker took but never finished with
-    /// `code`/`message`, and frees abandoned ones. Returns how many were answered.
-    pub fn recover_after_worker_exit(&self, code: u32, message: &str) -> bool {
+    /// Worker, at start: answers a request a previous worker took but never finished with
+    /// `answer` (the encoded error saying so), or frees an abandoned one. Returns whether it
+    /// answered one.
+    pub fn recover_after_worker_exit(&self, answer: &[u8]) -> bool {
         match self.state.load(Acquire) {
             WORKING => {
                 // SAFETY: the previous worker, the owner, is gone; we take its place.
                 let body = unsafe { &mut *self.body.get() };
-                body.set_error(code, message);
+                body.set_message(answer);
                 self.state.store(DONE, Release);
                 true
             }
@@ -287,30 +281,42 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    fn number(b: &RequestBody) -> i64 {
+        i64::from_le_bytes(b.message().try_into().expect("an 8-byte message"))
+    }
+
     #[test]
     fn request_answer_release() {
         let slot = RequestSlot::new();
         assert!(slot.answer().is_none());
         assert!(slot.submit(|b| {
             b.kind = 7;
-            b.args[0] = 42;
+            b.set_message(b"ask");
         }));
         assert!(!slot.submit(|_| {}), "one request at a time");
         let f = slot.serve(
             |b| {
-                assert_eq!((b.kind, b.args[0]), (7, 42));
-                b.result = 99;
-                b.set_reply(b"hello");
+                assert_eq!((b.kind, b.message()), (7, &b"ask"[..]));
+                b.set_message(b"hello");
             },
             |_| panic!("not abandoned"),
         );
         assert_eq!(f, Some(Finished::Delivered));
         let a = slot.answer().unwrap();
-        assert_eq!((a.result, a.reply()), (99, &b"hello"[..]));
+        assert_eq!((a.kind, a.message()), (7, &b"hello"[..]), "the kind stays");
         slot.release();
         assert!(slot.submit(|b| b.kind = 1));
-        // the new request starts with a clean answer
-        slot.serve(|b| assert_eq!(b.len, 0), |_| {});
+        // the new request starts with an empty message
+        slot.serve(|b| assert!(b.message().is_empty()), |_| {});
+    }
+
+    #[test]
+    fn the_largest_message_fits_and_a_larger_one_is_refused() {
+        let mut body = RequestSlot::new().body.into_inner();
+        body.set_message(&[1; REPLY_BYTES]);
+        assert_eq!(body.message().len(), REPLY_BYTES);
+        let larger = std::panic::catch_unwind(move || body.set_message(&[1; REPLY_BYTES + 1]));
+        assert!(larger.is_err());
     }
 
     #[test]
@@ -322,9 +328,9 @@ mod tests {
         assert_eq!(slot.give_up(), GaveUp::Withdrawn);
         assert!(slot.take().is_none(), "a withdrawn request is not served");
 
-        slot.submit(|b| b.args[1] = 5);
+        slot.submit(|b| b.kind = 5);
         let body = slot.take().unwrap();
-        body.result = 1;
+        body.set_message(b"pins");
         assert_eq!(slot.give_up(), GaveUp::LeftToWorker);
         assert!(slot.abandoned());
         assert_eq!(
@@ -335,10 +341,10 @@ mod tests {
         assert!(!slot.submit(|_| {}), "no new request over an abandoned one");
         let mut cleaned = None;
         assert_eq!(
-            slot.finish(|b| cleaned = Some(b.args[1])),
+            slot.finish(|b| cleaned = Some((b.kind, b.message().to_vec()))),
             Finished::Abandoned
         );
-        assert_eq!(cleaned, Some(5));
+        assert_eq!(cleaned, Some((5, b"pins".to_vec())));
         assert!(
             slot.submit(|_| {}),
             "idle again after the worker cleaned up"
@@ -352,11 +358,24 @@ mod tests {
     #[test]
     fn a_new_worker_answers_what_the_old_one_dropped() {
         let slot = RequestSlot::new();
+        slot.submit(|b| {
+            b.kind = 3;
+            b.set_message(b"request");
+        });
+        slot.take().unwrap();
+        assert!(slot.recover_after_worker_exit(b"worker restarted"));
+        let a = slot.answer().unwrap();
+        assert_eq!((a.kind, a.message()), (3, &b"worker restarted"[..]));
+        slot.release();
+
+        // An abandoned request is freed, not answered; an idle slot is left alone.
         slot.submit(|_| {});
         slot.take().unwrap();
-        assert!(slot.recover_after_worker_exit(9, "worker restarted"));
-        let a = slot.answer().unwrap();
-        assert_eq!((a.error, a.reply()), (9, &b"worker restarted"[..]));
+        assert_eq!(slot.give_up(), GaveUp::LeftToWorker);
+        assert!(!slot.recover_after_worker_exit(b"worker restarted"));
+        assert!(slot.is_idle());
+        assert!(!slot.recover_after_worker_exit(b"worker restarted"));
+        assert!(slot.is_idle());
     }
 
     /// A backend thread and a worker thread exchange many requests, with the backend
@@ -372,14 +391,20 @@ mod tests {
             std::thread::spawn(move || {
                 let mut cleaned = 0;
                 while !stop.load(Acquire) {
-                    slot.serve(|b| b.result = b.args[0] * 2, |_| cleaned += 1);
+                    slot.serve(
+                        |b| {
+                            let doubled = number(b) * 2;
+                            b.set_message(&doubled.to_le_bytes());
+                        },
+                        |_| cleaned += 1,
+                    );
                 }
                 cleaned
             })
         };
         let (mut delivered, mut gave_up_working) = (0, 0);
         for i in 0..20_000i64 {
-            while !slot.submit(|b| b.args[0] = i) {
+            while !slot.submit(|b| b.set_message(&i.to_le_bytes())) {
                 std::hint::spin_loop();
             }
             if i % 7 == 0 {
@@ -392,7 +417,7 @@ mod tests {
             }
             loop {
                 if let Some(a) = slot.answer() {
-                    assert_eq!(a.result, i * 2);
+                    assert_eq!(number(a), i * 2);
                     slot.release();
                     delivered += 1;
                     break;
