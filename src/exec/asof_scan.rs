@@ -71,8 +71,9 @@ impl ScanNode for AsofScan {
         unsafe {
             let desc = table.rel().descriptor();
             let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-            let columns: Vec<usize> =
-                (0..attrs.len()).filter(|&i| !attrs[i].attisdropped).collect();
+            let columns: Vec<usize> = (0..attrs.len())
+                .filter(|&i| !attrs[i].attisdropped)
+                .collect();
             // The slot type is decided now, before the parent node compiles its expressions
             // against our output: a heap tuple slot when the table has no dropped columns.
             let heap_slot = columns.len() == attrs.len();
@@ -132,7 +133,8 @@ impl AsofScan {
             let snap = unsafe { self.table.snapshot_argument(css, 0) };
             let rel = self.table.rel();
             // SAFETY: the open table's current descriptor, valid while the scan runs.
-            self.rows = Some(unsafe { AsofRows::open(rel.oid(), rel.descriptor(), snap, self.heap_slot) });
+            self.rows =
+                Some(unsafe { AsofRows::open(rel.oid(), rel.descriptor(), snap, self.heap_slot) });
         }
         let relid = self.table.relid;
         let Some(row) = self.rows.as_mut().expect("opened above").next() else {

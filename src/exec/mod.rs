@@ -103,7 +103,9 @@ impl ScanTable {
 
     /// The open table.
     fn rel(&self) -> &OpenRelation {
-        self.rel.as_ref().expect("the table is open while the scan runs")
+        self.rel
+            .as_ref()
+            .expect("the table is open while the scan runs")
     }
 
     /// Evaluates snapshot argument `i`: a snapshot id, or a time resolved to one.
@@ -117,7 +119,9 @@ impl ScanTable {
             let mut isnull = false;
             let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
             let arg = self.args[i];
-            let evalfunc = (*arg).evalfunc.expect("an initialized expression has a function");
+            let evalfunc = (*arg)
+                .evalfunc
+                .expect("an initialized expression has a function");
             let value = evalfunc(arg, econtext, &mut isnull);
             pg_sys::MemoryContextSwitchTo(old);
             (!isnull).then_some(value.value() as i64)
@@ -128,7 +132,9 @@ impl ScanTable {
             (ScanKind::Range, 0) => "the first snapshot of gsnap_range",
             (ScanKind::Range, _) => "the last snapshot of gsnap_range",
         };
-        let Some(value) = value else { null_argument(what) };
+        let Some(value) = value else {
+            null_argument(what)
+        };
         if self.kind == ScanKind::AsofTime {
             return crate::sql::asof::resolve_time(value);
         }

@@ -44,7 +44,11 @@ impl Call {
 
     /// Argument `i` (None for NULL).
     pub fn arg(self, i: usize) -> Option<pg_sys::Datum> {
-        assert!(i < self.nargs(), "argument {i} of a call with {}", self.nargs());
+        assert!(
+            i < self.nargs(),
+            "argument {i} of a call with {}",
+            self.nargs()
+        );
         // SAFETY: valid call info with more than `i` arguments.
         let arg = unsafe { &*(*self.0).args.as_ptr().add(i) };
         (!arg.isnull).then_some(arg.value)

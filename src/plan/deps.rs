@@ -83,10 +83,22 @@ pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
         finfo.fn_addr.map(|f| f as usize)
     };
     let readers = [
-        (crate::sql::asof::gsnap_asof_id as *const () as usize, Reader::AsofId),
-        (crate::sql::asof::gsnap_asof_time as *const () as usize, Reader::AsofTime),
-        (crate::sql::range::gsnap_range as *const () as usize, Reader::Range),
-        (crate::sql::diff::gsnap_diff as *const () as usize, Reader::Diff),
+        (
+            crate::sql::asof::gsnap_asof_id as *const () as usize,
+            Reader::AsofId,
+        ),
+        (
+            crate::sql::asof::gsnap_asof_time as *const () as usize,
+            Reader::AsofTime,
+        ),
+        (
+            crate::sql::range::gsnap_range as *const () as usize,
+            Reader::Range,
+        ),
+        (
+            crate::sql::diff::gsnap_diff as *const () as usize,
+            Reader::Diff,
+        ),
     ];
     let kind = readers
         .iter()
@@ -211,7 +223,8 @@ unsafe fn depend_on_table(query: *mut pg_sys::Query, relid: pg_sys::Oid) {
         (*rte).relid = relid;
         (*rte).relkind = (*(*rel).rd_rel).relkind;
         (*rte).rellockmode = lock;
-        (*rte).eref = pg_sys::makeAlias((*(*rel).rd_rel).relname.data.as_ptr(), std::ptr::null_mut());
+        (*rte).eref =
+            pg_sys::makeAlias((*(*rel).rd_rel).relname.data.as_ptr(), std::ptr::null_mut());
         // The readers check privileges themselves (access.rs); nothing to check here.
         (*rte).requiredPerms = 0;
         (*query).rtable = pg_sys::lappend((*query).rtable, rte.cast());

@@ -94,7 +94,11 @@ pub fn row_type_signature(rel: &OpenRelation) -> *mut pg_sys::List {
     let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
     let mut items = vec![int_node(attrs.len() as i32)];
     for a in attrs {
-        let type_ = if a.attisdropped { 0 } else { a.atttypid.to_u32() };
+        let type_ = if a.attisdropped {
+            0
+        } else {
+            a.atttypid.to_u32()
+        };
         items.push(int_node(type_ as i32));
         items.push(int_node(a.atttypmod));
     }
@@ -230,7 +234,15 @@ unsafe extern "C-unwind" fn plan_path(
             (*cscan).custom_exprs = list_of(&[args[0], args[1], per_version.cast()]);
             let rec_type = pg_sys::get_rel_type_id(relid);
             (*cscan).custom_scan_tlist = list_of(&[
-                var_entry(rti, 1, pg_sys::INT8OID, -1, pg_sys::InvalidOid, 1, c"snap_id".as_ptr()),
+                var_entry(
+                    rti,
+                    1,
+                    pg_sys::INT8OID,
+                    -1,
+                    pg_sys::InvalidOid,
+                    1,
+                    c"snap_id".as_ptr(),
+                ),
                 var_entry(rti, 2, rec_type, -1, pg_sys::InvalidOid, 2, c"rec".as_ptr()),
             ]);
             return cscan.cast();

@@ -16,7 +16,11 @@ use pgrx::pg_sys;
 /// A row of a table at a snapshot.
 pub enum Row<'a> {
     /// The stored tuple, valid as a tuple of the current row type (until the next row).
-    Tuple { block: u32, lp: u16, bytes: &'a [u8] },
+    Tuple {
+        block: u32,
+        lp: u16,
+        bytes: &'a [u8],
+    },
     /// The row's values in the current row type, one per attribute of the current
     /// descriptor (dropped ones NULL); valid until the next row. What they point to lives in
     /// `scratch`, reset when the reader moves to the next page: a consumer that forms a

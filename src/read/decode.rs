@@ -77,8 +77,8 @@ impl Decoder {
     ) -> Decoder {
         // SAFETY: the caller's promise.
         let current = unsafe { current_columns(out_desc) };
-        let plans = columns::plan_columns(&row_type, &current, type_exists).unwrap_or_else(
-            |e| match e {
+        let plans =
+            columns::plan_columns(&row_type, &current, type_exists).unwrap_or_else(|e| match e {
                 FormatError::TypeGone {
                     column, type_name, ..
                 } => error(
@@ -90,8 +90,7 @@ impl Decoder {
                 )
                 .raise(),
                 e => corrupt(format_args!("snapshot {snap}: {e}")),
-            },
-        );
+            });
         let conversions = plans
             .iter()
             .zip(&current)
@@ -184,7 +183,8 @@ impl Decoder {
                         // SAFETY: the old value has the old type, whose output function this
                         // is; the text goes to the new type's input function.
                         self.values[j] = unsafe {
-                            let text = pg_sys::OidOutputFunctionCall(c.out_fn, self.old_values[old]);
+                            let text =
+                                pg_sys::OidOutputFunctionCall(c.out_fn, self.old_values[old]);
                             pg_sys::OidInputFunctionCall(c.in_fn, text, c.ioparam, c.typmod)
                         };
                     }

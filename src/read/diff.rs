@@ -65,7 +65,9 @@ fn changed_pages(
                 let Some(t) = t else { continue };
                 let view = pins.view_of(snap);
                 let tree = view.tree(SnapId(snap)).unwrap_or_else(|e| corrupt_index(e));
-                let relation = tree.relation(RelId(t.rel)).unwrap_or_else(|e| corrupt_index(e));
+                let relation = tree
+                    .relation(RelId(t.rel))
+                    .unwrap_or_else(|e| corrupt_index(e));
                 let Some(relation) = relation else { continue };
                 relation
                     .scan(0..t.nblocks, &mut |block, image| {
@@ -149,7 +151,9 @@ pub unsafe fn diff_rows(
             while at < batch.len() && batch.get(at).0 .0 == page {
                 let ((_, side), bytes) = batch.get(at);
                 views[side] = view::decode(bytes).unwrap_or_else(|e| {
-                    corrupt(format_args!("a stored page view of block {block} is corrupt: {e}"))
+                    corrupt(format_args!(
+                        "a stored page view of block {block} is corrupt: {e}"
+                    ))
                 });
                 at += 1;
             }

@@ -49,8 +49,12 @@ impl PageReader {
             .saturating_add(BLOCKS_PER_STEP)
             .min(self.nblocks);
         let view = self.groups.view_of(self.snap);
-        let tree = view.tree(SnapId(self.snap)).unwrap_or_else(|e| corrupt_index(e));
-        let relation = tree.relation(RelId(self.rel)).unwrap_or_else(|e| corrupt_index(e));
+        let tree = view
+            .tree(SnapId(self.snap))
+            .unwrap_or_else(|e| corrupt_index(e));
+        let relation = tree
+            .relation(RelId(self.rel))
+            .unwrap_or_else(|e| corrupt_index(e));
         match relation {
             Some(relation) => {
                 let images = &mut self.images;
@@ -82,7 +86,7 @@ impl PageReader {
                 return Some(batch.get(self.at - 1));
             }
             self.batch = None; // unpins
-            // Keep the next batch and the one after it queued, so the latter is prefetched.
+                               // Keep the next batch and the one after it queued, so the latter is prefetched.
             while self.images.queued() < 2 * images_per_batch() && self.next_block < self.nblocks {
                 self.look_up_next_step();
             }

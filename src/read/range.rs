@@ -174,7 +174,12 @@ impl RangeCursor {
     ) -> Option<(&[u64], pg_sys::Datum)> {
         loop {
             if self.holder < self.holders.len() {
-                let page = self.batch.as_ref().expect("an image is pinned").get(self.at - 1).1;
+                let page = self
+                    .batch
+                    .as_ref()
+                    .expect("an image is pinned")
+                    .get(self.at - 1)
+                    .1;
                 let run = self.run.expect("an image is being read");
                 while self.next_tuple < self.tuples.len() {
                     let (lp, offset, len) = self.tuples[self.next_tuple];
@@ -303,7 +308,10 @@ impl RangeCursor {
         let rel = self.snaps[segment.start].1.rel;
         let (first, last) = (self.snaps[segment.start].0, self.snaps[segment.end - 1].0);
         self.runs.clear();
-        let groups = self.groups.as_ref().expect("a non-empty range has its groups pinned");
+        let groups = self
+            .groups
+            .as_ref()
+            .expect("a non-empty range has its groups pinned");
         let views = groups.views();
         let runs = &mut self.runs;
         gsnap_core::range(&views, SnapId(first), SnapId(last), RelId(rel), &mut |r| {

@@ -27,7 +27,11 @@ pub unsafe extern "C-unwind" fn gsnap_diff(fcinfo: pg_sys::FunctionCallInfo) -> 
         let added = pg_sys::Datum::from(pg_sys::cstring_to_text(c"added".as_ptr()));
         let removed = pg_sys::Datum::from(pg_sys::cstring_to_text(c"removed".as_ptr()));
         diff_rows(relid, a, b, rec_descriptor(desc), &mut |change, rec| {
-            let label = if change == Change::Added { added } else { removed };
+            let label = if change == Change::Added {
+                added
+            } else {
+                removed
+            };
             let cols = [label, rec];
             let cnulls = [false, false];
             pg_sys::tuplestore_putvalues(

@@ -32,7 +32,9 @@ use pgrx::PgSqlErrorCode;
 pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
     // SAFETY: a catalog lookup of a type's relation.
     let relid = unsafe { pg_sys::get_typ_typrelid(call.arg_type(0)) };
-    let kind = (relid != pg_sys::InvalidOid).then(|| relation_kind(relid)).flatten();
+    let kind = (relid != pg_sys::InvalidOid)
+        .then(|| relation_kind(relid))
+        .flatten();
     if kind == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
         error(
             PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,

@@ -1,7 +1,7 @@
 //! Introspection of the current span: which pages gsnap will capture at the next snapshot.
 
-use crate::ffi::regclass::RegClass;
 use crate::error::error;
+use crate::ffi::regclass::RegClass;
 use crate::shmem::dirty_sets;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;

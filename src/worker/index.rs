@@ -18,7 +18,9 @@
 
 use super::Store;
 use gsnap_core::dividing::{Decision, DividingConfig, GroupDividing};
-use gsnap_core::{last_page_table, GroupBuilder, GroupReader, ImageId, IndexError, Mapping, PageKey};
+use gsnap_core::{
+    last_page_table, GroupBuilder, GroupReader, ImageId, IndexError, Mapping, PageKey,
+};
 use gsnap_store::{GroupId, GroupMeta, SnapId, SnapshotState, StoreError};
 
 /// Cache keys of published copies of the active group (sealed groups use their id).

@@ -12,8 +12,8 @@ use crate::error::IndexError;
 use crate::format::{self, RootRecord, ROOT_RECORD_LEN};
 use crate::index::SnapshotIndex;
 use crate::radix::{self, Arena, Subtree};
-use crate::types::{validate_batch, ImageId, Mapping, PageKey, RelId, SnapId};
 use crate::reader::GroupReader;
+use crate::types::{validate_batch, ImageId, Mapping, PageKey, RelId, SnapId};
 
 /// How much of the active group is published: readers may use `node_area()[..node_bytes]`
 /// and `root_table()[..roots * ROOT_RECORD_LEN]`.

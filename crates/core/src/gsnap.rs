@@ -20,8 +20,8 @@ use crate::dividing::{Decision, DividingConfig, GroupDividing, GroupOutcome};
 use crate::error::IndexError;
 use crate::format;
 use crate::index::SnapshotIndex;
-use crate::types::{validate_batch, ImageId, ImageRun, Mapping, PageDiff, PageKey, RelId, SnapId};
 use crate::reader::GroupReader;
+use crate::types::{validate_batch, ImageId, ImageRun, Mapping, PageDiff, PageKey, RelId, SnapId};
 use crate::walk::{self, WalkStats};
 use std::ops::Range;
 

@@ -21,10 +21,10 @@ mod format;
 mod gsnap;
 mod index;
 mod radix;
+mod reader;
 pub mod reference;
 pub mod skippy;
 mod types;
-mod reader;
 mod walk;
 
 pub use builder::{last_page_table, rebuild_group, GroupBuilder, Published};
@@ -32,8 +32,8 @@ pub use error::IndexError;
 pub use format::{GROUP_FORMAT_VERSION, GROUP_HEADER_LEN, GROUP_MAGIC, ROOT_RECORD_LEN};
 pub use gsnap::{GroupInfo, GsnapIndex, MergeConfig};
 pub use index::SnapshotIndex;
+pub use reader::{GroupReader, GroupSnapshot, RelationTree, SnapshotTree};
 pub use types::{
     validate_batch, BlockNo, ImageId, ImageRun, Mapping, PageDiff, PageKey, RelId, SnapId,
 };
-pub use reader::{GroupReader, GroupSnapshot, RelationTree, SnapshotTree};
 pub use walk::{diff, range, WalkStats};

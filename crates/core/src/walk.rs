@@ -13,8 +13,8 @@
 
 use crate::error::IndexError;
 use crate::radix::{self, Node, Subtree, FANOUT};
-use crate::types::{ImageId, ImageRun, PageDiff, RelId, SnapId};
 use crate::reader::GroupReader;
+use crate::types::{ImageId, ImageRun, PageDiff, RelId, SnapId};
 
 /// A subtree in one of the walked node areas, at its own level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

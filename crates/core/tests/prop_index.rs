@@ -7,8 +7,8 @@ use gsnap_core::baselines::{OIndex, TIndex};
 use gsnap_core::dividing::DividingConfig;
 use gsnap_core::reference::ReferenceIndex;
 use gsnap_core::{
-    GroupBuilder, GroupReader, GsnapIndex, ImageId, IndexError, Mapping, MergeConfig, PageKey, RelId,
-    SnapId, SnapshotIndex, ROOT_RECORD_LEN,
+    GroupBuilder, GroupReader, GsnapIndex, ImageId, IndexError, Mapping, MergeConfig, PageKey,
+    RelId, SnapId, SnapshotIndex, ROOT_RECORD_LEN,
 };
 use proptest::prelude::*;
 use std::collections::BTreeSet;
