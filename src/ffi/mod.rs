@@ -7,6 +7,7 @@
 //! with a `SAFETY:` comment saying why that call is sound.
 
 pub mod fcinfo;
+pub mod latch;
 pub mod list;
 pub mod memcx;
 pub mod regclass;

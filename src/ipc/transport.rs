@@ -43,21 +43,7 @@ pub fn set_latch_of(procno: usize) {
     }
 }
 
-/// Sleeps on this process's latch for at most `timeout`, then checks for interrupts (a
-/// cancelled query raises its ERROR here).
-pub fn wait_latch(timeout: Duration) {
-    // SAFETY: standard latch wait of a backend on its own latch.
-    unsafe {
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            timeout.as_millis() as i64,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        pg_sys::ResetLatch(pg_sys::MyLatch);
-    }
-    pgrx::check_for_interrupts!();
-}
+pub use crate::ffi::latch::wait as wait_latch;
 
 /// Waits for a running worker and returns its PGPROC number; errors out after a while.
 fn worker_procno() -> usize {

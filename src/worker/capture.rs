@@ -12,58 +12,13 @@
 use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
 use super::page::capture_page;
-use super::{code_of, xact, Worker};
+use super::xact::{self, BulkRead, RegisteredSnapshot};
+use super::{code_of, Worker};
 use crate::shmem::{self, Phase};
 use gsnap_protocol::{ErrorCode, WorkerError};
-use gsnap_shmem::dirty::Drained;
+use gsnap_shmem::carry::CarryForward;
 use gsnap_store::{Capture, PageKey, RelId, RocksBackend, SnapId, StoreError};
 use pgrx::pg_sys;
-use std::collections::BTreeSet;
-
-/// Pages (by table OID and block) that a later capture must include.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct CarryForward {
-    /// (table OID, block), sorted and distinct after [`CarryForward::normalize`].
-    pub pages: Vec<(u32, u32)>,
-    /// Tables to capture completely.
-    pub full: BTreeSet<u32>,
-    /// Capture every table completely.
-    pub all: bool,
-}
-
-impl CarryForward {
-    pub fn from_drained(d: Drained) -> CarryForward {
-        CarryForward {
-            pages: d.pages,
-            full: d.full_relations.into_iter().collect(),
-            all: d.all_full,
-        }
-    }
-
-    pub fn absorb(&mut self, other: CarryForward) {
-        self.pages.extend(other.pages);
-        self.full.extend(other.full);
-        self.all |= other.all;
-        self.normalize();
-    }
-
-    fn normalize(&mut self) {
-        self.pages.sort_unstable();
-        self.pages.dedup();
-    }
-
-    pub fn needs_full(&self, relid: u32) -> bool {
-        self.all || self.full.contains(&relid)
-    }
-
-    fn blocks_of(&self, relid: u32) -> impl Iterator<Item = u32> + '_ {
-        let start = self.pages.partition_point(|&(r, _)| r < relid);
-        self.pages[start..]
-            .iter()
-            .take_while(move |&&(r, _)| r == relid)
-            .map(|&(_, b)| b)
-    }
-}
 
 /// The blocks of one table a capture visits.
 enum Blocks {
@@ -97,7 +52,7 @@ struct Item {
 /// A capture in progress.
 pub(crate) struct CaptureJob {
     decl: Declared,
-    capture: Capture<'static, RocksBackend>,
+    capture: Capture<RocksBackend>,
     items: Vec<Item>,
     item: usize,
     cursor: usize,
@@ -106,7 +61,7 @@ pub(crate) struct CaptureJob {
     /// What this capture covers, handed on if it fails.
     covered: CarryForward,
     pages_done: u64,
-    strategy: pg_sys::BufferAccessStrategy,
+    strategy: BulkRead,
     /// Test hook (gsnap.debug_capture_pause_ms): no batch before this time.
     pub(super) next_batch_at: std::time::Instant,
 }
@@ -117,7 +72,7 @@ impl Worker {
         if self.job.is_some() {
             return;
         }
-        let (Some(store), Some(decl)) = (self.store, self.queue.pop_front()) else {
+        let (Some(store), Some(decl)) = (self.store.clone(), self.queue.pop_front()) else {
             return;
         };
         shmem::progress().set_queued(self.queue.len() as u32);
@@ -179,14 +134,6 @@ impl Worker {
             items.len() as u32,
             total,
         );
-        // SAFETY: allocated in TopMemoryContext so it outlives the subtransactions of the
-        // capture; freed when the job ends.
-        let strategy = unsafe {
-            let old = pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
-            let s = pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD);
-            pg_sys::MemoryContextSwitchTo(old);
-            s
-        };
         self.job = Some(CaptureJob {
             decl,
             capture,
@@ -196,7 +143,7 @@ impl Worker {
             carried: beyond,
             covered,
             pages_done: 0,
-            strategy,
+            strategy: BulkRead::new(),
             next_batch_at: std::time::Instant::now(),
         });
     }
@@ -204,7 +151,7 @@ impl Worker {
     /// Captures one batch of pages; returns true while there is more to do.
     pub(super) fn capture_step(&mut self) -> bool {
         let (Some(_), Some(job), Some(index)) =
-            (self.store, self.job.as_mut(), self.index.as_ref())
+            (&self.store, self.job.as_mut(), self.index.as_ref())
         else {
             return false;
         };
@@ -254,18 +201,13 @@ impl Worker {
             capture,
             carried,
             covered,
-            strategy,
             ..
         } = job;
-        free_strategy(strategy);
         match capture.commit() {
             Ok(info) => {
                 self.index_snapshot(decl.snap);
                 declare::release(&decl.locked, Some(decl.mvcc));
-                self.carry.absorb(CarryForward {
-                    pages: carried,
-                    ..Default::default()
-                });
+                self.carry.absorb(CarryForward::from_pages(carried));
                 let p = shmem::progress();
                 p.advance(
                     decl.tables.len() as u32,
@@ -282,10 +224,7 @@ impl Worker {
                 self.note_store_error(&e);
                 let reason = format!("its capture could not be committed: {}", e.message());
                 let mut covered = covered;
-                covered.absorb(CarryForward {
-                    pages: carried,
-                    ..Default::default()
-                });
+                covered.absorb(CarryForward::from_pages(carried));
                 self.fail(decl, covered, code_of(&e), &reason);
             }
         }
@@ -297,10 +236,8 @@ impl Worker {
             capture,
             carried,
             mut covered,
-            strategy,
             ..
         } = job;
-        free_strategy(strategy);
         if let Err(e) = capture.abort(reason) {
             pgrx::warning!(
                 "gsnap: could not record the failure of snapshot {}: {}",
@@ -309,10 +246,7 @@ impl Worker {
             );
             self.note_store_error(&e);
         }
-        covered.absorb(CarryForward {
-            pages: carried,
-            ..Default::default()
-        });
+        covered.absorb(CarryForward::from_pages(carried));
         self.fail(decl, covered, code, reason);
     }
 
@@ -336,7 +270,7 @@ impl Worker {
         // completely by the next one.
         for t in &decl.tables {
             if t.mode != Mode::Incremental {
-                covered.full.insert(t.relid);
+                covered.mark_full(t.relid);
             }
         }
         self.carry.absorb(covered);
@@ -379,11 +313,6 @@ impl Worker {
     }
 }
 
-fn free_strategy(s: pg_sys::BufferAccessStrategy) {
-    // SAFETY: allocated by start_capture and no longer used.
-    unsafe { pg_sys::FreeAccessStrategy(s) };
-}
-
 impl CaptureJob {
     /// Captures up to `budget` pages; Ok(true) while pages remain.
     fn run(&mut self, index: &IndexState, budget: usize) -> Result<bool, StoreError> {
@@ -406,16 +335,20 @@ impl CaptureJob {
             let end = (self.cursor + budget - done).min(item.blocks.len());
             let result = (self.cursor..end).try_for_each(|i| {
                 let block = item.blocks.get(i);
-                capture_one(
-                    index,
-                    &mut self.capture,
-                    self.decl.mvcc,
-                    self.strategy,
-                    rel,
-                    item,
-                    block,
-                    &mut self.carried,
-                )
+                // SAFETY: the relation is open, the block below the size recorded at
+                // declaration (the table cannot shrink below it while locked).
+                unsafe {
+                    capture_one(
+                        index,
+                        &mut self.capture,
+                        &self.decl.mvcc,
+                        &self.strategy,
+                        rel,
+                        item,
+                        block,
+                        &mut self.carried,
+                    )
+                }
             });
             // SAFETY: opened above.
             unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
@@ -435,21 +368,25 @@ impl CaptureJob {
     }
 }
 
+/// Captures block `block` of `item`'s table (`rel`) at snapshot `mvcc`: stores its view
+/// unless it is the previous page table's image, and notes it if unsettled.
+///
+/// # Safety
+/// `rel` is the open, locked relation of `item`; `block` is below its size at declaration.
 #[allow(clippy::too_many_arguments)]
-fn capture_one(
+unsafe fn capture_one(
     index: &IndexState,
-    capture: &mut Capture<'static, RocksBackend>,
-    mvcc: pg_sys::Snapshot,
-    strategy: pg_sys::BufferAccessStrategy,
+    capture: &mut Capture<RocksBackend>,
+    mvcc: &RegisteredSnapshot,
+    strategy: &BulkRead,
     rel: pg_sys::Relation,
     item: &Item,
     block: u32,
     carried: &mut Vec<(u32, u32)>,
 ) -> Result<(), StoreError> {
-    // SAFETY: see CaptureJob::run; the block is below the size recorded at declaration and
-    // the table cannot shrink below it while locked.
+    // SAFETY: the caller's promise; the snapshot is registered and the strategy alive.
     let view = unsafe {
-        capture_page(rel, block, mvcc, strategy, &mut |bytes| {
+        capture_page(rel, block, mvcc.as_ptr(), strategy.as_ptr(), &mut |bytes| {
             capture.put_toast(bytes).map(|t| t.0)
         })?
     };

@@ -12,10 +12,10 @@
 //! Then the declaration is made durable in the store and the snapshot joins the capture
 //! queue. Writers never wait for any of this.
 
-use super::capture::CarryForward;
+use gsnap_shmem::carry::CarryForward;
 use super::catalog::{self, TableInfo};
 use super::serve::encode_answer;
-use super::xact;
+use super::xact::{self, RegisteredSnapshot};
 use super::{Store, Worker};
 use crate::shmem::{self, Phase};
 use gsnap_protocol::{ErrorCode, Kind, Reply, SnapId, WorkerError};
@@ -79,7 +79,7 @@ pub(crate) struct DeclaredTable {
 /// A declared snapshot waiting for (or in) its capture.
 pub(crate) struct Declared {
     pub snap: u64,
-    pub mvcc: pg_sys::Snapshot,
+    pub mvcc: RegisteredSnapshot,
     pub declared_at_us: i64,
     pub tables: Vec<DeclaredTable>,
     /// The span's written pages, plus leftovers of failed declarations.
@@ -106,7 +106,7 @@ enum Prepare {
 ///
 /// # Safety
 /// Must run inside the worker's transaction.
-unsafe fn prepare(locked: &mut Vec<u32>, mvcc: &mut Option<pg_sys::Snapshot>) -> Prepare {
+unsafe fn prepare(locked: &mut Vec<u32>, mvcc: &mut Option<RegisteredSnapshot>) -> Prepare {
     // SAFETY: catalog reads, lock requests and snapshot registration inside a transaction.
     unsafe {
         pg_sys::AcceptInvalidationMessages();
@@ -128,11 +128,7 @@ unsafe fn prepare(locked: &mut Vec<u32>, mvcc: &mut Option<pg_sys::Snapshot>) ->
             }
             keep
         });
-        let snapshot = pg_sys::RegisterSnapshotOnOwner(
-            pg_sys::GetLatestSnapshot(),
-            pg_sys::TopTransactionResourceOwner,
-        );
-        *mvcc = Some(snapshot);
+        *mvcc = Some(RegisteredSnapshot::take_latest());
         let lsn = pg_sys::GetXLogInsertRecPtr();
         let declared_at_us = catalog::now_unix_us();
         let tables = locked
@@ -147,13 +143,13 @@ unsafe fn prepare(locked: &mut Vec<u32>, mvcc: &mut Option<pg_sys::Snapshot>) ->
     }
 }
 
-pub(super) fn release(locked: &[u32], mvcc: Option<pg_sys::Snapshot>) {
+/// Undoes a declaration's locks and releases its MVCC snapshot.
+pub(super) fn release(locked: &[u32], mvcc: Option<RegisteredSnapshot>) {
     for &r in locked {
         xact::unlock_table(r);
     }
     if let Some(s) = mvcc {
-        // SAFETY: registered on the top transaction's owner by `prepare`.
-        unsafe { pg_sys::UnregisterSnapshotFromOwner(s, pg_sys::TopTransactionResourceOwner) };
+        s.release();
     }
 }
 
@@ -170,7 +166,7 @@ impl Worker {
         if self.pending.is_empty() {
             return;
         }
-        let Some(store) = self.store else {
+        let Some(store) = self.store.clone() else {
             let error = match self.store_problem.clone() {
                 Some((code, message)) => WorkerError::new(code, message),
                 None => WorkerError::new(ErrorCode::Io, "the gsnap store is not open"),
@@ -249,21 +245,27 @@ impl Worker {
         let mut pages = CarryForward::from_drained(drained);
         pages.absorb(std::mem::take(&mut self.span_leftover));
 
-        match self.record(store, &prepared, mvcc, pages.clone(), locked.clone()) {
-            Ok(declared) => {
-                let snap = declared.snap;
-                self.queue.push_back(declared);
-                shmem::progress().set_queued(self.queue.len() as u32);
-                self.catalog_changed();
+        match self.record(&store, &prepared, &pages) {
+            Ok((snap, tables)) => {
                 let export = if self.pending.iter().any(|p| p.export) {
                     // SAFETY: at the top level of the worker's transaction (exporting from a
                     // subtransaction is not allowed); the name is a C string.
-                    let name = unsafe { CStr::from_ptr(pg_sys::ExportSnapshot(mvcc)) };
+                    let name = unsafe { CStr::from_ptr(pg_sys::ExportSnapshot(mvcc.as_ptr())) };
                     self.exports.push(snap);
                     Some(name.to_string_lossy().into_owned())
                 } else {
                     None
                 };
+                self.queue.push_back(Declared {
+                    snap,
+                    mvcc,
+                    declared_at_us: prepared.declared_at_us,
+                    tables,
+                    pages,
+                    locked,
+                });
+                shmem::progress().set_queued(self.queue.len() as u32);
+                self.catalog_changed();
                 for p in std::mem::take(&mut self.pending) {
                     match p.slot {
                         Some(s) if p.wait => self.durable_waiters.push((s, snap)),
@@ -286,15 +288,14 @@ impl Worker {
         }
     }
 
-    /// Makes the declaration durable and decides how each table is captured.
+    /// Makes the declaration durable and decides how each table is captured: the snapshot's
+    /// id and its tables.
     fn record(
         &mut self,
         store: &Store,
         p: &Prepared,
-        mvcc: pg_sys::Snapshot,
-        pages: CarryForward,
-        locked: Vec<u32>,
-    ) -> Result<Declared, StoreError> {
+        pages: &CarryForward,
+    ) -> Result<(u64, Vec<DeclaredTable>), StoreError> {
         let mut relations = Vec::with_capacity(p.tables.len());
         let mut tables = Vec::with_capacity(p.tables.len());
         let mut known = HashMap::with_capacity(p.tables.len());
@@ -352,14 +353,7 @@ impl Worker {
         })?;
         self.known = known;
         self.fresh_start = false;
-        Ok(Declared {
-            snap: snap.0,
-            mvcc,
-            declared_at_us: p.declared_at_us,
-            tables,
-            pages,
-            locked,
-        })
+        Ok((snap.0, tables))
     }
 }
 

@@ -56,7 +56,7 @@ impl std::fmt::Display for IndexFailure {
 
 /// The index as the worker holds it.
 pub struct IndexState {
-    store: &'static Store,
+    store: Store,
     pub builder: GroupBuilder,
     pub dividing: GroupDividing,
     pub sealed: Vec<GroupMeta>,
@@ -80,7 +80,7 @@ pub fn dividing_config() -> DividingConfig {
 impl IndexState {
     /// Opens the index of `store`: sealed groups from their metadata, the active group
     /// rebuilt from the mapping log.
-    pub fn open(store: &'static Store) -> Result<IndexState, IndexFailure> {
+    pub fn open(store: Store) -> Result<IndexState, IndexFailure> {
         let sealed = store.group_metas()?;
         let dividing = match sealed.last() {
             Some(m) => {
@@ -110,7 +110,7 @@ impl IndexState {
         }
         let span = active.first().copied().zip(active.last().copied());
         if let Some((first, last)) = span {
-            let log = store.mapping_log(first, last)?;
+            let log = state.store.mapping_log(first, last)?;
             // The log is in snapshot order: each snapshot's mappings are one run of it.
             let mut rest = log.as_slice();
             for snap in active {

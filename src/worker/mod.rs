@@ -17,7 +17,8 @@ mod xact;
 
 use crate::gucs;
 use crate::shmem::{self, Phase, WorkerState};
-use capture::{CaptureJob, CarryForward};
+use capture::CaptureJob;
+use gsnap_shmem::carry::CarryForward;
 use declare::{Declared, Known, PendingDeclare};
 use gsnap_protocol::{ErrorCode, WorkerError};
 use gsnap_store::{ErrorKind, RocksBackend, SnapId, SnapshotStore, StoreError, StoreOptions};
@@ -143,7 +144,7 @@ fn recover_request_slots() {
 
 /// Everything the worker holds between loop iterations.
 pub(crate) struct Worker {
-    store: Option<&'static Store>,
+    store: Option<Store>,
     /// The GSnap index over the store (open whenever the store is).
     index: Option<index::IndexState>,
     store_problem: Option<(ErrorCode, String)>,
@@ -227,7 +228,7 @@ impl Worker {
             } else {
                 self.idle_timeout()
             };
-            wait(timeout);
+            crate::ffi::latch::wait(timeout);
         }
         log!("gsnap worker stopping");
     }
@@ -272,8 +273,8 @@ impl Worker {
         if Instant::now() < self.next_open_attempt {
             return;
         }
-        if let (Some(store), None) = (self.store, &self.index) {
-            match index::IndexState::open(store) {
+        if let (Some(store), None) = (&self.store, &self.index) {
+            match index::IndexState::open(store.clone()) {
                 Ok(i) => self.index = Some(i),
                 Err(e) => {
                     warning!("gsnap: the snapshot index cannot be opened: {e}");
@@ -294,12 +295,11 @@ impl Worker {
         };
         match Store::open_dir(std::path::Path::new(&dir), options) {
             Ok(store) => {
-                let store: &'static Store = Box::leak(Box::new(store));
-                self.store = Some(store);
+                self.store = Some(store.clone());
                 if self.store_problem.take().is_some() {
                     log!("gsnap store at \"{dir}\" is open again");
                 }
-                self.record_failures(store);
+                self.record_failures(&store);
                 shmem::worker().set_state(WorkerState::Ready);
                 match index::IndexState::open(store) {
                     Ok(index) => self.index = Some(index),
@@ -339,10 +339,10 @@ impl Worker {
         let Some((code, message)) = self.store_broken.clone() else {
             return;
         };
-        let Some(store) = self.store else {
+        if self.store.is_none() {
             self.store_broken = None;
             return;
-        };
+        }
         warning!(
             "gsnap: the store can no longer write ({message}); snapshots in progress fail and \
              the store is reopened once it works again"
@@ -356,14 +356,11 @@ impl Worker {
             self.fail(decl, pages, code, &reason);
         }
         shmem::progress().set_queued(0);
-        // Nothing else refers to the store: the index and the capture are gone, requests are
-        // answered within one loop iteration.
+        // The store closes with its last handle: the index and the capture job held the
+        // others and are gone; requests are answered within one loop iteration.
         self.index = None;
         self.store = None;
         self.catalog_changed();
-        // SAFETY: the store was leaked from a Box in ensure_store; its last users (the index
-        // and the capture job, which borrow it) were dropped above.
-        drop(unsafe { Box::from_raw(std::ptr::from_ref(store).cast_mut()) });
         self.store_problem = Some((
             code,
             format!("the gsnap store is unavailable after a storage error: {message}"),
@@ -408,7 +405,7 @@ impl Worker {
             warning!(
                 "gsnap: indexing snapshot {snap} failed ({e}); rebuilding the index from the store"
             );
-            let store = self.store.expect("an index implies a store");
+            let store = self.store.clone().expect("an index implies a store");
             match index::IndexState::open(store) {
                 Ok(i) => self.index = Some(i),
                 Err(e) => {
@@ -425,23 +422,6 @@ impl Worker {
     fn catalog_changed(&mut self) {
         self.answers.clear();
     }
-}
-
-/// Sleeps on the worker's latch (or just checks signals, for a zero timeout).
-fn wait(timeout: Duration) {
-    // SAFETY: the standard latch wait of a background worker.
-    unsafe {
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            timeout.as_millis() as i64,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        pg_sys::ResetLatch(pg_sys::MyLatch);
-    }
-    // Absorbs procsignal barriers (DROP DATABASE and ALTER DATABASE SET TABLESPACE wait for
-    // every process to absorb one) and other interrupts PostgreSQL sends to all processes.
-    pgrx::check_for_interrupts!();
 }
 
 /// The store directory: `gsnap.store_directory`, relative to the data directory, or

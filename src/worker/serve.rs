@@ -116,7 +116,7 @@ impl Worker {
             self.exports.retain(|&s| s != snap.0);
             return Ok(Reply::Done);
         }
-        let store = self.store.ok_or_else(|| match self.store_problem.clone() {
+        let store = &self.store.clone().ok_or_else(|| match self.store_problem.clone() {
             Some((code, message)) => WorkerError::new(code, message),
             None => WorkerError::new(ErrorCode::Io, "the gsnap store is not open"),
         })?;

@@ -110,3 +110,65 @@ pub fn unlock_table(relid: u32) {
         pg_sys::LockRelease(&tag, pg_sys::AccessShareLock as i32, true);
     }
 }
+
+/// A declared snapshot's MVCC snapshot, registered on the worker's top transaction (its xmin
+/// holds back pruning and VACUUM of what it sees) until [`RegisteredSnapshot::release`]. The
+/// worker keeps its transaction open while it holds any (see [`Xact`]).
+pub struct RegisteredSnapshot(pg_sys::Snapshot);
+
+impl RegisteredSnapshot {
+    /// Takes the latest MVCC snapshot and registers it.
+    ///
+    /// # Safety
+    /// Inside the worker's top transaction, which stays open until the snapshot is released.
+    pub unsafe fn take_latest() -> RegisteredSnapshot {
+        // SAFETY: the caller's promise.
+        RegisteredSnapshot(unsafe {
+            pg_sys::RegisterSnapshotOnOwner(
+                pg_sys::GetLatestSnapshot(),
+                pg_sys::TopTransactionResourceOwner,
+            )
+        })
+    }
+
+    /// The snapshot, for PostgreSQL calls (valid until released).
+    pub fn as_ptr(&self) -> pg_sys::Snapshot {
+        self.0
+    }
+
+    /// Unregisters the snapshot.
+    pub fn release(self) {
+        // SAFETY: registered on the top transaction's owner by `take_latest`, in the
+        // transaction that is still open, and released once (this consumes it).
+        unsafe { pg_sys::UnregisterSnapshotFromOwner(self.0, pg_sys::TopTransactionResourceOwner) };
+    }
+}
+
+/// A bulk-read buffer access strategy (a small ring of buffers, so a capture does not evict
+/// the backends' working set), freed when dropped.
+pub struct BulkRead(pg_sys::BufferAccessStrategy);
+
+impl BulkRead {
+    /// A new strategy, allocated in TopMemoryContext so it outlives the subtransactions of a
+    /// capture.
+    pub fn new() -> BulkRead {
+        // SAFETY: an allocation in TopMemoryContext, which lives for the process.
+        BulkRead(unsafe {
+            crate::ffi::memcx::in_context(pg_sys::TopMemoryContext, || {
+                pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD)
+            })
+        })
+    }
+
+    /// The strategy, for PostgreSQL calls.
+    pub fn as_ptr(&self) -> pg_sys::BufferAccessStrategy {
+        self.0
+    }
+}
+
+impl Drop for BulkRead {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `new`, freed once.
+        unsafe { pg_sys::FreeAccessStrategy(self.0) };
+    }
+}

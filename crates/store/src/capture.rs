@@ -41,8 +41,8 @@ pub const TOAST_CHUNK_BYTES: usize = 8000;
 
 /// An open capture of one snapshot. Finish it with [`Capture::commit`] or
 /// [`Capture::abort`]; dropping it unfinished aborts it.
-pub struct Capture<'s, B: KvBackend> {
-    store: &'s SnapshotStore<B>,
+pub struct Capture<B: KvBackend> {
+    store: SnapshotStore<B>,
     info: SnapshotInfo,
     rels: HashSet<RelId>,
     /// The mappings added, in the order added (sorted, last one per page kept, at commit).
@@ -129,7 +129,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     ///
     /// Errors: InvalidArgument if a capture is open, or `snap` is not the oldest declared
     /// snapshot whose capture has not run.
-    pub fn begin_capture(&self, snap: SnapId) -> Result<Capture<'_, B>> {
+    pub fn begin_capture(&self, snap: SnapId) -> Result<Capture<B>> {
         let oldest = {
             let cat = self.catalog();
             if let Some(active) = cat.active {
@@ -166,7 +166,7 @@ impl<B: KvBackend> SnapshotStore<B> {
         let rels = info.decl.relations.iter().map(|r| r.rel).collect();
         self.catalog_mut().active = Some(snap);
         Ok(Capture {
-            store: self,
+            store: self.clone(),
             info,
             rels,
             mappings: Vec::new(),
@@ -179,7 +179,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     }
     /// [`SnapshotStore::declare`] then [`SnapshotStore::begin_capture`], for callers that
     /// never queue declarations.
-    pub fn declare_and_begin(&self, decl: SnapshotDecl) -> Result<Capture<'_, B>> {
+    pub fn declare_and_begin(&self, decl: SnapshotDecl) -> Result<Capture<B>> {
         let snap = self.declare(decl)?;
         self.begin_capture(snap)
     }
@@ -202,7 +202,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     }
 }
 
-impl<B: KvBackend> Capture<'_, B> {
+impl<B: KvBackend> Capture<B> {
     /// The snapshot being captured.
     pub fn snapshot(&self) -> SnapId {
         self.info.id
@@ -464,7 +464,7 @@ fn sorted_mappings(snap: SnapId, mut added: Vec<(PageKey, ImageId)>) -> Vec<Mapp
     out
 }
 
-impl<B: KvBackend> Drop for Capture<'_, B> {
+impl<B: KvBackend> Drop for Capture<B> {
     fn drop(&mut self) {
         if !self.finished {
             // Errors cannot be reported from drop; a failed clean-up sets needs_recovery and

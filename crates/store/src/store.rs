@@ -17,7 +17,7 @@
 //!   not.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{KvBackend, Scan, WriteBatch};
 use crate::error::{Result, StoreError};
@@ -109,9 +109,28 @@ pub(crate) struct CatalogState {
     pub needs_recovery: bool,
 }
 
-/// gsnap's snapshot store over a [`KvBackend`]. `Send + Sync`: reads take `&self` and may
-/// run on helper threads while the worker captures.
-pub struct SnapshotStore<B: KvBackend> {
+/// gsnap's snapshot store over a [`KvBackend`]: a cheap handle (cloning it shares the one
+/// open store, which closes when the last handle is dropped), so a capture or an index can
+/// own a handle instead of borrowing. `Send + Sync`: reads take `&self` and may run on helper
+/// threads while the worker captures.
+pub struct SnapshotStore<B: KvBackend>(Arc<StoreState<B>>);
+
+impl<B: KvBackend> Clone for SnapshotStore<B> {
+    fn clone(&self) -> Self {
+        SnapshotStore(Arc::clone(&self.0))
+    }
+}
+
+impl<B: KvBackend> std::ops::Deref for SnapshotStore<B> {
+    type Target = StoreState<B>;
+
+    fn deref(&self) -> &StoreState<B> {
+        &self.0
+    }
+}
+
+/// What a [`SnapshotStore`] handle shares: the backend and the store's state in memory.
+pub struct StoreState<B: KvBackend> {
     pub(crate) backend: B,
     pub(crate) identity: StoreIdentity,
     pub(crate) options: StoreOptions,
@@ -172,14 +191,14 @@ impl<B: KvBackend> SnapshotStore<B> {
                 },
             );
         }
-        let store = SnapshotStore {
+        let store = SnapshotStore(Arc::new(StoreState {
             backend,
             identity,
             options,
             ids: Mutex::new(ids),
             catalog: RwLock::new(catalog),
             verify_images: std::sync::atomic::AtomicBool::new(true),
-        };
+        }));
         store.recover()?;
         Ok(store)
     }
@@ -194,9 +213,13 @@ impl<B: KvBackend> SnapshotStore<B> {
         &self.backend
     }
 
-    /// Closes the store, returning its backend.
+    /// Closes the store, returning its backend. Panics if another handle of the store is
+    /// still alive (every capture and log reader holds one).
     pub fn into_backend(self) -> B {
-        self.backend
+        match Arc::try_unwrap(self.0) {
+            Ok(state) => state.backend,
+            Err(_) => panic!("the store is closed while other handles of it are alive"),
+        }
     }
 
     /// Marks failed every capture that never committed (a crash, or an abandoned capture
