@@ -74,6 +74,20 @@ TRUNCATE cy;
 ROLLBACK TO before_alter;
 FETCH 3 FROM cur;
 COMMIT;
+-- The function path keeps the table open too (a function scan calls the function only at
+-- the first fetch): gsnap_diff, and a call in the select list.
+BEGIN;
+DECLARE fcur CURSOR FOR SELECT change, (rec).id FROM gsnap_diff(NULL::cy, :c, :c);
+SAVEPOINT before_alter;
+ALTER TABLE cy ADD COLUMN z int;
+ROLLBACK TO before_alter;
+FETCH ALL FROM fcur;
+DECLARE scur CURSOR FOR SELECT gsnap_asof(NULL::cy, :c);
+SAVEPOINT before_drop;
+DROP TABLE cy;
+ROLLBACK TO before_drop;
+FETCH 1 FROM scur;
+COMMIT;
 -- A WITH HOLD cursor is materialized at commit: changes after that are fine.
 BEGIN;
 DECLARE held CURSOR WITH HOLD FOR SELECT * FROM gsnap_asof(NULL::cy, :c) ORDER BY id;

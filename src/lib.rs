@@ -45,6 +45,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::init();
     worker::register();
     plan::init();
+    exec::init();
 }
 
 /// Raises a clear ERROR unless gsnap was loaded through `shared_preload_libraries`.

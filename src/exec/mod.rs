@@ -13,6 +13,9 @@
 mod asof_scan;
 mod node;
 mod range_scan;
+mod tables;
+
+pub use tables::init;
 
 use crate::error::{error, no_such_snapshot, null_argument};
 use crate::ffi::list;

@@ -135,6 +135,23 @@ pub unsafe fn table_of_call(func: *mut pg_sys::FuncExpr) -> Option<pg_sys::Oid> 
     }
 }
 
+/// The alias that marks the range-table entries this module adds.
+const READ_ENTRY: &std::ffi::CStr = c"gsnap read";
+
+/// True if `rte` is an entry this module added for a table a query reads over snapshots.
+///
+/// # Safety
+/// `rte` is a valid range-table entry.
+pub unsafe fn is_read_entry(rte: *const pg_sys::RangeTblEntry) -> bool {
+    // SAFETY: the caller's promise; alias names are C strings.
+    unsafe {
+        (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
+            && !(*rte).inFromCl
+            && !(*rte).alias.is_null()
+            && std::ffi::CStr::from_ptr((*(*rte).alias).aliasname) == READ_ENTRY
+    }
+}
+
 /// The walk's state: the tables read by the query being walked (not its subqueries').
 struct Walk {
     tables: Vec<pg_sys::Oid>,
@@ -225,6 +242,9 @@ unsafe fn depend_on_table(query: *mut pg_sys::Query, relid: pg_sys::Oid) {
         (*rte).rellockmode = lock;
         (*rte).eref =
             pg_sys::makeAlias((*(*rel).rd_rel).relname.data.as_ptr(), std::ptr::null_mut());
+        // The mark the executor looks for (`is_read_entry`); never printed, the entry being
+        // referenced by nothing.
+        (*rte).alias = pg_sys::makeAlias(READ_ENTRY.as_ptr(), std::ptr::null_mut());
         // The readers check privileges themselves (access.rs); nothing to check here.
         (*rte).requiredPerms = 0;
         (*query).rtable = pg_sys::lappend((*query).rtable, rte.cast());
