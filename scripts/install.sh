@@ -7,8 +7,10 @@
 is_root || die "run as root: it installs Debian packages and the extension"
 ensure_dev_null
 
+# sqlsmith: the random-query fuzzer run by tests/test_fuzz.py
 packages=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-contrib
-          clang libclang-dev build-essential pkg-config ca-certificates python3 python3-pip)
+          clang libclang-dev build-essential pkg-config ca-certificates python3 python3-pip
+          sqlsmith)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
