@@ -139,28 +139,40 @@ impl<K: Copy> ImageBatches<K> {
             .map(|&(_, id, _)| id)
             .collect();
         prefetch_images(&upcoming);
-        Some(PinnedBatch {
-            pins,
-            keys: batch.into_iter().map(|(k, _, _)| k).collect(),
-        })
+        let images = pins
+            .entries
+            .iter()
+            .zip(&batch)
+            .map(|(e, &(key, _, _))| {
+                let bytes = pins.bytes(e);
+                (key, bytes.as_ptr(), bytes.len())
+            })
+            .collect();
+        Some(PinnedBatch { _pins: pins, images })
     }
 }
 
 /// A batch of pinned images; unpinned when dropped.
 pub struct PinnedBatch<K> {
-    pins: Pinned,
-    keys: Vec<K>,
+    /// Holds the pins the slices below rely on.
+    _pins: Pinned,
+    /// Per image (in queue order): its key, and where its bytes are in the image cache
+    /// (looked up once, when the batch is pinned: scans read them once per row).
+    images: Vec<(K, *const u8, usize)>,
 }
 
 impl<K: Copy> PinnedBatch<K> {
     /// Images in the batch.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.images.len()
     }
 
     /// Image `i` of the batch (in queue order) and its key.
     pub fn get(&self, i: usize) -> (K, &[u8]) {
-        (self.keys[i], self.pins.bytes(&self.pins.entries[i]))
+        let (key, at, len) = self.images[i];
+        // SAFETY: `at..at+len` is the pinned slot of image i (from `Pinned::bytes`), and the
+        // pin lives as long as `self.pins`, which the returned slice borrows with `self`.
+        (key, unsafe { std::slice::from_raw_parts(at, len) })
     }
 }
 

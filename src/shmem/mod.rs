@@ -215,13 +215,27 @@ pub(crate) fn shared() -> &'static Shared {
     unsafe { &*ptr }
 }
 
+thread_local! {
+    /// The layout computed for the segment at this address (it is fixed once the segment
+    /// exists; accessors that run per row must not recompute it).
+    static LAYOUT: std::cell::Cell<Option<(usize, Layout)>> = const { std::cell::Cell::new(None) };
+}
+
 fn layout(shared: &Shared) -> Layout {
-    Layout::new(
+    let at = std::ptr::from_ref(shared) as usize;
+    if let Some((known, layout)) = LAYOUT.get() {
+        if known == at {
+            return layout;
+        }
+    }
+    let layout = Layout::new(
         shared.request_slots as usize,
         shared.cache_slots as usize,
         shared.groups_data as usize,
         shared.dirty_capacity as usize,
-    )
+    );
+    LAYOUT.set(Some((at, layout)));
+    layout
 }
 
 /// The layout of the attached segment.
