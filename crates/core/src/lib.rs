@@ -10,6 +10,8 @@
 //! - `skippy`: the durable mapping log with Skippy levels;
 //! - `reference`, `baselines`: the obviously-correct model, T-index and O-index.
 
+#![forbid(unsafe_code)]
+
 pub mod baselines;
 mod builder;
 mod bytes;

@@ -37,6 +37,8 @@
 //! # Ok::<(), StoreError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod backend;
 mod capture;
 mod catalog;
