@@ -148,7 +148,10 @@ impl<K: Copy> ImageBatches<K> {
                 (key, bytes.as_ptr(), bytes.len())
             })
             .collect();
-        Some(PinnedBatch { _pins: pins, images })
+        Some(PinnedBatch {
+            _pins: pins,
+            images,
+        })
     }
 }
 

@@ -12,13 +12,13 @@
 //! Then the declaration is made durable in the store and the snapshot joins the capture
 //! queue. Writers never wait for any of this.
 
-use gsnap_shmem::carry::CarryForward;
 use super::catalog::{self, TableInfo};
 use super::serve::encode_answer;
 use super::xact::{self, RegisteredSnapshot};
 use super::{Store, Worker};
 use crate::shmem::{self, Phase};
 use gsnap_protocol::{ErrorCode, Kind, Reply, SnapId, WorkerError};
+use gsnap_shmem::carry::CarryForward;
 use gsnap_store::{Rank, RelId, RelIncarnation, RelationSnapshot, SnapshotDecl, StoreError};
 use pgrx::pg_sys;
 use std::collections::HashMap;

@@ -116,10 +116,13 @@ impl Worker {
             self.exports.retain(|&s| s != snap.0);
             return Ok(Reply::Done);
         }
-        let store = &self.store.clone().ok_or_else(|| match self.store_problem.clone() {
-            Some((code, message)) => WorkerError::new(code, message),
-            None => WorkerError::new(ErrorCode::Io, "the gsnap store is not open"),
-        })?;
+        let store = &self
+            .store
+            .clone()
+            .ok_or_else(|| match self.store_problem.clone() {
+                Some((code, message)) => WorkerError::new(code, message),
+                None => WorkerError::new(ErrorCode::Io, "the gsnap store is not open"),
+            })?;
         match request {
             Request::Snapshots { offset } => {
                 let blob = self.cached(answer_key(Kind::Snapshots, 0), || listing(store))?;

@@ -84,6 +84,18 @@ fn capture_reopen_and_read_back() {
     assert_eq!(stored_images, 101);
 }
 
+/// Copies directory `from` (files only, as a store has) to `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    fs::set_permissions(to, fs::Permissions::from_mode(0o700)).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
 #[test]
 fn interrupted_capture_is_recovered_on_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -102,11 +114,15 @@ fn interrupted_capture_is_recovered_on_reopen() {
         let id = cap.put_image(&view(u64::from(b), 4000)).unwrap();
         cap.add_mapping(page_key(rels[0], b), id).unwrap();
     }
-    // The worker dies without committing or aborting: no clean-up runs.
-    std::mem::forget(cap);
+    // The worker dies without committing or aborting: no clean-up runs. The disk it leaves
+    // is the store's files as they are now (written, not necessarily synced); leaking the
+    // capture instead would leak the open database and its lock with it.
+    let crashed = dir.path().join("crashed");
+    copy_dir(&path, &crashed);
+    drop(cap);
     drop(store);
 
-    let store = open(&path).unwrap();
+    let store = open(&crashed).unwrap();
     check_invariants(&store);
     let info = store.snapshot(lost).unwrap();
     assert_eq!(info.state, SnapshotState::Failed);
