@@ -55,12 +55,7 @@ unsafe extern "C-unwind" fn relation_toast_am(_rel: pg_sys::Relation) -> pg_sys:
     pg_sys::HEAP_TABLE_AM_OID
 }
 
-#[no_mangle]
-#[doc(hidden)]
-pub extern "C" fn pg_finfo_gsnap_tableam_handler() -> &'static pg_sys::Pg_finfo_record {
-    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
-    &V1
-}
+crate::v1_function_info!(pg_finfo_gsnap_tableam_handler);
 
 /// The handler behind `CREATE ACCESS METHOD gsnap TYPE TABLE HANDLER gsnap_tableam_handler`.
 #[pg_guard]

@@ -49,8 +49,9 @@ unsafe extern "C-unwind" fn tuple_insert(
     bistate: *mut BulkInsertStateData,
 ) {
     let heap = heap_routine().tuple_insert.expect("heap has tuple_insert");
-    // SAFETY: we forward PostgreSQL's own arguments to heap's callback; errors it raises are
-    // turned into Rust panics by the boundary and back into ERRORs by #[pg_guard].
+    // SAFETY: we forward PostgreSQL's own arguments to heap's callback (errors it raises are
+    // turned into Rust panics by the boundary and back into ERRORs by #[pg_guard]); then the
+    // slot holds the stored tuple's TID, in the open relation `rel`.
     unsafe {
         pg_guard_ffi_boundary(|| heap(rel, slot, cid, options, bistate));
         record_write(rel, slot_block(slot));
@@ -103,16 +104,16 @@ unsafe extern "C-unwind" fn multi_insert(
     bistate: *mut BulkInsertStateData,
 ) {
     let heap = heap_routine().multi_insert.expect("heap has multi_insert");
-    // SAFETY: as in tuple_insert; heap stored each of the `nslots` slots' TIDs.
-    unsafe {
-        pg_guard_ffi_boundary(|| heap(rel, slots, nslots, cid, options, bistate));
-        let mut last = None;
-        for i in 0..usize::try_from(nslots).unwrap_or(0) {
-            let block = slot_block(*slots.add(i));
-            if last != Some(block) {
-                record_write(rel, block);
-                last = Some(block);
-            }
+    // SAFETY: as in tuple_insert.
+    unsafe { pg_guard_ffi_boundary(|| heap(rel, slots, nslots, cid, options, bistate)) };
+    let mut last = None;
+    for i in 0..usize::try_from(nslots).unwrap_or(0) {
+        // SAFETY: one of the `nslots` slots, whose TID heap stored.
+        let block = unsafe { slot_block(*slots.add(i)) };
+        if last != Some(block) {
+            // SAFETY: PostgreSQL's open relation.
+            unsafe { record_write(rel, block) };
+            last = Some(block);
         }
     }
 }
@@ -130,10 +131,11 @@ unsafe extern "C-unwind" fn tuple_delete(
     changing_part: bool,
 ) -> TM_Result::Type {
     let heap = heap_routine().tuple_delete.expect("heap has tuple_delete");
-    // SAFETY: as in tuple_insert; `tid` is the deleted tuple's TID.
-    unsafe {
-        let block = tid_block(&*tid);
-        let result = pg_guard_ffi_boundary(|| {
+    // SAFETY: `tid` is the TID of the tuple PostgreSQL deletes.
+    let block = tid_block(unsafe { &*tid });
+    // SAFETY: as in tuple_insert.
+    let result = unsafe {
+        pg_guard_ffi_boundary(|| {
             heap(
                 rel,
                 tid,
@@ -144,10 +146,11 @@ unsafe extern "C-unwind" fn tuple_delete(
                 tmfd,
                 changing_part,
             )
-        });
-        record_write(rel, block);
-        result
-    }
+        })
+    };
+    // SAFETY: PostgreSQL's open relation.
+    unsafe { record_write(rel, block) };
+    result
 }
 
 #[pg_guard]
@@ -165,10 +168,11 @@ unsafe extern "C-unwind" fn tuple_update(
     update_indexes: *mut bool,
 ) -> TM_Result::Type {
     let heap = heap_routine().tuple_update.expect("heap has tuple_update");
-    // SAFETY: as in tuple_insert; on success heap stores the new version's TID in the slot.
-    unsafe {
-        let old_block = tid_block(&*otid);
-        let result = pg_guard_ffi_boundary(|| {
+    // SAFETY: `otid` is the TID of the tuple PostgreSQL updates.
+    let old_block = tid_block(unsafe { &*otid });
+    // SAFETY: as in tuple_insert.
+    let result = unsafe {
+        pg_guard_ffi_boundary(|| {
             heap(
                 rel,
                 otid,
@@ -181,16 +185,19 @@ unsafe extern "C-unwind" fn tuple_update(
                 lockmode,
                 update_indexes,
             )
-        });
-        record_write(rel, old_block);
-        if result == TM_Result::TM_Ok {
-            let new_block = slot_block(slot);
-            if new_block != old_block {
-                record_write(rel, new_block);
-            }
+        })
+    };
+    // SAFETY: PostgreSQL's open relation.
+    unsafe { record_write(rel, old_block) };
+    if result == TM_Result::TM_Ok {
+        // SAFETY: on success heap stored the new version's TID in the slot.
+        let new_block = unsafe { slot_block(slot) };
+        if new_block != old_block {
+            // SAFETY: PostgreSQL's open relation.
+            unsafe { record_write(rel, new_block) };
         }
-        result
     }
+    result
 }
 
 #[pg_guard]
@@ -207,11 +214,11 @@ unsafe extern "C-unwind" fn tuple_lock(
     tmfd: *mut TM_FailureData,
 ) -> TM_Result::Type {
     let heap = heap_routine().tuple_lock.expect("heap has tuple_lock");
-    // SAFETY: as in tuple_insert; heap may move `*tid` forward along the update chain to the
-    // version it finally locked, so both the first and the last block are recorded.
-    unsafe {
-        let first_block = tid_block(&*tid);
-        let result = pg_guard_ffi_boundary(|| {
+    // SAFETY: `tid` is the TID of the tuple PostgreSQL locks.
+    let first_block = tid_block(unsafe { &*tid });
+    // SAFETY: as in tuple_insert.
+    let result = unsafe {
+        pg_guard_ffi_boundary(|| {
             heap(
                 rel,
                 tid,
@@ -223,12 +230,17 @@ unsafe extern "C-unwind" fn tuple_lock(
                 flags,
                 tmfd,
             )
-        });
-        record_write(rel, first_block);
-        let last_block = tid_block(&*tid);
-        if last_block != first_block {
-            record_write(rel, last_block);
-        }
-        result
+        })
+    };
+    // SAFETY: PostgreSQL's open relation.
+    unsafe { record_write(rel, first_block) };
+    // Heap may move `*tid` forward along the update chain to the version it finally locked,
+    // so both the first and the last block are recorded.
+    // SAFETY: the same TID, as heap left it.
+    let last_block = tid_block(unsafe { &*tid });
+    if last_block != first_block {
+        // SAFETY: PostgreSQL's open relation.
+        unsafe { record_write(rel, last_block) };
     }
+    result
 }

@@ -6,11 +6,11 @@
 //! page image, like a heap scan's buffer tuples); decoded rows are formed into heap tuples.
 //! With dropped columns the slot is virtual and gets the live columns' values.
 
-use super::node::{self, ScanNode};
-use super::{ExecMethods, ScanTable};
+use super::node::{self, ExecMethods, ScanNode};
+use super::ScanTable;
+use crate::ffi::tuple::{self, item_pointer};
 use crate::read::asof::{AsofRows, Row};
 use pgrx::pg_sys;
-use std::sync::OnceLock;
 
 /// Unguarded declarations of the call made for every row (it cannot raise an ERROR here: the
 /// slot is ours and of the right kind), to spare the per-call error trap.
@@ -38,28 +38,8 @@ pub(super) struct AsofScan {
     tuple: pg_sys::HeapTupleData,
 }
 
-static METHODS: OnceLock<ExecMethods> = OnceLock::new();
-
-/// A new state of this node.
-///
-/// # Safety
-/// In the executor's memory context.
-pub(super) unsafe fn create_state() -> *mut pg_sys::Node {
-    let methods = &METHODS
-        .get_or_init(|| {
-            ExecMethods(pg_sys::CustomExecMethods {
-                CustomName: c"gsnap AS OF".as_ptr(),
-                BeginCustomScan: Some(node::begin::<AsofScan>),
-                ExecCustomScan: Some(node::exec::<AsofScan>),
-                EndCustomScan: Some(node::end::<AsofScan>),
-                ReScanCustomScan: Some(node::rescan::<AsofScan>),
-                ..Default::default()
-            })
-        })
-        .0;
-    // SAFETY: the caller's promise.
-    unsafe { node::create_state::<AsofScan>(methods) }
-}
+/// The node's methods.
+pub(super) static METHODS: ExecMethods<AsofScan> = node::methods(c"gsnap AS OF", None);
 
 impl ScanNode for AsofScan {
     unsafe fn begin(
@@ -67,36 +47,22 @@ impl ScanNode for AsofScan {
         estate: *mut pg_sys::EState,
         table: ScanTable,
     ) -> AsofScan {
-        // SAFETY: our node at the end of its initialization; the table is open.
-        unsafe {
-            let desc = table.rel().descriptor();
-            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-            let columns: Vec<usize> = (0..attrs.len())
-                .filter(|&i| !attrs[i].attisdropped)
-                .collect();
-            // The slot type is decided now, before the parent node compiles its expressions
-            // against our output: a heap tuple slot when the table has no dropped columns.
-            let heap_slot = columns.len() == attrs.len();
-            if heap_slot {
-                let scan_desc = (*(*css).ss.ss_ScanTupleSlot).tts_tupleDescriptor;
-                pg_sys::ExecInitScanTupleSlot(
-                    estate,
-                    &mut (*css).ss,
-                    scan_desc,
-                    &pg_sys::TTSOpsHeapTuple,
-                );
-                pg_sys::ExecInitResultTupleSlotTL(&mut (*css).ss.ps, &pg_sys::TTSOpsVirtual);
-                pg_sys::ExecAssignScanProjectionInfoWithVarno(&mut (*css).ss, pg_sys::INDEX_VAR);
-                (*css).ss.ps.qual =
-                    pg_sys::ExecInitQual((*(*css).ss.ps.plan).qual, &mut (*css).ss.ps);
-            }
-            AsofScan {
-                table,
-                heap_slot,
-                columns,
-                rows: None,
-                tuple: std::mem::zeroed(),
-            }
+        // SAFETY: the open table's descriptor, valid while it stays open (as long as the scan).
+        let attrs = unsafe { tuple::attributes(table.rel().descriptor()) };
+        let columns: Vec<usize> = (0..attrs.len())
+            .filter(|&i| !attrs[i].attisdropped)
+            .collect();
+        let heap_slot = columns.len() == attrs.len();
+        if heap_slot {
+            // SAFETY: the trait's contract: our node, at the end of its initialization.
+            unsafe { use_heap_slot(css, estate) };
+        }
+        AsofScan {
+            table,
+            heap_slot,
+            columns,
+            rows: None,
+            tuple: pg_sys::HeapTupleData::default(),
         }
     }
 
@@ -118,8 +84,29 @@ impl ScanNode for AsofScan {
     }
 }
 
+/// Makes the scan slot of `css` a heap tuple slot (the table has no dropped columns). This
+/// is decided now, before the parent node compiles its expressions against our output; the
+/// result slot, projection and conditions are set up again to match, as
+/// ExecInitCustomScan did for the virtual slot.
+///
+/// # Safety
+/// `css` is our node at the end of its initialization by `estate`.
+unsafe fn use_heap_slot(css: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState) {
+    // SAFETY: the caller's promise: the node's scan slot (with the scan row's descriptor),
+    // plan and conditions are set.
+    unsafe {
+        let ss = &mut (*css).ss;
+        let scan_desc = (*ss.ss_ScanTupleSlot).tts_tupleDescriptor;
+        pg_sys::ExecInitScanTupleSlot(estate, ss, scan_desc, &pg_sys::TTSOpsHeapTuple);
+        pg_sys::ExecInitResultTupleSlotTL(&mut ss.ps, &pg_sys::TTSOpsVirtual);
+        pg_sys::ExecAssignScanProjectionInfoWithVarno(ss, pg_sys::INDEX_VAR);
+        ss.ps.qual = pg_sys::ExecInitQual((*ss.ps.plan).qual, &mut ss.ps);
+    }
+}
+
 impl AsofScan {
-    /// Stores the next row in `slot`; false at the end.
+    /// Stores the next row in `slot`; false at the end. A row is valid until the next fetch:
+    /// its page stays pinned, its decoded values live in the reader's scratch context.
     ///
     /// # Safety
     /// `slot` is the node's scan slot; `css` the node.
@@ -129,7 +116,7 @@ impl AsofScan {
         slot: *mut pg_sys::TupleTableSlot,
     ) -> bool {
         if self.rows.is_none() {
-            // SAFETY: our node.
+            // SAFETY: our node (the caller's promise).
             let snap = unsafe { self.table.snapshot_argument(css, 0) };
             let rel = self.table.rel();
             // SAFETY: the open table's current descriptor, valid while the scan runs.
@@ -140,45 +127,44 @@ impl AsofScan {
         let Some(row) = self.rows.as_mut().expect("opened above").next() else {
             return false;
         };
-        // SAFETY: filling our slot with a row valid until the next fetch (the page stays
-        // pinned, the decoded values live in the reader's scratch context until then).
-        unsafe {
-            match row {
-                Row::Tuple { block, lp, bytes } => {
-                    self.tuple.t_len = bytes.len() as u32;
-                    self.tuple.t_tableOid = relid;
-                    self.tuple.t_data = bytes.as_ptr().cast_mut().cast();
-                    pgrx::itemptr::item_pointer_set_all(&mut self.tuple.t_self, block, lp);
-                    raw::ExecStoreHeapTuple(&mut self.tuple, slot, false);
+        match row {
+            Row::Tuple { block, lp, bytes } => {
+                self.tuple = pg_sys::HeapTupleData {
+                    t_len: bytes.len() as u32,
+                    t_self: item_pointer(block, lp),
+                    t_tableOid: relid,
+                    t_data: bytes.as_ptr().cast_mut().cast(),
+                };
+                // SAFETY: stored tuples only come for a heap tuple slot (`open` was told);
+                // the slot does not free the bytes, which stay pinned until the next fetch.
+                unsafe { raw::ExecStoreHeapTuple(&mut self.tuple, slot, false) };
+            }
+            Row::Values {
+                block,
+                lp,
+                values,
+                nulls,
+                scratch,
+            } if self.heap_slot => {
+                // SAFETY: our slot, emptied before its next row is formed.
+                unsafe { pg_sys::ExecClearTuple(slot) };
+                // Every column is live: the values are the row as it is.
+                // SAFETY: the heap slot's descriptor is the table's row type, which the
+                // values are a row of.
+                let t = scratch
+                    .run(|| unsafe { tuple::form((*slot).tts_tupleDescriptor, values, nulls) });
+                // SAFETY: the tuple just formed (in the scratch context), stored in our
+                // heap tuple slot, which does not free it.
+                unsafe {
+                    (*t).t_self = item_pointer(block, lp);
+                    (*t).t_tableOid = relid;
+                    pg_sys::ExecStoreHeapTuple(t, slot, false);
                 }
-                Row::Values {
-                    block,
-                    lp,
-                    values,
-                    nulls,
-                    scratch,
-                } => {
-                    pg_sys::ExecClearTuple(slot);
-                    if self.heap_slot {
-                        // Every column is live: the values are the row as it is.
-                        let t = scratch.run(|| {
-                            pg_sys::heap_form_tuple(
-                                (*slot).tts_tupleDescriptor,
-                                values.as_ptr().cast_mut(),
-                                nulls.as_ptr().cast_mut(),
-                            )
-                        });
-                        pgrx::itemptr::item_pointer_set_all(&mut (*t).t_self, block, lp);
-                        (*t).t_tableOid = relid;
-                        pg_sys::ExecStoreHeapTuple(t, slot, false);
-                    } else {
-                        for (j, &c) in self.columns.iter().enumerate() {
-                            *(*slot).tts_values.add(j) = values[c];
-                            *(*slot).tts_isnull.add(j) = nulls[c];
-                        }
-                        pg_sys::ExecStoreVirtualTuple(slot);
-                    }
-                }
+            }
+            Row::Values { values, nulls, .. } => {
+                let live = self.columns.iter().map(|&c| (values[c], nulls[c]));
+                // SAFETY: a virtual slot of the table's live columns, given their values.
+                unsafe { tuple::store_virtual(slot, live) };
             }
         }
         true

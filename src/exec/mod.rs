@@ -18,8 +18,8 @@ mod tables;
 pub use tables::init;
 
 use crate::error::{error, no_such_snapshot, null_argument};
-use crate::ffi::list;
 use crate::ffi::relation::{relation_name, OpenRelation};
+use crate::ffi::{expr, list};
 use crate::plan::nodes::{same_row_type, ScanKind, ScanPlan};
 use crate::sql::access::{require_gsnap_database, require_read_access};
 use pgrx::pg_sys;
@@ -29,15 +29,12 @@ use pgrx::PgSqlErrorCode;
 /// Creates the executor state of one of gsnap's scan nodes.
 #[pg_guard]
 pub unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut pg_sys::Node {
-    // SAFETY: our plan node; the state is PostgreSQL's CustomScanState followed by ours,
-    // zeroed, with the node tag and methods set, as the API requires.
-    unsafe {
-        let plan = ScanPlan::decode((*cscan).custom_private);
-        if plan.kind == ScanKind::Range {
-            range_scan::create_state()
-        } else {
-            asof_scan::create_state()
-        }
+    // SAFETY: PostgreSQL passes one of our plan nodes, whose private list ScanPlan encoded.
+    let plan = unsafe { ScanPlan::decode((*cscan).custom_private) };
+    if plan.kind == ScanKind::Range {
+        node::create_state(&range_scan::METHODS)
+    } else {
+        node::create_state(&asof_scan::METHODS)
     }
 }
 
@@ -59,15 +56,14 @@ impl ScanTable {
     /// # Safety
     /// `css` is one of our scan states being initialized.
     unsafe fn begin(css: *mut pg_sys::CustomScanState) -> ScanTable {
-        // SAFETY: our plan node and state.
-        unsafe {
-            let cscan = (*css).ss.ps.plan.cast::<pg_sys::CustomScan>();
-            let plan = ScanPlan::decode((*cscan).custom_private);
-            require_gsnap_database();
-            require_read_access(plan.relid);
-            let Some(rel) =
-                OpenRelation::open(plan.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
-            else {
+        // SAFETY: the caller's promise: our state, whose plan is one of our CustomScans.
+        let cscan = unsafe { node::plan_of(css) };
+        // SAFETY: the private list of one of our plan nodes, which ScanPlan encoded.
+        let plan = unsafe { ScanPlan::decode(cscan.custom_private) };
+        require_gsnap_database();
+        require_read_access(plan.relid);
+        let rel = OpenRelation::open(plan.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
+            .unwrap_or_else(|| {
                 error(
                     PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
                     format!(
@@ -76,31 +72,34 @@ impl ScanTable {
                     ),
                 )
                 .raise()
-            };
-            // A cached plan is replanned after a schema change (plan/deps.rs): this is the
-            // last line of defence.
-            if !same_row_type(plan.signature, &rel) {
-                error(
-                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                    "cached plan must not change result type",
-                )
-                .detail(format!(
-                    "The columns of table {} changed after this query was planned.",
-                    relation_name(plan.relid)
-                ))
-                .hint("Prepare the statement again.")
-                .raise();
-            }
-            let exprs = (*cscan).custom_exprs;
-            let args = (0..plan.kind.snapshot_args())
-                .map(|i| pg_sys::ExecInitExpr(list::nth(exprs, i), &mut (*css).ss.ps))
-                .collect();
-            ScanTable {
-                kind: plan.kind,
-                relid: plan.relid,
-                rel: Some(rel),
-                args,
-            }
+            });
+        // A cached plan is replanned after a schema change (plan/deps.rs): this is the
+        // last line of defence.
+        // SAFETY: the signature was recorded by the planner (ScanPlan).
+        if !unsafe { same_row_type(plan.signature, &rel) } {
+            error(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                "cached plan must not change result type",
+            )
+            .detail(format!(
+                "The columns of table {} changed after this query was planned.",
+                relation_name(plan.relid)
+            ))
+            .hint("Prepare the statement again.")
+            .raise();
+        }
+        let args = (0..plan.kind.snapshot_args())
+            .map(|i| {
+                // SAFETY: the plan's custom_exprs start with its snapshot arguments, prepared
+                // in the node's plan state.
+                unsafe { pg_sys::ExecInitExpr(list::nth(cscan.custom_exprs, i), &mut (*css).ss.ps) }
+            })
+            .collect();
+        ScanTable {
+            kind: plan.kind,
+            relid: plan.relid,
+            rel: Some(rel),
+            args,
         }
     }
 
@@ -116,19 +115,10 @@ impl ScanTable {
     /// # Safety
     /// `css` is the node this table belongs to.
     unsafe fn snapshot_argument(&self, css: *mut pg_sys::CustomScanState, i: usize) -> u64 {
-        // SAFETY: evaluating the plan's own expression in the node's expression context.
-        let value = unsafe {
-            let econtext = (*css).ss.ps.ps_ExprContext;
-            let mut isnull = false;
-            let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
-            let arg = self.args[i];
-            let evalfunc = (*arg)
-                .evalfunc
-                .expect("an initialized expression has a function");
-            let value = evalfunc(arg, econtext, &mut isnull);
-            pg_sys::MemoryContextSwitchTo(old);
-            (!isnull).then_some(value.value() as i64)
-        };
+        // SAFETY: the caller's promise: the argument was prepared in `begin` for this node,
+        // whose expression context ExecInitCustomScan made.
+        let value = unsafe { expr::eval(self.args[i], (*css).ss.ps.ps_ExprContext) }
+            .map(|d| d.value() as i64);
         let what = match (self.kind, i) {
             (ScanKind::AsofId, _) => "the snapshot id of gsnap_asof",
             (ScanKind::AsofTime, _) => "the time of gsnap_asof",
@@ -159,10 +149,3 @@ impl ScanTable {
         }
     }
 }
-
-/// The methods tables of the executor nodes (they must live for the process).
-struct ExecMethods(pg_sys::CustomExecMethods);
-// SAFETY: immutable after construction; only C string pointers to statics and functions.
-unsafe impl Sync for ExecMethods {}
-// SAFETY: as above.
-unsafe impl Send for ExecMethods {}

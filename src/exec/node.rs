@@ -1,11 +1,14 @@
 //! The callbacks PostgreSQL calls on every custom scan node, written once for both of gsnap's
-//! nodes: the node itself (a [`ScanNode`]) says how to start, how to produce the next row,
-//! and what to drop on a rescan.
+//! nodes, and their methods table and state: the node itself (a [`ScanNode`]) says how to
+//! start, how to produce the next row, and what to drop on a rescan.
 
 use super::ScanTable;
+use crate::ffi::memcx::on_reset;
+use crate::ffi::node::palloc_node;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
+use std::marker::PhantomData;
 
 /// One of gsnap's executor nodes.
 pub(super) trait ScanNode: Sized {
@@ -43,20 +46,77 @@ pub(super) struct NodeState<N> {
     node: *mut N,
 }
 
-/// A zeroed state with the node tag and `methods` set.
+// A state is plain data PostgreSQL keeps in its memory (never dropped); the node is freed by
+// `end` or `drop_after_error`.
+impl<N> Clone for NodeState<N> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<N> Copy for NodeState<N> {}
+
+/// The methods table of node `N` (it must live for the process: each state points to it).
+pub(super) struct ExecMethods<N>(pg_sys::CustomExecMethods, PhantomData<fn() -> N>);
+
+// SAFETY: immutable, built at compile time; only a C string pointer to a static and
+// function pointers.
+unsafe impl<N> Sync for ExecMethods<N> {}
+
+/// The EXPLAIN callback of a node that shows more than PostgreSQL's own lines.
+pub(super) type ExplainFn = unsafe extern "C-unwind" fn(
+    *mut pg_sys::CustomScanState,
+    *mut pg_sys::List,
+    *mut pg_sys::ExplainState,
+);
+
+/// The methods of node `N`, shown as `name` in EXPLAIN, with its `explain` callback if any.
+pub(super) const fn methods<N: ScanNode>(
+    name: &'static CStr,
+    explain: Option<ExplainFn>,
+) -> ExecMethods<N> {
+    ExecMethods(
+        pg_sys::CustomExecMethods {
+            CustomName: name.as_ptr(),
+            BeginCustomScan: Some(begin::<N>),
+            ExecCustomScan: Some(exec::<N>),
+            EndCustomScan: Some(end::<N>),
+            ReScanCustomScan: Some(rescan::<N>),
+            MarkPosCustomScan: None,
+            RestrPosCustomScan: None,
+            EstimateDSMCustomScan: None,
+            InitializeDSMCustomScan: None,
+            ReInitializeDSMCustomScan: None,
+            InitializeWorkerCustomScan: None,
+            ShutdownCustomScan: None,
+            ExplainCustomScan: explain,
+        },
+        PhantomData,
+    )
+}
+
+/// A new state of node `N` (in the current memory context, the executor's): PostgreSQL's
+/// scan state, zeroed but for its tag and methods, then no node yet.
+pub(super) fn create_state<N: ScanNode>(methods: &'static ExecMethods<N>) -> *mut pg_sys::Node {
+    let mut css = pg_sys::CustomScanState {
+        methods: &methods.0,
+        ..Default::default()
+    };
+    css.ss.ps.type_ = pg_sys::NodeTag::T_CustomScanState;
+    palloc_node(NodeState::<N> {
+        css,
+        node: std::ptr::null_mut(),
+    })
+    .cast()
+}
+
+/// The plan node of `css`.
 ///
 /// # Safety
-/// In the executor's memory context.
-pub(super) unsafe fn create_state<N: ScanNode>(
-    methods: &'static pg_sys::CustomExecMethods,
-) -> *mut pg_sys::Node {
-    // SAFETY: a zeroed allocation of the state's size (a null node pointer).
-    unsafe {
-        let s = pg_sys::palloc0(std::mem::size_of::<NodeState<N>>()).cast::<NodeState<N>>();
-        (*s).css.ss.ps.type_ = pg_sys::NodeTag::T_CustomScanState;
-        (*s).css.methods = methods;
-        s.cast()
-    }
+/// `css` is the state of one of gsnap's nodes (whose plan is a CustomScan), initialized at
+/// least as far as its plan; the plan outlives `'a`.
+pub(super) unsafe fn plan_of<'a>(css: *mut pg_sys::CustomScanState) -> &'a pg_sys::CustomScan {
+    // SAFETY: the caller's promise.
+    unsafe { &*(*css).ss.ps.plan.cast::<pg_sys::CustomScan>() }
 }
 
 /// The node of `css`, if it has one (not under EXPLAIN without ANALYZE, not after its end).
@@ -73,15 +133,15 @@ unsafe fn node<'a, N>(css: *mut pg_sys::CustomScanState) -> Option<&'a mut N> {
 /// # Safety
 /// `state` is a `NodeState<N>`.
 unsafe fn take_node<N>(state: *mut NodeState<N>) -> Option<Box<N>> {
-    // SAFETY: the caller's promise; the pointer came from Box::into_raw.
-    unsafe {
-        let node = std::mem::replace(&mut (*state).node, std::ptr::null_mut());
-        (!node.is_null()).then(|| Box::from_raw(node))
-    }
+    // SAFETY: the caller's promise.
+    let node = unsafe { std::mem::replace(&mut (*state).node, std::ptr::null_mut()) };
+    // SAFETY: a non-null node pointer came from Box::into_raw in `begin`, and was just taken
+    // out of the state, so it is freed once.
+    (!node.is_null()).then(|| unsafe { Box::from_raw(node) })
 }
 
 #[pg_guard]
-pub(super) unsafe extern "C-unwind" fn begin<N: ScanNode>(
+unsafe extern "C-unwind" fn begin<N: ScanNode>(
     css: *mut pg_sys::CustomScanState,
     estate: *mut pg_sys::EState,
     eflags: i32,
@@ -89,40 +149,36 @@ pub(super) unsafe extern "C-unwind" fn begin<N: ScanNode>(
     if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0 {
         return;
     }
-    // SAFETY: our state, created by create_state, at the end of its initialization; the
-    // callback frees the node if the executor never reaches its end.
-    unsafe {
-        let table = ScanTable::begin(css);
-        let node = N::begin(css, estate, table);
-        let state = css.cast::<NodeState<N>>();
-        (*state).node = Box::into_raw(Box::new(node));
-        let cb = pg_sys::MemoryContextAlloc(
-            (*estate).es_query_cxt,
-            std::mem::size_of::<pg_sys::MemoryContextCallback>(),
-        )
-        .cast::<pg_sys::MemoryContextCallback>();
-        (*cb).func = Some(drop_after_error::<N>);
-        (*cb).arg = state.cast();
-        pg_sys::MemoryContextRegisterResetCallback((*estate).es_query_cxt, cb);
-    }
+    // SAFETY: PostgreSQL begins our node: `css` is a state made by create_state, initialized
+    // but for what the node adds.
+    let table = unsafe { ScanTable::begin(css) };
+    // SAFETY: as above; `estate` is the node's executor state.
+    let node = unsafe { N::begin(css, estate, table) };
+    let state = css.cast::<NodeState<N>>();
+    // SAFETY: our state (create_state made it a NodeState<N>), whose node is still null.
+    unsafe { (*state).node = Box::into_raw(Box::new(node)) };
+    // SAFETY: the query's memory context outlives the state, which it holds: the callback
+    // frees the node if the executor never reaches its end.
+    unsafe { on_reset((*estate).es_query_cxt, drop_after_error::<N>, state.cast()) };
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn access_next<N: ScanNode>(
     ss: *mut pg_sys::ScanState,
 ) -> *mut pg_sys::TupleTableSlot {
-    // SAFETY: called by ExecScan for our node.
-    unsafe {
-        let slot = (*ss).ss_ScanTupleSlot;
-        let more = match node::<N>(ss.cast()) {
-            Some(node) => node.next_row(ss.cast(), slot),
-            None => false,
-        };
-        if more {
-            slot
-        } else {
-            pg_sys::ExecClearTuple(slot)
-        }
+    let css = ss.cast::<pg_sys::CustomScanState>();
+    // SAFETY: ExecScan calls this with our node's scan state, whose scan slot is set.
+    let slot = unsafe { (*ss).ss_ScanTupleSlot };
+    // SAFETY: our state: a ScanState is the start of a CustomScanState, itself the start of
+    // a NodeState<N>.
+    let node = unsafe { node::<N>(css) };
+    // SAFETY: the node of this state, and the state's scan slot.
+    let more = node.is_some_and(|node| unsafe { node.next_row(css, slot) });
+    if more {
+        slot
+    } else {
+        // SAFETY: the node's own slot, emptied to say there are no more rows.
+        unsafe { pg_sys::ExecClearTuple(slot) }
     }
 }
 
@@ -135,15 +191,16 @@ unsafe extern "C-unwind" fn recheck(
 }
 
 #[pg_guard]
-pub(super) unsafe extern "C-unwind" fn exec<N: ScanNode>(
+unsafe extern "C-unwind" fn exec<N: ScanNode>(
     css: *mut pg_sys::CustomScanState,
 ) -> *mut pg_sys::TupleTableSlot {
-    // SAFETY: the executor's node.
+    // SAFETY: the executor runs our node: ExecScan fetches through its access method and
+    // checks the plan's conditions.
     unsafe { pg_sys::ExecScan(&mut (*css).ss, Some(access_next::<N>), Some(recheck)) }
 }
 
 #[pg_guard]
-pub(super) unsafe extern "C-unwind" fn end<N: ScanNode>(css: *mut pg_sys::CustomScanState) {
+unsafe extern "C-unwind" fn end<N: ScanNode>(css: *mut pg_sys::CustomScanState) {
     // SAFETY: our node, taken out of the state so the query-end callback finds nothing.
     if let Some(mut node) = unsafe { take_node::<N>(css.cast()) } {
         node.reset(); // unpins
@@ -152,7 +209,7 @@ pub(super) unsafe extern "C-unwind" fn end<N: ScanNode>(css: *mut pg_sys::Custom
 }
 
 #[pg_guard]
-pub(super) unsafe extern "C-unwind" fn rescan<N: ScanNode>(css: *mut pg_sys::CustomScanState) {
+unsafe extern "C-unwind" fn rescan<N: ScanNode>(css: *mut pg_sys::CustomScanState) {
     // SAFETY: our node: the next fetch opens the reader again, re-evaluating the snapshot
     // arguments (a parameter may have changed).
     if let Some(node) = unsafe { node::<N>(css) } {

@@ -5,13 +5,13 @@
 //! callback, and the versions they refuse are skipped for all their snapshots; the other
 //! conditions (on `snap_id`, or volatile) are the plan's Filter, checked per result row.
 
-use super::node::{self, ScanNode};
-use super::{ExecMethods, ScanTable};
-use crate::ffi::list;
+use super::node::{self, ExecMethods, ScanNode};
+use super::ScanTable;
+use crate::ffi::tuple::{self, row_type_copy};
+use crate::ffi::{expr, list};
 use crate::read::range::RangeCursor;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::sync::OnceLock;
 
 /// What the node keeps between fetches.
 pub(super) struct RangeScan {
@@ -28,28 +28,17 @@ pub(super) struct RangeScan {
     next_snap: usize,
 }
 
-static METHODS: OnceLock<ExecMethods> = OnceLock::new();
+/// The node's methods.
+pub(super) static METHODS: ExecMethods<RangeScan> = node::methods(c"gsnap range", Some(explain));
 
-/// A new state of this node.
+/// The conditions on `rec` alone (a List of conditions, NIL for none), after the snapshot
+/// arguments in the plan's expressions (plan/nodes.rs).
 ///
 /// # Safety
-/// In the executor's memory context.
-pub(super) unsafe fn create_state() -> *mut pg_sys::Node {
-    let methods = &METHODS
-        .get_or_init(|| {
-            ExecMethods(pg_sys::CustomExecMethods {
-                CustomName: c"gsnap range".as_ptr(),
-                BeginCustomScan: Some(node::begin::<RangeScan>),
-                ExecCustomScan: Some(node::exec::<RangeScan>),
-                EndCustomScan: Some(node::end::<RangeScan>),
-                ReScanCustomScan: Some(node::rescan::<RangeScan>),
-                ExplainCustomScan: Some(explain),
-                ..Default::default()
-            })
-        })
-        .0;
-    // SAFETY: the caller's promise.
-    unsafe { node::create_state::<RangeScan>(methods) }
+/// `cscan` is the plan of a "gsnap range" node.
+unsafe fn row_filter_of(cscan: &pg_sys::CustomScan) -> *mut pg_sys::List {
+    // SAFETY: the caller's promise: its custom_exprs are from, to, the row filter.
+    unsafe { list::nth::<pg_sys::List>(cscan.custom_exprs, 2) }
 }
 
 impl ScanNode for RangeScan {
@@ -58,24 +47,20 @@ impl ScanNode for RangeScan {
         _estate: *mut pg_sys::EState,
         table: ScanTable,
     ) -> RangeScan {
-        // SAFETY: our node at the end of its initialization; the expressions are the plan's.
-        unsafe {
-            let cscan = (*css).ss.ps.plan.cast::<pg_sys::CustomScan>();
-            let filter = list::nth::<pg_sys::List>((*cscan).custom_exprs, 2);
-            let row_filter = pg_sys::ExecInitQual(filter, &mut (*css).ss.ps);
+        // SAFETY: the trait's contract: our node, whose plan is a "gsnap range" CustomScan.
+        let filter = unsafe { row_filter_of(node::plan_of(css)) };
+        // SAFETY: the plan's own conditions, prepared in the node's plan state (null for NIL).
+        let row_filter = unsafe { pg_sys::ExecInitQual(filter, &mut (*css).ss.ps) };
+        RangeScan {
             // The table's current row type, copied into the query's context (which outlives
             // the scan).
-            let row_desc =
-                pg_sys::lookup_rowtype_tupdesc_copy(pg_sys::get_rel_type_id(table.relid), -1);
-            RangeScan {
-                table,
-                row_filter,
-                row_desc,
-                cursor: None,
-                rec: pg_sys::Datum::from(0usize),
-                snaps: Vec::new(),
-                next_snap: 0,
-            }
+            row_desc: row_type_copy(rel_type_id(table.relid)),
+            table,
+            row_filter,
+            cursor: None,
+            rec: pg_sys::Datum::from(0usize),
+            snaps: Vec::new(),
+            next_snap: 0,
         }
     }
 
@@ -99,20 +84,21 @@ impl ScanNode for RangeScan {
     }
 }
 
+/// The row type of table `relid`.
+fn rel_type_id(relid: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a catalog lookup by OID (InvalidOid if there is no such relation).
+    unsafe { pg_sys::get_rel_type_id(relid) }
+}
+
 /// Stores `(snap, rec)` in the virtual slot `slot`.
 ///
 /// # Safety
-/// `slot` is a virtual slot of two columns (bigint, the table's row type).
+/// `slot` is a virtual slot of two columns (bigint, the table's row type), and `rec` a
+/// datum of that row type valid while the slot holds it.
 unsafe fn store(slot: *mut pg_sys::TupleTableSlot, snap: u64, rec: pg_sys::Datum) {
-    // SAFETY: per the contract.
-    unsafe {
-        pg_sys::ExecClearTuple(slot);
-        *(*slot).tts_values = pg_sys::Datum::from(snap as i64);
-        *(*slot).tts_isnull = false;
-        *(*slot).tts_values.add(1) = rec;
-        *(*slot).tts_isnull.add(1) = false;
-        pg_sys::ExecStoreVirtualTuple(slot);
-    }
+    let columns = [(pg_sys::Datum::from(snap as i64), false), (rec, false)];
+    // SAFETY: the caller's promise.
+    unsafe { tuple::store_virtual(slot, columns.into_iter()) };
 }
 
 impl RangeScan {
@@ -125,39 +111,43 @@ impl RangeScan {
         css: *mut pg_sys::CustomScanState,
         slot: *mut pg_sys::TupleTableSlot,
     ) -> bool {
-        // SAFETY: our node and slot; `rec` is the cursor's until its next row.
-        unsafe {
-            if self.cursor.is_none() {
-                let from = self.table.snapshot_argument(css, 0);
-                let to = self.table.snapshot_argument(css, 1);
-                self.cursor = Some(RangeCursor::open(self.table.relid, from, to, self.row_desc));
-            }
-            if self.next_snap >= self.snaps.len() {
-                let econtext = (*css).ss.ps.ps_ExprContext;
-                let filter = self.row_filter;
-                let mut keep = |rec: pg_sys::Datum, snap: u64| {
-                    if filter.is_null() {
-                        return true;
-                    }
-                    store(slot, snap, rec);
-                    (*econtext).ecxt_scantuple = slot;
-                    let ok = pg_sys::ExecQual(filter, econtext);
-                    pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
-                    ok
-                };
-                let cursor = self.cursor.as_mut().expect("opened above");
-                let Some((snaps, rec)) = cursor.next_row(&mut keep) else {
-                    return false;
-                };
-                self.rec = rec;
-                self.snaps.clear();
-                self.snaps.extend_from_slice(snaps);
-                self.next_snap = 0;
-            }
-            store(slot, self.snaps[self.next_snap], self.rec);
-            self.next_snap += 1;
-            true
+        if self.cursor.is_none() {
+            // SAFETY: our node (the caller's promise).
+            let (from, to) = unsafe {
+                (
+                    self.table.snapshot_argument(css, 0),
+                    self.table.snapshot_argument(css, 1),
+                )
+            };
+            // SAFETY: the table's current row type, copied at begin, lives with the query.
+            let cursor = unsafe { RangeCursor::open(self.table.relid, from, to, self.row_desc) };
+            self.cursor = Some(cursor);
         }
+        if self.next_snap >= self.snaps.len() {
+            // SAFETY: our node's expression context, set up by ExecInitCustomScan.
+            let econtext = unsafe { (*css).ss.ps.ps_ExprContext };
+            let filter = self.row_filter;
+            // SAFETY: the row filter was prepared for this node and reads its scan slot, given
+            // a row of that type; `rec` is the cursor's until its next row.
+            let mut keep = |rec: pg_sys::Datum, snap: u64| unsafe {
+                filter.is_null() || {
+                    store(slot, snap, rec);
+                    expr::qual_holds(filter, econtext, slot)
+                }
+            };
+            let cursor = self.cursor.as_mut().expect("opened above");
+            let Some((snaps, rec)) = cursor.next_row(&mut keep) else {
+                return false;
+            };
+            self.rec = rec;
+            self.snaps.clear();
+            self.snaps.extend_from_slice(snaps);
+            self.next_snap = 0;
+        }
+        // SAFETY: our virtual slot; the row version is the cursor's until its next row.
+        unsafe { store(slot, self.snaps[self.next_snap], self.rec) };
+        self.next_snap += 1;
+        true
     }
 }
 
@@ -169,20 +159,20 @@ unsafe extern "C-unwind" fn explain(
     ancestors: *mut pg_sys::List,
     es: *mut pg_sys::ExplainState,
 ) {
-    // SAFETY: our plan node; deparsing its own expressions the way EXPLAIN does.
+    // SAFETY: EXPLAIN calls this for our node, whose plan is a "gsnap range" CustomScan.
+    let cscan = unsafe { node::plan_of(css) };
+    // SAFETY: as above.
+    let filter = unsafe { row_filter_of(cscan) };
+    if filter.is_null() {
+        return;
+    }
+    let plan = std::ptr::from_ref(cscan).cast_mut().cast();
+    // SAFETY: deparsing the plan's own conditions in the context of its plan tree, the way
+    // EXPLAIN shows a Filter; `es` is the EXPLAIN in progress.
     unsafe {
-        let cscan = (*css).ss.ps.plan.cast::<pg_sys::CustomScan>();
-        let filter = list::nth::<pg_sys::List>((*cscan).custom_exprs, 2);
-        if filter.is_null() {
-            return;
-        }
-        let context = pg_sys::set_deparse_context_plan((*es).deparse_cxt, cscan.cast(), ancestors);
-        let text = pg_sys::deparse_expression(
-            pg_sys::make_ands_explicit(filter).cast(),
-            context,
-            (*es).verbose,
-            false,
-        );
+        let context = pg_sys::set_deparse_context_plan((*es).deparse_cxt, plan, ancestors);
+        let conditions = pg_sys::make_ands_explicit(filter).cast();
+        let text = pg_sys::deparse_expression(conditions, context, (*es).verbose, false);
         pg_sys::ExplainPropertyText(c"Row Filter".as_ptr(), text, es);
     }
 }

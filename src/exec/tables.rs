@@ -27,24 +27,29 @@ pub fn init() {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags: i32) {
-    // SAFETY: PostgreSQL's query descriptor; after the standard start, its executor state has
-    // the range table of the plan.
+    // SAFETY: PostgreSQL's own arguments, passed on to the previous hook or the standard start.
     unsafe {
         match PREV_EXECUTOR_START {
             Some(prev) => prev(query, eflags),
             None => pg_sys::standard_ExecutorStart(query, eflags),
         }
-        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0 {
-            return;
-        }
-        let estate = (*query).estate;
-        if estate.is_null() {
-            return;
-        }
-        for (i, rte) in list::iter::<pg_sys::RangeTblEntry>((*estate).es_range_table).enumerate() {
-            if is_read_entry(rte) {
-                pg_sys::ExecGetRangeTableRelation(estate, i as pg_sys::Index + 1);
-            }
+    }
+    if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0 {
+        return;
+    }
+    // SAFETY: PostgreSQL's query descriptor, which the standard start gave an executor state.
+    let estate = unsafe { (*query).estate };
+    if estate.is_null() {
+        return;
+    }
+    // SAFETY: after the standard start the executor state holds the plan's range table.
+    let entries = unsafe { list::iter::<pg_sys::RangeTblEntry>((*estate).es_range_table) };
+    for (i, rte) in entries.enumerate() {
+        // SAFETY: an entry of that range table.
+        if unsafe { is_read_entry(rte) } {
+            // SAFETY: entry i + 1 names a table (plan::deps locked it); its relation is
+            // opened and recorded in the executor state, which closes it at executor end.
+            unsafe { pg_sys::ExecGetRangeTableRelation(estate, i as pg_sys::Index + 1) };
         }
     }
 }

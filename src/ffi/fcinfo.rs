@@ -1,5 +1,6 @@
 //! Version-1 C functions written by hand (the readers take `anyelement` and must see their
-//! call's argument types, which pgrx's wrappers hide): the info record, and arguments.
+//! call's argument types, which pgrx's wrappers hide): the info record, arguments, and rows
+//! returned in materialize mode.
 
 use pgrx::pg_sys;
 
@@ -31,11 +32,6 @@ impl Call {
         Call(fcinfo)
     }
 
-    /// The raw call info.
-    pub fn raw(self) -> pg_sys::FunctionCallInfo {
-        self.0
-    }
-
     /// The number of arguments.
     pub fn nargs(self) -> usize {
         // SAFETY: valid call info (see `new`).
@@ -64,5 +60,55 @@ impl Call {
     pub fn arg_type(self, i: usize) -> pg_sys::Oid {
         // SAFETY: valid call info; get_fn_expr_argtype reads the call's expression tree.
         unsafe { pg_sys::get_fn_expr_argtype((*self.0).flinfo, i as i32) }
+    }
+
+    /// Sets the call up to return its rows in materialize mode (an ERROR if its caller
+    /// cannot take a set that way).
+    pub fn materialize(self) -> ResultSet {
+        // SAFETY: valid call info; InitMaterializedSRF checks that the caller accepts a
+        // materialized set, and makes the descriptor and tuplestore.
+        unsafe { pg_sys::InitMaterializedSRF(self.0, 0) };
+        // SAFETY: InitMaterializedSRF returned, so `resultinfo` is a ReturnSetInfo, filled in.
+        let rsinfo = unsafe { &*(*self.0).resultinfo.cast::<pg_sys::ReturnSetInfo>() };
+        ResultSet {
+            desc: rsinfo.setDesc,
+            store: rsinfo.setResult,
+        }
+    }
+}
+
+/// The rows of a set-returning call in materialize mode: their descriptor and the
+/// tuplestore that takes them (both live as long as the query's use of the call).
+#[derive(Clone, Copy)]
+pub struct ResultSet {
+    pub desc: pg_sys::TupleDesc,
+    store: *mut pg_sys::Tuplestorestate,
+}
+
+impl ResultSet {
+    /// Adds the row `values`, `nulls` (copied).
+    ///
+    /// # Safety
+    /// The values are datums of the descriptor's attribute types (where not null).
+    pub unsafe fn put_values(self, values: &[pg_sys::Datum], nulls: &[bool]) {
+        // SAFETY: the caller's promise; the descriptor's `natts` values are read.
+        unsafe {
+            let natts = (*self.desc).natts as usize;
+            assert!(
+                values.len() >= natts && nulls.len() >= natts,
+                "a value for every column"
+            );
+            let (values, nulls) = (values.as_ptr().cast_mut(), nulls.as_ptr().cast_mut());
+            pg_sys::tuplestore_putvalues(self.store, self.desc, values, nulls);
+        }
+    }
+
+    /// Adds a copy of `tuple`.
+    ///
+    /// # Safety
+    /// `tuple` is a valid heap tuple of the descriptor's row type.
+    pub unsafe fn put_tuple(self, tuple: pg_sys::HeapTuple) {
+        // SAFETY: the caller's promise; the tuplestore copies the tuple.
+        unsafe { pg_sys::tuplestore_puttuple(self.store, tuple) };
     }
 }

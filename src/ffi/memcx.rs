@@ -2,6 +2,7 @@
 
 use pgrx::pg_sys;
 use pgrx::PgMemoryContexts;
+use std::ffi::c_void;
 
 /// Runs `f` with `cx` as the current memory context; the previous context is current again
 /// afterwards, also when `f` raises an ERROR.
@@ -19,6 +20,31 @@ pub unsafe fn in_context<R>(cx: pg_sys::MemoryContext, f: impl FnOnce() -> R) ->
     // SAFETY: the caller's promise.
     let _restore = Restore(unsafe { pg_sys::MemoryContextSwitchTo(cx) });
     f()
+}
+
+/// Calls `func(arg)` when `cx` is next reset or deleted (PostgreSQL's memory context reset
+/// callbacks: they run last-registered first).
+///
+/// # Safety
+/// `cx` is a valid memory context, and `arg` stays valid for `func` until the callback runs.
+pub unsafe fn on_reset(
+    cx: pg_sys::MemoryContext,
+    func: unsafe extern "C-unwind" fn(*mut c_void),
+    arg: *mut c_void,
+) {
+    let size = std::mem::size_of::<pg_sys::MemoryContextCallback>();
+    // SAFETY: the record lives in `cx` itself, so exactly as long as the registration.
+    let callback =
+        unsafe { pg_sys::MemoryContextAlloc(cx, size) }.cast::<pg_sys::MemoryContextCallback>();
+    // SAFETY: filling the record allocated above and handing it to its context.
+    unsafe {
+        callback.write(pg_sys::MemoryContextCallback {
+            func: Some(func),
+            arg,
+            next: std::ptr::null_mut(),
+        });
+        pg_sys::MemoryContextRegisterResetCallback(cx, callback);
+    }
 }
 
 /// A memory context owned by a Rust value and deleted with it. It is made under

@@ -1,19 +1,17 @@
 //! Relations by OID: their names for messages, and relations held open by a scan.
 
+use super::catalog::string_from;
 use pgrx::pg_sys;
-use std::ffi::CStr;
 
 /// The name of a relation for messages ("relation with OID n" if there is none).
 pub fn relation_name(relid: pg_sys::Oid) -> String {
-    // SAFETY: a catalog lookup; the name is copied before anything else can free it.
-    unsafe {
-        let name = pg_sys::get_rel_name(relid);
-        if name.is_null() {
-            format!("relation with OID {}", relid.to_u32())
-        } else {
-            CStr::from_ptr(name).to_string_lossy().into_owned()
-        }
+    // SAFETY: a catalog lookup by OID: a palloc'd copy of the name, or NULL.
+    let name = unsafe { pg_sys::get_rel_name(relid) };
+    if name.is_null() {
+        return format!("relation with OID {}", relid.to_u32());
     }
+    // SAFETY: a C string just returned, not freed before it is copied.
+    unsafe { string_from(name) }
 }
 
 /// The kind of relation `relid` (`pg_class.relkind`), or None if there is no such relation.
@@ -21,6 +19,19 @@ pub fn relation_kind(relid: pg_sys::Oid) -> Option<u8> {
     // SAFETY: a catalog lookup by OID; '\0' when there is no such relation.
     let kind = unsafe { pg_sys::get_rel_relkind(relid) } as u8;
     (kind != 0).then_some(kind)
+}
+
+/// The relation whose row type is `type_oid`, if it is one.
+pub fn relation_of_type(type_oid: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    // SAFETY: a catalog lookup by OID (InvalidOid for a type that is no relation's).
+    let relid = unsafe { pg_sys::get_typ_typrelid(type_oid) };
+    (relid != pg_sys::InvalidOid).then_some(relid)
+}
+
+/// The row type of relation `relid` (InvalidOid if there is no such relation).
+pub fn relation_row_type(relid: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a catalog lookup by OID.
+    unsafe { pg_sys::get_rel_type_id(relid) }
 }
 
 /// A relation open (and locked) for a scan: closed on drop, its lock kept until the
@@ -36,6 +47,11 @@ impl OpenRelation {
         // SAFETY: try_relation_open returns NULL (and takes no lock) for a missing relation.
         let rel = unsafe { pg_sys::try_relation_open(relid, lock) };
         (!rel.is_null()).then_some(OpenRelation(rel))
+    }
+
+    /// The relation, for PostgreSQL's functions (valid while it is open).
+    pub fn as_ptr(&self) -> pg_sys::Relation {
+        self.0
     }
 
     /// The relation's OID.

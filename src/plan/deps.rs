@@ -24,6 +24,10 @@
 //! relation open while they run (so the same session cannot alter it under an open cursor)
 //! and compare the row type they were planned with to the table's.
 
+use crate::ffi::catalog::name_of;
+use crate::ffi::list;
+use crate::ffi::node::{alias, palloc_node};
+use crate::ffi::relation::{relation_kind, relation_of_type, OpenRelation};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -114,25 +118,18 @@ pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
 /// # Safety
 /// `func` is a FuncExpr of one of gsnap's readers.
 pub unsafe fn table_of_call(func: *mut pg_sys::FuncExpr) -> Option<pg_sys::Oid> {
-    // SAFETY: reading the call's first argument and the catalog.
-    unsafe {
-        if pg_sys::list_length((*func).args) < 1 {
-            return None;
-        }
-        let argtype = pg_sys::exprType(pg_sys::list_nth((*func).args, 0).cast());
-        let relid = pg_sys::get_typ_typrelid(argtype);
-        if relid == pg_sys::InvalidOid {
-            return None;
-        }
-        let kind = pg_sys::get_rel_relkind(relid) as u8;
-        [
-            pg_sys::RELKIND_RELATION,
-            pg_sys::RELKIND_MATVIEW,
-            pg_sys::RELKIND_PARTITIONED_TABLE,
-        ]
-        .contains(&kind)
+    // SAFETY: the caller's promise: the call's arguments are NIL or a List of expressions.
+    let first = unsafe { list::iter::<pg_sys::Node>((*func).args).next() }?;
+    // SAFETY: an expression of the call.
+    let relid = relation_of_type(unsafe { pg_sys::exprType(first) })?;
+    let readable = [
+        pg_sys::RELKIND_RELATION,
+        pg_sys::RELKIND_MATVIEW,
+        pg_sys::RELKIND_PARTITIONED_TABLE,
+    ];
+    relation_kind(relid)
+        .is_some_and(|kind| readable.contains(&kind))
         .then_some(relid)
-    }
 }
 
 /// The alias that marks the range-table entries this module adds.
@@ -163,23 +160,27 @@ unsafe extern "C-unwind" fn post_parse_analyze(
     query: *mut pg_sys::Query,
     jstate: *mut pg_sys::JumbleState,
 ) {
-    // SAFETY: PostgreSQL's analyzed query, which we may extend before it is rewritten.
-    unsafe {
-        if let Some(prev) = PREV_POST_PARSE_ANALYZE {
-            prev(pstate, query, jstate);
-        }
-        // DECLARE CURSOR, EXPLAIN and CREATE TABLE AS hold their analyzed query inside.
-        let query = if (*query).commandType == pg_sys::CmdType::CMD_UTILITY {
+    // SAFETY: set once by `init`, before any query is analyzed.
+    if let Some(prev) = unsafe { PREV_POST_PARSE_ANALYZE } {
+        // SAFETY: the previous hook, given PostgreSQL's own arguments.
+        unsafe { prev(pstate, query, jstate) };
+    }
+    // DECLARE CURSOR, EXPLAIN and CREATE TABLE AS hold their analyzed query inside.
+    // SAFETY: PostgreSQL's analyzed query; a utility statement's query if it holds one.
+    let query = unsafe {
+        if (*query).commandType == pg_sys::CmdType::CMD_UTILITY {
             pg_sys::UtilityContainsQuery((*query).utilityStmt)
         } else {
             query
-        };
-        if query.is_null() {
-            return;
         }
-        let mut walk = Walk { tables: Vec::new() };
-        walker(query.cast(), (&raw mut walk).cast());
+    };
+    if query.is_null() {
+        return;
     }
+    let mut walk = Walk { tables: Vec::new() };
+    // SAFETY: the analyzed query, which we may extend before it is rewritten; `walk` outlives
+    // the walk.
+    unsafe { walker(query.cast(), (&raw mut walk).cast()) };
 }
 
 /// Finds the reader calls of every (sub)query and gives each query the entries of the tables
@@ -189,32 +190,50 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
     if node.is_null() {
         return false;
     }
-    // SAFETY: `context` is the Walk of `post_parse_analyze`; nodes are the query's.
-    unsafe {
-        let walk = &mut *context.cast::<Walk>();
-        match (*node).type_ {
-            pg_sys::NodeTag::T_Query => {
-                let query = node.cast::<pg_sys::Query>();
-                let outer = std::mem::take(&mut walk.tables);
-                pg_sys::query_tree_walker(query, Some(walker), context, 0);
-                let mine = std::mem::replace(&mut walk.tables, outer);
-                for relid in mine {
-                    depend_on_table(query, relid);
-                }
-                false
+    // `context` is the Walk of `post_parse_analyze`, borrowed only between recursive calls.
+    let walk = context.cast::<Walk>();
+    // SAFETY: a node of the query being walked.
+    let tag = unsafe { (*node).type_ };
+    match tag {
+        pg_sys::NodeTag::T_Query => {
+            let query = node.cast::<pg_sys::Query>();
+            // SAFETY: the Walk (no borrow of it is live).
+            let outer = unsafe { std::mem::take(&mut (*walk).tables) };
+            // SAFETY: a (sub)query of the statement, walked with the same context.
+            unsafe { pg_sys::query_tree_walker(query, Some(walker), context, 0) };
+            // SAFETY: the Walk (no borrow of it is live).
+            let mine = unsafe { std::mem::replace(&mut (*walk).tables, outer) };
+            for relid in mine {
+                // SAFETY: an analyzed query of this statement.
+                unsafe { depend_on_table(query, relid) };
             }
-            pg_sys::NodeTag::T_FuncExpr => {
-                let func = node.cast::<pg_sys::FuncExpr>();
-                if (*func).funcretset && reader_kind((*func).funcid).is_some() {
-                    if let Some(relid) = table_of_call(func) {
-                        if !walk.tables.contains(&relid) {
-                            walk.tables.push(relid);
-                        }
-                    }
-                }
-                pg_sys::expression_tree_walker(node, Some(walker), context)
-            }
-            _ => pg_sys::expression_tree_walker(node, Some(walker), context),
+            false
+        }
+        pg_sys::NodeTag::T_FuncExpr => {
+            // SAFETY: a FuncExpr (its tag says so), and the Walk (no borrow of it is live).
+            unsafe { note_reader_call(node.cast(), &mut (*walk).tables) };
+            // SAFETY: walking on into the call's arguments, with the same context.
+            unsafe { pg_sys::expression_tree_walker(node, Some(walker), context) }
+        }
+        // SAFETY: walking on into the node's children, with the same context.
+        _ => unsafe { pg_sys::expression_tree_walker(node, Some(walker), context) },
+    }
+}
+
+/// Adds the table `func` reads to `tables`, if it is a call of one of gsnap's readers.
+///
+/// # Safety
+/// `func` is a valid FuncExpr.
+unsafe fn note_reader_call(func: *mut pg_sys::FuncExpr, tables: &mut Vec<pg_sys::Oid>) {
+    // SAFETY: the caller's promise.
+    let (returns_set, funcid) = unsafe { ((*func).funcretset, (*func).funcid) };
+    if !returns_set || reader_kind(funcid).is_none() {
+        return;
+    }
+    // SAFETY: a FuncExpr of one of gsnap's readers.
+    if let Some(relid) = unsafe { table_of_call(func) } {
+        if !tables.contains(&relid) {
+            tables.push(relid);
         }
     }
 }
@@ -225,29 +244,26 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
 /// # Safety
 /// `query` is an analyzed query of this statement.
 unsafe fn depend_on_table(query: *mut pg_sys::Query, relid: pg_sys::Oid) {
-    // SAFETY: opening (and closing, keeping the lock) a relation; building a range-table
-    // entry in the current (parse) memory context.
-    unsafe {
-        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        let rel = pg_sys::try_relation_open(relid, lock);
-        if rel.is_null() {
-            return;
-        }
-        let rte = pg_sys::palloc0(std::mem::size_of::<pg_sys::RangeTblEntry>())
-            .cast::<pg_sys::RangeTblEntry>();
-        (*rte).type_ = pg_sys::NodeTag::T_RangeTblEntry;
-        (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
-        (*rte).relid = relid;
-        (*rte).relkind = (*(*rel).rd_rel).relkind;
-        (*rte).rellockmode = lock;
-        (*rte).eref =
-            pg_sys::makeAlias((*(*rel).rd_rel).relname.data.as_ptr(), std::ptr::null_mut());
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    let Some(rel) = OpenRelation::open(relid, lock) else {
+        return;
+    };
+    let rte = pg_sys::RangeTblEntry {
+        type_: pg_sys::NodeTag::T_RangeTblEntry,
+        rtekind: pg_sys::RTEKind::RTE_RELATION,
+        relid,
+        relkind: rel.class().relkind,
+        rellockmode: lock,
+        eref: alias(name_of(&rel.class().relname)),
         // The mark the executor looks for (`is_read_entry`); never printed, the entry being
         // referenced by nothing.
-        (*rte).alias = pg_sys::makeAlias(READ_ENTRY.as_ptr(), std::ptr::null_mut());
+        alias: alias(READ_ENTRY),
         // The readers check privileges themselves (access.rs); nothing to check here.
-        (*rte).requiredPerms = 0;
-        (*query).rtable = pg_sys::lappend((*query).rtable, rte.cast());
-        pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-    }
+        requiredPerms: 0,
+        ..Default::default()
+    };
+    // SAFETY: the caller's promise: the entry joins the query's range table, in the current
+    // (parse) memory context.
+    unsafe { (*query).rtable = pg_sys::lappend((*query).rtable, palloc_node(rte).cast()) };
+    // `rel` closes here; its lock stays until the transaction ends.
 }

@@ -2,16 +2,20 @@
 //! "gsnap range" (`FROM gsnap_range(NULL::t, from, to)`), built from the paths of
 //! `paths.rs`, and the one place that knows the layout of their private lists.
 //!
-//! A node's `custom_private` is [`ScanPlan`]: the table, the kind of scan, and the table's
-//! row type as planned (checked again at executor start). Its `custom_exprs` are the snapshot
-//! arguments and, for a range, the conditions on `rec` alone (its Row Filter).
+//! A path's `custom_private` is [`PathPlan`]: the table, the kind of scan, and the call's
+//! snapshot arguments. A node's `custom_private` is [`ScanPlan`]: the table, the kind of
+//! scan, and the table's row type as planned (checked again at executor start). Its
+//! `custom_exprs` are the snapshot arguments and, for a range, the conditions on `rec` alone
+//! (its Row Filter).
 
+use crate::ffi::catalog::name_of;
 use crate::ffi::list::{self, int_node, list_of};
-use crate::ffi::relation::OpenRelation;
+use crate::ffi::node::{palloc_node, VarAttnos};
+use crate::ffi::relation::{relation_row_type, OpenRelation};
+use crate::ffi::tuple;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::ffi::{c_void, CStr};
 
 /// What a scan reads.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -43,11 +47,48 @@ impl ScanKind {
     }
 
     /// The name EXPLAIN shows.
-    fn name(self) -> &'static std::ffi::CStr {
-        if self == ScanKind::Range {
-            c"gsnap range"
-        } else {
-            c"gsnap AS OF"
+    const fn name(self) -> &'static CStr {
+        match self {
+            ScanKind::Range => c"gsnap range",
+            ScanKind::AsofId | ScanKind::AsofTime => c"gsnap AS OF",
+        }
+    }
+}
+
+/// A path's private list, decoded.
+pub struct PathPlan {
+    pub relid: pg_sys::Oid,
+    pub kind: ScanKind,
+    /// The call's snapshot arguments (expressions).
+    pub args: Vec<*mut c_void>,
+}
+
+impl PathPlan {
+    /// Encodes the private list (in the current memory context).
+    pub fn encode(&self) -> *mut pg_sys::List {
+        let mut items = vec![
+            int_node(self.relid.to_u32() as i32),
+            int_node(self.kind as i32),
+        ];
+        items.extend_from_slice(&self.args);
+        list_of(&items)
+    }
+
+    /// Decodes a private list made by [`PathPlan::encode`].
+    ///
+    /// # Safety
+    /// `private` is the `custom_private` of one of gsnap's scan paths.
+    pub unsafe fn decode(private: *mut pg_sys::List) -> PathPlan {
+        // SAFETY: the layout written by `encode`: two Integer nodes, then the arguments.
+        unsafe {
+            let kind = ScanKind::from_i32(list::int_at(private, 1));
+            PathPlan {
+                relid: pg_sys::Oid::from(list::int_at(private, 0) as u32),
+                kind,
+                args: (0..kind.snapshot_args())
+                    .map(|i| list::nth(private, 2 + i))
+                    .collect(),
+            }
         }
     }
 }
@@ -75,7 +116,7 @@ impl ScanPlan {
     /// # Safety
     /// `private` is the `custom_private` of one of gsnap's scan nodes.
     pub unsafe fn decode(private: *mut pg_sys::List) -> ScanPlan {
-        // SAFETY: the layout written by `encode`.
+        // SAFETY: the layout written by `encode`: two Integer nodes, then a List.
         unsafe {
             ScanPlan {
                 relid: pg_sys::Oid::from(list::int_at(private, 0) as u32),
@@ -89,9 +130,8 @@ impl ScanPlan {
 /// The row type of a table as a plan records it: the number of attributes, then each
 /// attribute's type (0 for a dropped one) and type modifier.
 pub fn row_type_signature(rel: &OpenRelation) -> *mut pg_sys::List {
-    let desc = rel.descriptor();
-    // SAFETY: an open relation's descriptor is valid.
-    let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
+    // SAFETY: the open relation's descriptor, valid while it is open.
+    let attrs = unsafe { tuple::attributes(rel.descriptor()) };
     let mut items = vec![int_node(attrs.len() as i32)];
     for a in attrs {
         let type_ = if a.attisdropped {
@@ -121,28 +161,33 @@ struct Methods {
     scan: pg_sys::CustomScanMethods,
 }
 
-// SAFETY: immutable after construction; only C string pointers to statics and functions.
+// SAFETY: immutable, built at compile time; only C string pointers to statics and functions.
 unsafe impl Sync for Methods {}
-// SAFETY: as above.
-unsafe impl Send for Methods {}
 
-static METHODS: OnceLock<[Methods; 2]> = OnceLock::new();
-
-fn methods(kind: ScanKind) -> &'static Methods {
-    let all = METHODS.get_or_init(|| {
-        [ScanKind::AsofId, ScanKind::Range].map(|k| Methods {
+impl Methods {
+    const fn of(kind: ScanKind) -> Methods {
+        Methods {
             path: pg_sys::CustomPathMethods {
-                CustomName: k.name().as_ptr(),
+                CustomName: kind.name().as_ptr(),
                 PlanCustomPath: Some(plan_path),
                 ReparameterizeCustomPathByChild: None,
             },
             scan: pg_sys::CustomScanMethods {
-                CustomName: k.name().as_ptr(),
+                CustomName: kind.name().as_ptr(),
                 CreateCustomScanState: Some(crate::exec::create_state),
             },
-        })
-    });
-    &all[usize::from(kind == ScanKind::Range)]
+        }
+    }
+}
+
+static ASOF_METHODS: Methods = Methods::of(ScanKind::AsofId);
+static RANGE_METHODS: Methods = Methods::of(ScanKind::Range);
+
+fn methods(kind: ScanKind) -> &'static Methods {
+    match kind {
+        ScanKind::Range => &RANGE_METHODS,
+        ScanKind::AsofId | ScanKind::AsofTime => &ASOF_METHODS,
+    }
 }
 
 /// The path methods of a scan of `kind`.
@@ -158,28 +203,78 @@ pub fn register() {
     }
 }
 
-/// A target entry for a Var of range-table entry `rti`.
-///
-/// # Safety
-/// In the planner's memory context.
-unsafe fn var_entry(
+/// A target entry for a Var of range-table entry `rti` (in the current memory context).
+fn var_entry(
     rti: i32,
     attno: i16,
-    type_: pg_sys::Oid,
-    typmod: i32,
-    collation: pg_sys::Oid,
+    (type_, typmod, collation): (pg_sys::Oid, i32, pg_sys::Oid),
     resno: i16,
-    name: *const std::ffi::c_char,
+    name: &CStr,
 ) -> *mut c_void {
-    // SAFETY: node constructors allocating in the current context.
+    // SAFETY: node constructors taking values, allocating in the current context; the name
+    // is copied.
     unsafe {
         let var = pg_sys::makeVar(rti, attno, type_, typmod, collation, 0);
-        pg_sys::makeTargetEntry(var.cast(), resno, pg_sys::pstrdup(name), false).cast()
+        pg_sys::makeTargetEntry(var.cast(), resno, pg_sys::pstrdup(name.as_ptr()), false).cast()
     }
 }
 
-/// Builds the plan node of one of our paths. The path's private list holds the table, the
-/// kind, then the call's snapshot arguments (see `paths.rs`).
+/// The scan tuple of an AS OF scan: the table's live columns, as Vars of range-table entry
+/// `rti`.
+fn live_columns(table: &OpenRelation, rti: i32) -> *mut pg_sys::List {
+    // SAFETY: the open table's descriptor, valid while it is open.
+    let attrs = unsafe { tuple::attributes(table.descriptor()) };
+    let entries: Vec<_> = attrs
+        .iter()
+        .filter(|a| !a.attisdropped)
+        .enumerate()
+        .map(|(i, a)| {
+            let type_ = (a.atttypid, a.atttypmod, a.attcollation);
+            var_entry(rti, a.attnum, type_, i as i16 + 1, name_of(&a.attname))
+        })
+        .collect();
+    list_of(&entries)
+}
+
+/// The scan tuple of a range scan: `(snap_id bigint, rec)`, `rec` of the table's row type.
+fn snap_id_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
+    let no_collation = pg_sys::InvalidOid;
+    let snap_id = (pg_sys::INT8OID, -1, no_collation);
+    let rec = (relation_row_type(relid), -1, no_collation);
+    list_of(&[
+        var_entry(rti, 1, snap_id, 1, c"snap_id"),
+        var_entry(rti, 2, rec, 2, c"rec"),
+    ])
+}
+
+/// The conditions of a range scan on `rec` alone, checked once per row version, and the
+/// others (on `snap_id`, or volatile), checked once per result row.
+///
+/// # Safety
+/// `quals` is a List of the scan's condition expressions, over range-table entry `rti`.
+unsafe fn split_range_conditions(
+    quals: *mut pg_sys::List,
+    rti: i32,
+) -> (Vec<*mut c_void>, Vec<*mut c_void>) {
+    let (mut per_version, mut per_row) = (Vec::new(), Vec::new());
+    // SAFETY: the caller's promise.
+    for q in unsafe { list::iter::<c_void>(quals) } {
+        let mut attrs = VarAttnos::new(rti as pg_sys::Index);
+        // SAFETY: a condition expression of the scan.
+        let volatile = unsafe {
+            attrs.add(q.cast());
+            pg_sys::contain_volatile_functions(q.cast())
+        };
+        if attrs.contains(1) || volatile {
+            per_row.push(q);
+        } else {
+            per_version.push(q);
+        }
+    }
+    (per_version, per_row)
+}
+
+/// Builds the plan node of one of our paths.
 #[pg_guard]
 unsafe extern "C-unwind" fn plan_path(
     _root: *mut pg_sys::PlannerInfo,
@@ -189,84 +284,42 @@ unsafe extern "C-unwind" fn plan_path(
     clauses: *mut pg_sys::List,
     _custom_plans: *mut pg_sys::List,
 ) -> *mut pg_sys::Plan {
-    // SAFETY: building a plan node from our own path, in the planner's context.
-    unsafe {
-        let private = (*best_path).custom_private;
-        let relid = pg_sys::Oid::from(list::int_at(private, 0) as u32);
-        let kind = ScanKind::from_i32(list::int_at(private, 1));
-        let args: Vec<*mut c_void> = (0..kind.snapshot_args())
-            .map(|i| list::nth(private, 2 + i))
-            .collect();
-        let table = OpenRelation::open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
-            .expect("the planner holds a lock on the table it plans");
-        let cscan =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()).cast::<pg_sys::CustomScan>();
-        (*cscan).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
-        (*cscan).scan.plan.targetlist = tlist;
-        (*cscan).scan.scanrelid = 0;
-        (*cscan).flags = (*best_path).flags;
-        (*cscan).methods = &methods(kind).scan;
-        (*cscan).custom_private = ScanPlan {
-            relid,
-            kind,
+    // SAFETY: PostgreSQL plans one of our paths (made by paths.rs, with its private list).
+    let (path, flags) = unsafe {
+        (
+            PathPlan::decode((*best_path).custom_private),
+            (*best_path).flags,
+        )
+    };
+    // SAFETY: the path's relation, the planner's.
+    let rti = unsafe { (*rel).relid } as i32;
+    // SAFETY: the planner's list of the path's RestrictInfos.
+    let quals = unsafe { pg_sys::extract_actual_clauses(clauses, false) };
+    let table = OpenRelation::open(path.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
+        .expect("the planner holds a lock on the table it plans");
+    let (qual, exprs, scan_tlist) = if path.kind == ScanKind::Range {
+        // SAFETY: the scan's conditions, over its range-table entry.
+        let (per_version, per_row) = unsafe { split_range_conditions(quals, rti) };
+        let exprs = list_of(&[path.args[0], path.args[1], list_of(&per_version).cast()]);
+        (list_of(&per_row), exprs, snap_id_and_rec(path.relid, rti))
+    } else {
+        (quals, list_of(&path.args), live_columns(&table, rti))
+    };
+    let mut cscan = pg_sys::CustomScan {
+        flags,
+        methods: &methods(path.kind).scan,
+        custom_exprs: exprs,
+        custom_private: ScanPlan {
+            relid: path.relid,
+            kind: path.kind,
             signature: row_type_signature(&table),
         }
-        .encode();
-        let quals = pg_sys::extract_actual_clauses(clauses, false);
-        let rti = (*rel).relid as i32;
-        if kind == ScanKind::Range {
-            // Conditions on `rec` alone are checked once per row version (in custom_exprs,
-            // after the two snapshot arguments); the others once per result row.
-            let (mut per_row, mut per_version) = (std::ptr::null_mut(), std::ptr::null_mut());
-            for q in list::iter::<c_void>(quals) {
-                let mut attrs: *mut pg_sys::Bitmapset = std::ptr::null_mut();
-                pg_sys::pull_varattnos(q.cast(), rti as u32, &mut attrs);
-                let snap_id = 1 - pg_sys::FirstLowInvalidHeapAttributeNumber;
-                if pg_sys::bms_is_member(snap_id, attrs)
-                    || pg_sys::contain_volatile_functions(q.cast())
-                {
-                    per_row = pg_sys::lappend(per_row, q);
-                } else {
-                    per_version = pg_sys::lappend(per_version, q);
-                }
-            }
-            (*cscan).scan.plan.qual = per_row;
-            (*cscan).custom_exprs = list_of(&[args[0], args[1], per_version.cast()]);
-            let rec_type = pg_sys::get_rel_type_id(relid);
-            (*cscan).custom_scan_tlist = list_of(&[
-                var_entry(
-                    rti,
-                    1,
-                    pg_sys::INT8OID,
-                    -1,
-                    pg_sys::InvalidOid,
-                    1,
-                    c"snap_id".as_ptr(),
-                ),
-                var_entry(rti, 2, rec_type, -1, pg_sys::InvalidOid, 2, c"rec".as_ptr()),
-            ]);
-            return cscan.cast();
-        }
-        (*cscan).scan.plan.qual = quals;
-        (*cscan).custom_exprs = list_of(&args);
-        // The scan tuple: the table's live columns, as Vars of this range-table entry.
-        let desc = table.descriptor();
-        let mut entries = Vec::new();
-        for a in (*desc).attrs.as_slice((*desc).natts as usize) {
-            if a.attisdropped {
-                continue;
-            }
-            entries.push(var_entry(
-                rti,
-                a.attnum,
-                a.atttypid,
-                a.atttypmod,
-                a.attcollation,
-                entries.len() as i16 + 1,
-                a.attname.data.as_ptr(),
-            ));
-        }
-        (*cscan).custom_scan_tlist = list_of(&entries);
-        cscan.cast()
-    }
+        .encode(),
+        custom_scan_tlist: scan_tlist,
+        ..Default::default()
+    };
+    cscan.scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
+    cscan.scan.plan.targetlist = tlist;
+    cscan.scan.plan.qual = qual;
+    palloc_node(cscan).cast()
 }

@@ -8,13 +8,13 @@
 //! ORDINALITY, several functions in one RTE (ROWS FROM), LATERAL references, whole-row
 //! references, anything but plain Vars in the target list.
 
-use super::deps::{reader_kind, Reader};
-use super::nodes::{path_methods, ScanKind};
-use crate::ffi::list::{self, int_node, list_of};
-use crate::ffi::relation::{relation_kind, OpenRelation};
+use super::deps::{reader_kind, table_of_call, Reader};
+use super::nodes::{path_methods, PathPlan, ScanKind};
+use crate::ffi::list;
+use crate::ffi::node::{is_a, palloc_node, VarAttnos};
+use crate::ffi::relation::{relation_kind, relation_row_type, OpenRelation};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::ffi::c_void;
 
 static mut PREV_SET_REL_PATHLIST: pg_sys::set_rel_pathlist_hook_type = None;
 
@@ -45,24 +45,28 @@ unsafe fn reader_call(
     rel: *mut pg_sys::RelOptInfo,
     rte: *mut pg_sys::RangeTblEntry,
 ) -> Option<(*mut pg_sys::FuncExpr, ScanKind)> {
-    // SAFETY: reading planner nodes.
-    unsafe {
-        if (*rte).rtekind != pg_sys::RTEKind::RTE_FUNCTION
-            || (*rte).funcordinality
-            || list::len((*rte).functions) != 1
-            || !(*rel).lateral_relids.is_null()
-        {
-            return None;
-        }
-        let rtfunc = list::nth::<pg_sys::RangeTblFunction>((*rte).functions, 0);
-        let expr = (*rtfunc).funcexpr;
-        if (*expr).type_ != pg_sys::NodeTag::T_FuncExpr {
-            return None;
-        }
-        let func = expr.cast::<pg_sys::FuncExpr>();
-        let kind = scan_kind((*func).funcid)?;
-        (list::len((*func).args) == 1 + kind.snapshot_args()).then_some((func, kind))
+    // SAFETY: the caller's promise; reading the entry and the relation.
+    let plain_function = unsafe {
+        (*rte).rtekind == pg_sys::RTEKind::RTE_FUNCTION
+            && !(*rte).funcordinality
+            && list::len((*rte).functions) == 1
+            && (*rel).lateral_relids.is_null()
+    };
+    if !plain_function {
+        return None;
     }
+    // SAFETY: a function RTE's one RangeTblFunction, and its (valid) expression.
+    let expr = unsafe { (*list::nth::<pg_sys::RangeTblFunction>((*rte).functions, 0)).funcexpr };
+    // SAFETY: as above.
+    if !unsafe { is_a(expr, pg_sys::NodeTag::T_FuncExpr) } {
+        return None;
+    }
+    let func = expr.cast::<pg_sys::FuncExpr>();
+    // SAFETY: a FuncExpr, checked above.
+    let (funcid, args) = unsafe { ((*func).funcid, (*func).args) };
+    let kind = scan_kind(funcid)?;
+    // SAFETY: the call's argument list.
+    (unsafe { list::len(args) } == 1 + kind.snapshot_args()).then_some((func, kind))
 }
 
 /// True if the query needs the function's rows as whole values, or anything but plain Vars
@@ -71,18 +75,20 @@ unsafe fn reader_call(
 /// # Safety
 /// The planner's relation.
 unsafe fn needs_function_scan(rel: *mut pg_sys::RelOptInfo, rti: pg_sys::Index) -> bool {
-    // SAFETY: reading planner nodes.
+    // SAFETY: the caller's promise: the relation's target and its conditions.
+    let (exprs, conditions) = unsafe { ((*(*rel).reltarget).exprs, (*rel).baserestrictinfo) };
+    let mut attrs = VarAttnos::new(rti);
+    // SAFETY: the target's expressions, and each condition's clause.
     unsafe {
-        let exprs = (*(*rel).reltarget).exprs;
-        let mut attrs: *mut pg_sys::Bitmapset = std::ptr::null_mut();
-        pg_sys::pull_varattnos(exprs.cast(), rti, &mut attrs);
-        for ri in list::iter::<pg_sys::RestrictInfo>((*rel).baserestrictinfo) {
-            pg_sys::pull_varattnos((*ri).clause.cast(), rti, &mut attrs);
+        attrs.add(exprs.cast());
+        for ri in list::iter::<pg_sys::RestrictInfo>(conditions) {
+            attrs.add((*ri).clause.cast());
         }
-        let whole_row = 0 - pg_sys::FirstLowInvalidHeapAttributeNumber;
-        pg_sys::bms_is_member(whole_row, attrs)
-            || list::iter::<pg_sys::Node>(exprs).any(|n| (*n).type_ != pg_sys::NodeTag::T_Var)
     }
+    // SAFETY: the target's expressions are nodes.
+    let all_vars =
+        unsafe { list::iter::<pg_sys::Node>(exprs).all(|n| is_a(n, pg_sys::NodeTag::T_Var)) };
+    attrs.contains(0) || !all_vars
 }
 
 /// The planner hook: swaps the function scan of a reader call for the custom scan.
@@ -93,62 +99,94 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     rti: pg_sys::Index,
     rte: *mut pg_sys::RangeTblEntry,
 ) {
-    // SAFETY: the planner's arguments; we read them and replace the relation's paths.
-    unsafe {
-        if let Some(prev) = PREV_SET_REL_PATHLIST {
-            prev(root, rel, rti, rte);
-        }
-        let Some((func, kind)) = reader_call(rel, rte) else {
-            return;
-        };
-        let Some(relid) = crate::plan::deps::table_of_call(func) else {
-            return;
-        };
-        if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE)
-            || needs_function_scan(rel, rti)
-        {
-            return; // the function raises the right error, or serves the query
-        }
-        let Some(table) = OpenRelation::open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
-        else {
-            return;
-        };
-        // Estimate the rows from the table's current size (a range: as if of 10 snapshots).
-        let per_table = if kind == ScanKind::Range { 10.0 } else { 1.0 };
-        let tuples = per_table * f64::from(table.class().reltuples).max(1.0);
-        let pages = f64::from(table.class().relpages.max(1));
-        drop(table);
-        (*rel).rows = pg_sys::clamp_row_est(
-            tuples
-                * pg_sys::clauselist_selectivity(
-                    root,
-                    (*rel).baserestrictinfo,
-                    0,
-                    pg_sys::JoinType::JOIN_INNER,
-                    std::ptr::null_mut(),
-                ),
+    // SAFETY: set once by `init`, before any planning.
+    if let Some(prev) = unsafe { PREV_SET_REL_PATHLIST } {
+        // SAFETY: the previous hook, given PostgreSQL's own arguments.
+        unsafe { prev(root, rel, rti, rte) };
+    }
+    // SAFETY: the planner's relation and range-table entry.
+    let Some((func, kind)) = (unsafe { reader_call(rel, rte) }) else {
+        return;
+    };
+    // SAFETY: a FuncExpr of one of gsnap's readers (reader_call checked).
+    let Some(relid) = (unsafe { table_of_call(func) }) else {
+        return;
+    };
+    if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+        return; // the function raises the right error
+    }
+    // SAFETY: the planner's relation and its range-table index.
+    if unsafe { needs_function_scan(rel, rti) } {
+        return; // the function scan serves the query
+    }
+    let Some(table) = OpenRelation::open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) else {
+        return;
+    };
+    // Estimate the rows from the table's current size (a range: as if of 10 snapshots).
+    let per_table = if kind == ScanKind::Range { 10.0 } else { 1.0 };
+    let tuples = per_table * f64::from(table.class().reltuples).max(1.0);
+    let pages = f64::from(table.class().relpages.max(1));
+    drop(table);
+    // SAFETY: the planner's state and the relation's conditions.
+    let rows = unsafe {
+        let selectivity = pg_sys::clauselist_selectivity(
+            root,
+            (*rel).baserestrictinfo,
+            0,
+            pg_sys::JoinType::JOIN_INNER,
+            std::ptr::null_mut(),
         );
-        let path =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()).cast::<pg_sys::CustomPath>();
-        (*path).path.type_ = pg_sys::NodeTag::T_CustomPath;
-        (*path).path.pathtype = pg_sys::NodeTag::T_CustomScan;
-        (*path).path.parent = rel;
-        (*path).path.pathtarget = (*rel).reltarget;
-        (*path).path.rows = (*rel).rows;
-        (*path).path.startup_cost = 0.0;
-        (*path).path.total_cost = pages * pg_sys::seq_page_cost + tuples * pg_sys::cpu_tuple_cost;
-        let mut private: Vec<*mut c_void> =
-            vec![int_node(relid.to_u32() as i32), int_node(kind as i32)];
-        for i in 1..=kind.snapshot_args() {
-            private.push(pg_sys::copyObjectImpl(list::nth::<c_void>((*func).args, i)));
-        }
-        (*path).custom_private = list_of(&private);
-        (*path).methods = path_methods(kind);
-        // The plan depends on the table and its row type: a schema change replans it (the
-        // query itself depends on the table too, see deps.rs).
+        pg_sys::clamp_row_est(tuples * selectivity)
+    };
+    // SAFETY: the call's argument list: the table's NULL::t, then the snapshot arguments,
+    // copied into the path.
+    let args = unsafe {
+        list::iter::<pg_sys::Node>((*func).args)
+            .skip(1)
+            .map(|arg| pg_sys::copyObjectImpl(arg.cast()))
+            .collect()
+    };
+    // SAFETY: the planner's relation, which the path scans.
+    let pathtarget = unsafe {
+        (*rel).rows = rows;
+        (*rel).reltarget
+    };
+    let mut path = pg_sys::CustomPath {
+        custom_private: PathPlan { relid, kind, args }.encode(),
+        methods: path_methods(kind),
+        ..Default::default()
+    };
+    path.path.type_ = pg_sys::NodeTag::T_CustomPath;
+    path.path.pathtype = pg_sys::NodeTag::T_CustomScan;
+    path.path.parent = rel;
+    path.path.pathtarget = pathtarget;
+    path.path.rows = rows;
+    path.path.startup_cost = 0.0;
+    // SAFETY: reading two planner settings (GUCs) of this backend.
+    let (seq_page_cost, cpu_tuple_cost) =
+        unsafe { (pg_sys::seq_page_cost, pg_sys::cpu_tuple_cost) };
+    path.path.total_cost = pages * seq_page_cost + tuples * cpu_tuple_cost;
+    // SAFETY: the planner's state and relation.
+    unsafe { replace_paths(root, rel, relid, palloc_node(path)) };
+}
+
+/// Makes `path` the only path of `rel`, and the plan depend on table `relid` and its row
+/// type: a schema change replans it (the query itself depends on the table too, see
+/// deps.rs).
+///
+/// # Safety
+/// The planner's state and relation, and a path of that relation.
+unsafe fn replace_paths(
+    root: *mut pg_sys::PlannerInfo,
+    rel: *mut pg_sys::RelOptInfo,
+    relid: pg_sys::Oid,
+    path: *mut pg_sys::CustomPath,
+) {
+    // SAFETY: the caller's promise; the dependency lists live in the planner's memory.
+    unsafe {
         let glob = (*root).glob;
         (*glob).relationOids = pg_sys::lappend_oid((*glob).relationOids, relid);
-        pg_sys::record_plan_type_dependency(root, pg_sys::get_rel_type_id(relid));
+        pg_sys::record_plan_type_dependency(root, relation_row_type(relid));
         // The function scan returns the same rows, later and slower: drop it.
         (*rel).pathlist = std::ptr::null_mut();
         (*rel).partial_pathlist = std::ptr::null_mut();

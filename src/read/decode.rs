@@ -6,12 +6,14 @@
 //! Out-of-line values are fetched from the store (`toast.rs`).
 
 use crate::error::{corrupt, error};
+use crate::ffi::catalog::{input_function, output_function};
+use crate::ffi::tuple::{self, item_pointer};
 use gsnap_format::columns::{self, Column, ColumnPlan};
-use gsnap_format::rowtype::RowType;
+use gsnap_format::rowtype::{Attribute, RowType};
 use gsnap_format::{heap, FormatError};
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
-use std::ffi::CString;
+use std::ffi::{c_char, CString};
 
 /// How a column whose type changed is converted: the old type's output function, the new
 /// type's input function, its I/O parameter and modifier.
@@ -29,8 +31,7 @@ struct Conversion {
 /// `desc` is a valid tuple descriptor.
 pub unsafe fn current_columns(desc: pg_sys::TupleDesc) -> Vec<Column> {
     // SAFETY: the caller's promise.
-    let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
-    attrs
+    unsafe { tuple::attributes(desc) }
         .iter()
         .map(|a| Column {
             dropped: a.attisdropped,
@@ -99,8 +100,9 @@ impl Decoder {
                 _ => None,
             })
             .collect();
-        // SAFETY: builds a private descriptor of the old row type.
-        let (old_desc, missing) = unsafe { old_descriptor(relid, &row_type) };
+        // SAFETY: in a transaction (the caller's promise); the descriptor is freed on drop.
+        let old_desc = unsafe { old_descriptor(relid, &row_type) };
+        let missing = row_type.attributes.iter().map(missing_value).collect();
         let natts = row_type.attributes.len();
         Decoder {
             snap,
@@ -134,28 +136,27 @@ impl Decoder {
         });
         self.buf.clear();
         self.buf.resize(bytes.len().div_ceil(8), 0);
-        // SAFETY: `buf` has room for `bytes`; deforming the aligned copy with the descriptor
-        // recorded for these tuples; conversion functions get the values they were planned for.
+        // SAFETY: `buf` has room for `bytes`.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.buf.as_mut_ptr().cast::<u8>(),
-                bytes.len(),
-            );
-            let mut tuple = pg_sys::HeapTupleData {
-                t_len: bytes.len() as u32,
-                t_self: pg_sys::ItemPointerData::default(),
-                t_tableOid: self.relid,
-                t_data: self.buf.as_mut_ptr().cast(),
-            };
-            pgrx::itemptr::item_pointer_set_all(&mut tuple.t_self, block, lp);
-            pg_sys::heap_deform_tuple(
+            let to = self.buf.as_mut_ptr().cast::<u8>();
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), to, bytes.len());
+        }
+        let mut tuple = pg_sys::HeapTupleData {
+            t_len: bytes.len() as u32,
+            t_self: item_pointer(block, lp),
+            t_tableOid: self.relid,
+            t_data: self.buf.as_mut_ptr().cast(),
+        };
+        // SAFETY: an 8-byte aligned copy of a tuple of the row type recorded with the view,
+        // whose descriptor this is.
+        unsafe {
+            tuple::deform(
                 &mut tuple,
                 self.old_desc,
-                self.old_values.as_mut_ptr(),
-                self.old_nulls.as_mut_ptr(),
-            );
-        }
+                &mut self.old_values,
+                &mut self.old_nulls,
+            )
+        };
         for i in usize::from(natts_in_tuple)..self.old_values.len() {
             if let Some(d) = self.missing[i] {
                 self.old_values[i] = d;
@@ -204,74 +205,65 @@ impl Drop for Decoder {
 
 /// The output and input functions converting old attribute `old` into column `now`.
 fn conversion(row_type: &RowType, old: usize, now: &Column) -> Conversion {
-    let (mut out_fn, mut varlena) = (pg_sys::InvalidOid, false);
-    let (mut in_fn, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
-    // SAFETY: catalog lookups of two existing types (the plan checked the old one exists).
-    unsafe {
-        pg_sys::getTypeOutputInfo(
-            pg_sys::Oid::from(row_type.attributes[old].type_oid),
-            &mut out_fn,
-            &mut varlena,
-        );
-        pg_sys::getTypeInputInfo(pg_sys::Oid::from(now.type_oid), &mut in_fn, &mut ioparam);
-    }
+    let (in_fn, ioparam) = input_function(pg_sys::Oid::from(now.type_oid));
     Conversion {
-        out_fn,
+        out_fn: output_function(pg_sys::Oid::from(row_type.attributes[old].type_oid)),
         in_fn,
         ioparam,
         typmod: now.typmod,
     }
 }
 
-/// A tuple descriptor of the row type recorded at a snapshot, and the values its missing
-/// attributes show (`ADD COLUMN ... DEFAULT` before the snapshot).
+/// A tuple descriptor of the row type recorded at a snapshot.
 ///
 /// # Safety
 /// Call in a transaction; the caller frees the descriptor.
-unsafe fn old_descriptor(
-    relid: pg_sys::Oid,
-    row_type: &RowType,
-) -> (pg_sys::TupleDesc, Vec<Option<pg_sys::Datum>>) {
+unsafe fn old_descriptor(relid: pg_sys::Oid, row_type: &RowType) -> pg_sys::TupleDesc {
     let natts = row_type.attributes.len();
-    // SAFETY: a fresh descriptor whose attributes are all written below.
-    unsafe {
-        let desc = pg_sys::CreateTemplateTupleDesc(natts as i32);
-        let attrs = (*desc).attrs.as_mut_slice(natts);
-        // CreateTemplateTupleDesc leaves the attributes uninitialized; every field not set
-        // here (atthasmissing among them) must read as zero.
-        std::ptr::write_bytes(attrs.as_mut_ptr(), 0, natts);
-        let mut missing = Vec::with_capacity(natts);
-        for (a, rt) in attrs.iter_mut().zip(&row_type.attributes) {
-            let name = CString::new(rt.name.as_str()).unwrap_or_default();
-            pg_sys::namestrcpy(&mut a.attname, name.as_ptr());
-            a.attrelid = relid;
-            a.attnum = rt.attnum;
-            a.atttypid = pg_sys::Oid::from(rt.type_oid);
-            a.atttypmod = rt.typmod;
-            a.attlen = rt.len;
-            a.attbyval = rt.byval;
-            a.attalign = rt.align as std::ffi::c_char;
-            a.attisdropped = rt.dropped;
-            a.attcollation = pg_sys::Oid::from(rt.collation);
-            a.attcacheoff = -1;
-            a.attstorage = if rt.len == -1 { b'x' } else { b'p' } as std::ffi::c_char;
-            missing.push(match &rt.missing {
-                Some(text) if type_exists(rt.type_oid) => {
-                    let (mut in_fn, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
-                    pg_sys::getTypeInputInfo(a.atttypid, &mut in_fn, &mut ioparam);
-                    let c = CString::new(text.as_str()).unwrap_or_default();
-                    Some(pg_sys::OidInputFunctionCall(
-                        in_fn,
-                        c.as_ptr().cast_mut(),
-                        ioparam,
-                        rt.typmod,
-                    ))
-                }
-                _ => None,
-            });
-        }
-        (desc, missing)
+    // SAFETY: a new descriptor of `natts` attributes, which it leaves uninitialized.
+    let desc = unsafe { pg_sys::CreateTemplateTupleDesc(natts as i32) };
+    // SAFETY: the new descriptor's attribute array, of `natts` entries.
+    let attrs = unsafe { (*desc).attrs.as_mut_ptr() };
+    for (i, rt) in row_type.attributes.iter().enumerate() {
+        // SAFETY: entry `i` of that array, written whole.
+        unsafe { attrs.add(i).write(old_attribute(relid, rt)) };
     }
+    desc
+}
+
+/// Attribute `rt` of table `relid` as a descriptor holds it; every field not set here
+/// (atthasmissing among them) reads as zero.
+fn old_attribute(relid: pg_sys::Oid, rt: &Attribute) -> pg_sys::FormData_pg_attribute {
+    let mut a = pg_sys::FormData_pg_attribute {
+        attrelid: relid,
+        attnum: rt.attnum,
+        atttypid: pg_sys::Oid::from(rt.type_oid),
+        atttypmod: rt.typmod,
+        attlen: rt.len,
+        attbyval: rt.byval,
+        attalign: rt.align as c_char,
+        attisdropped: rt.dropped,
+        attcollation: pg_sys::Oid::from(rt.collation),
+        attcacheoff: -1,
+        attstorage: if rt.len == -1 { b'x' } else { b'p' } as c_char,
+        ..Default::default()
+    };
+    let name = CString::new(rt.name.as_str()).unwrap_or_default();
+    // SAFETY: copies a C string into the attribute's name (truncated to NAMEDATALEN).
+    unsafe { pg_sys::namestrcpy(&mut a.attname, name.as_ptr()) };
+    a
+}
+
+/// The value that tuples too short to hold attribute `rt` show for it (`ADD COLUMN ...
+/// DEFAULT` before the snapshot), if any.
+fn missing_value(rt: &Attribute) -> Option<pg_sys::Datum> {
+    let text = rt.missing.as_ref().filter(|_| type_exists(rt.type_oid))?;
+    let (in_fn, ioparam) = input_function(pg_sys::Oid::from(rt.type_oid));
+    let text = CString::new(text.as_str()).unwrap_or_default();
+    // SAFETY: the type's input function, given a C string it only reads.
+    Some(unsafe {
+        pg_sys::OidInputFunctionCall(in_fn, text.as_ptr().cast_mut(), ioparam, rt.typmod)
+    })
 }
 
 /// If `d` is one of gsnap's TOAST pointers, the id of the value in the store.

@@ -137,11 +137,13 @@ pub fn init() {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn shmem_request() {
-    // SAFETY: called by the postmaster while it sizes shared memory.
+    // SAFETY: set once by `init`, before the postmaster requests shared memory.
+    if let Some(prev) = unsafe { PREV_SHMEM_REQUEST_HOOK } {
+        // SAFETY: the previous hook, called where PostgreSQL calls ours.
+        unsafe { prev() };
+    }
+    // SAFETY: the postmaster is sizing shared memory, the one time these requests count.
     unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
-            prev();
-        }
         pg_sys::RequestAddinShmemSpace(Layout::from_settings().total);
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 2);
     }
@@ -156,52 +158,76 @@ unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
     unsafe { &raw mut (*pg_sys::MainLWLockArray.add(21)).lock }
 }
 
+/// Lock `i` of gsnap's named tranche (two were requested).
+///
+/// # Safety
+/// Shared memory must be attached and the tranche's locks initialized.
+unsafe fn tranche_lock(i: usize) -> *mut pg_sys::LWLock {
+    assert!(i < 2, "gsnap's tranche has two locks");
+    // SAFETY: the caller's promise; the tranche is an array of the two locks requested.
+    unsafe { &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()).add(i)).lock }
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn shmem_startup() {
+    // SAFETY: set once by `init`, before shared memory is set up.
+    if let Some(prev) = unsafe { PREV_SHMEM_STARTUP_HOOK } {
+        // SAFETY: the previous hook, called where PostgreSQL calls ours.
+        unsafe { prev() };
+    }
+    let layout = Layout::from_settings();
     // SAFETY: called once per postmaster start (and crash restart) with the segment mapped;
     // AddinShmemInitLock serializes ShmemInitStruct as PostgreSQL requires.
+    let _init_lock = unsafe { ExclusiveLock::acquire(addin_shmem_init_lock()) };
+    let mut found = false;
+    // SAFETY: under the init lock; the size is the one requested in shmem_request.
+    let base = unsafe { pg_sys::ShmemInitStruct(c"gsnap".as_ptr(), layout.total, &mut found) };
+    if !found {
+        // SAFETY: a new segment of `layout.total` bytes, which no other process uses while
+        // this one holds the init lock.
+        unsafe { init_segment(base.cast(), &layout) };
+    }
+    SHARED.store(base.cast(), Ordering::Release);
+}
+
+/// Initializes a new segment: the fixed part, the request slots, the caches.
+///
+/// # Safety
+/// `base` is a new segment of `layout.total` bytes that no other process uses yet.
+unsafe fn init_segment(base: *mut u8, layout: &Layout) {
+    // SAFETY: the caller's promise; the tranche's locks were initialized with the segment.
+    let (groups_lock, cache_lock) = unsafe { (tranche_lock(1), tranche_lock(0)) };
+    let shared = Shared {
+        spans: SpansHeader::new(),
+        worker: WorkerShared::new(),
+        progress: ProgressShared::default(),
+        dirty_capacity: layout.dirty_capacity as u64,
+        request_slots: layout.request_slots as u64,
+        cache_slots: layout.cache_slots as u64,
+        groups_data: layout.groups_data as u64,
+        groups_lock: AtomicPtr::new(groups_lock),
+        cache_lock: AtomicPtr::new(cache_lock),
+        cache_header: UnsafeCell::new(CacheHeader::default()),
+        active_versions: AtomicU64::new(0),
+    };
+    // SAFETY: the caller's promise: the whole segment is ours; the fixed part comes first.
     unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
-            prev();
-        }
-        let layout = Layout::from_settings();
-        let init_lock = addin_shmem_init_lock();
-        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let base = pg_sys::ShmemInitStruct(c"gsnap".as_ptr(), layout.total, &mut found);
-        if !found {
-            std::ptr::write_bytes(base.cast::<u8>(), 0, layout.total);
-            base.cast::<Shared>().write(Shared {
-                spans: SpansHeader::new(),
-                worker: WorkerShared::new(),
-                progress: ProgressShared::default(),
-                dirty_capacity: layout.dirty_capacity as u64,
-                request_slots: layout.request_slots as u64,
-                cache_slots: layout.cache_slots as u64,
-                groups_data: layout.groups_data as u64,
-                groups_lock: AtomicPtr::new(
-                    &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()).add(1)).lock,
-                ),
-                cache_lock: AtomicPtr::new(
-                    &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock,
-                ),
-                cache_header: UnsafeCell::new(CacheHeader::default()),
-                active_versions: AtomicU64::new(0),
-            });
-            let slots = base.cast::<u8>().add(layout.slots_at).cast::<RequestSlot>();
-            for i in 0..layout.request_slots {
-                slots.add(i).write(RequestSlot::new());
-            }
-            let shared = &*base.cast::<Shared>();
-            let (meta, table) = cache_arrays(shared, &layout);
-            CacheIndex::new(&mut *shared.cache_header.get(), meta, table, true);
-            groups::init(
-                base.cast::<u8>().add(layout.groups_meta_at),
-                layout.groups_data,
-            );
-        }
-        SHARED.store(base.cast(), Ordering::Release);
-        pg_sys::LWLockRelease(init_lock);
+        std::ptr::write_bytes(base, 0, layout.total);
+        base.cast::<Shared>().write(shared);
+    }
+    // SAFETY: the layout reserved `request_slots` slots at `slots_at`.
+    let slots = unsafe { base.add(layout.slots_at) }.cast::<RequestSlot>();
+    for i in 0..layout.request_slots {
+        // SAFETY: slot `i` of those.
+        unsafe { slots.add(i).write(RequestSlot::new()) };
+    }
+    // SAFETY: the fixed part written above.
+    let shared = unsafe { &*base.cast::<Shared>() };
+    // SAFETY: the cache's arrays in the new segment, which no other process uses yet.
+    unsafe {
+        let (meta, table) = cache_arrays(shared, layout);
+        CacheIndex::new(&mut *shared.cache_header.get(), meta, table, true);
+        groups::init(base.add(layout.groups_meta_at), layout.groups_data);
     }
 }
 
@@ -334,15 +360,16 @@ pub fn with_cache<R>(f: impl FnOnce(&mut CacheIndex<'_>) -> R) -> R {
     }
 }
 
-/// One of gsnap's LWLocks held exclusively by this process; released when dropped (also
-/// when an ERROR unwinds).
+/// An LWLock held exclusively by this process; released when dropped (also when an ERROR
+/// unwinds).
 pub(crate) struct ExclusiveLock(*mut pg_sys::LWLock);
 
 impl ExclusiveLock {
     /// Waits for and takes `lock`.
     ///
     /// # Safety
-    /// `lock` is one of gsnap's LWLocks in shared memory.
+    /// `lock` is an initialized LWLock in shared memory (one of gsnap's, or PostgreSQL's),
+    /// not held by this process.
     pub(crate) unsafe fn acquire(lock: *mut pg_sys::LWLock) -> ExclusiveLock {
         // SAFETY: the caller's promise.
         unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };

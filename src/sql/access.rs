@@ -37,38 +37,37 @@ pub fn require_gsnap_database() {
 
 /// Raises an ERROR unless the current user may read all of `relid` now.
 pub fn require_read_access(relid: pg_sys::Oid) {
-    // SAFETY: privilege checks in the catalog for the current user.
-    unsafe {
-        let user = pg_sys::GetUserId();
-        let table_ok = pg_sys::pg_class_aclcheck(relid, user, pg_sys::ACL_SELECT)
-            == pg_sys::AclResult::ACLCHECK_OK;
-        let columns_ok = table_ok
-            || pg_sys::pg_attribute_aclcheck_all(
-                relid,
-                user,
-                pg_sys::ACL_SELECT,
-                pg_sys::AclMaskHow::ACLMASK_ALL,
-            ) == pg_sys::AclResult::ACLCHECK_OK;
-        if !columns_ok {
-            error(
-                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                format!("permission denied for table {}", relation_name(relid)),
-            )
-            .detail("Reading a table as of a snapshot needs SELECT on the whole table.")
-            .raise();
-        }
-        if pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false)
-            == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
-        {
-            error(
-                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                format!(
-                    "table {} has row-level security, which gsnap cannot apply to snapshots",
-                    relation_name(relid)
-                ),
-            )
-            .hint("The table owner, or a role with BYPASSRLS, can read its snapshots.")
-            .raise();
-        }
+    use pg_sys::AclResult::ACLCHECK_OK;
+    // SAFETY: the current user's id, set for every session.
+    let user = unsafe { pg_sys::GetUserId() };
+    // SAFETY: a privilege check by OIDs in the catalog.
+    let table_ok =
+        unsafe { pg_sys::pg_class_aclcheck(relid, user, pg_sys::ACL_SELECT) } == ACLCHECK_OK;
+    let all_columns = pg_sys::AclMaskHow::ACLMASK_ALL;
+    // SAFETY: a privilege check by OIDs in the catalog, for every column.
+    let columns_ok = table_ok
+        || unsafe {
+            pg_sys::pg_attribute_aclcheck_all(relid, user, pg_sys::ACL_SELECT, all_columns)
+        } == ACLCHECK_OK;
+    if !columns_ok {
+        error(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {}", relation_name(relid)),
+        )
+        .detail("Reading a table as of a snapshot needs SELECT on the whole table.")
+        .raise();
+    }
+    // SAFETY: whether row-level security applies to the current user, by OID in the catalog.
+    let rls = unsafe { pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) };
+    if rls == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 {
+        error(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!(
+                "table {} has row-level security, which gsnap cannot apply to snapshots",
+                relation_name(relid)
+            ),
+        )
+        .hint("The table owner, or a role with BYPASSRLS, can read its snapshots.")
+        .raise();
     }
 }

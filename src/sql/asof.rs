@@ -6,7 +6,7 @@
 //! which is NULL, so they are `CALLED ON NULL INPUT` and check the snapshot argument
 //! themselves) returning their rows in materialize mode.
 
-use super::{materialized_result, reader_table, snapshot_argument};
+use super::{reader_table, snapshot_argument};
 use crate::error::null_argument;
 use crate::ffi::fcinfo::Call;
 use crate::ipc;
@@ -16,26 +16,31 @@ use crate::worker::UNIX_TO_PG_EPOCH_US;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-/// Reads table `relid` at `snap` into the call's result set.
+/// A call of `gsnap_asof`: the table of its first argument read at the snapshot `snapshot`
+/// finds from the call, into the call's result set.
 ///
 /// # Safety
-/// `call` is a set-returning call whose result type is the table's row type.
-unsafe fn materialize(call: Call, relid: pg_sys::Oid, snap: u64) {
-    // SAFETY: the result descriptor is the table's current row type.
-    unsafe {
-        let (desc, store) = materialized_result(call);
-        let mut rows = AsofRows::open(relid, desc, snap, false);
-        while let Some(row) = rows.next() {
-            if let Row::Values { values, nulls, .. } = row {
-                pg_sys::tuplestore_putvalues(
-                    store,
-                    desc,
-                    values.as_ptr().cast_mut(),
-                    nulls.as_ptr().cast_mut(),
-                );
-            }
+/// `fcinfo` is the call info of a `gsnap_asof` call, a set-returning function whose result
+/// type is its first argument's, the table's row type.
+unsafe fn asof(
+    fcinfo: pg_sys::FunctionCallInfo,
+    snapshot: impl FnOnce(Call) -> u64,
+) -> pg_sys::Datum {
+    // SAFETY: the caller's promise.
+    let call = unsafe { Call::new(fcinfo) };
+    let relid = reader_table(call, "gsnap_asof");
+    let snap = snapshot(call);
+    let result = call.materialize();
+    // SAFETY: the result's descriptor is the table's current row type (the caller's promise),
+    // valid during the call.
+    let mut rows = unsafe { AsofRows::open(relid, result.desc, snap, false) };
+    while let Some(row) = rows.next() {
+        if let Row::Values { values, nulls, .. } = row {
+            // SAFETY: a row of the table's current row type, the result's.
+            unsafe { result.put_values(values, nulls) };
         }
     }
+    pg_sys::Datum::from(0usize)
 }
 
 v1_function_info!(pg_finfo_gsnap_asof_id);
@@ -44,13 +49,9 @@ v1_function_info!(pg_finfo_gsnap_asof_id);
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn gsnap_asof_id(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    // SAFETY: called by PostgreSQL as a set-returning function.
-    let call = unsafe { Call::new(fcinfo) };
-    let relid = reader_table(call, "gsnap_asof");
-    let snap = snapshot_argument(call, 1, "the snapshot id of gsnap_asof");
-    // SAFETY: as above.
-    unsafe { materialize(call, relid, snap) };
-    pg_sys::Datum::from(0usize)
+    let snapshot = |call| snapshot_argument(call, 1, "the snapshot id of gsnap_asof");
+    // SAFETY: PostgreSQL calls this with the call info of gsnap_asof(anyelement, bigint).
+    unsafe { asof(fcinfo, snapshot) }
 }
 
 v1_function_info!(pg_finfo_gsnap_asof_time);
@@ -59,16 +60,12 @@ v1_function_info!(pg_finfo_gsnap_asof_time);
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn gsnap_asof_time(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    // SAFETY: called by PostgreSQL as a set-returning function.
-    let call = unsafe { Call::new(fcinfo) };
-    let relid = reader_table(call, "gsnap_asof");
-    let t = call
-        .arg_i64(1)
-        .unwrap_or_else(|| null_argument("the time of gsnap_asof"));
-    let snap = resolve_time(t);
-    // SAFETY: as above.
-    unsafe { materialize(call, relid, snap) };
-    pg_sys::Datum::from(0usize)
+    let snapshot = |call: Call| {
+        let t = call.arg_i64(1);
+        resolve_time(t.unwrap_or_else(|| null_argument("the time of gsnap_asof")))
+    };
+    // SAFETY: PostgreSQL calls this with the call info of gsnap_asof(anyelement, timestamptz).
+    unsafe { asof(fcinfo, snapshot) }
 }
 
 /// The latest readable snapshot taken at or before `t` (a PostgreSQL timestamptz).

@@ -2,7 +2,7 @@
 //! at b (`'removed'`); an update is one of each, a row that only moved is no change.
 
 use super::range::rec_descriptor;
-use super::{materialized_result, reader_table, snapshot_argument};
+use super::{reader_table, snapshot_argument};
 use crate::ffi::fcinfo::Call;
 use crate::read::diff::diff_rows;
 use crate::v1_function_info;
@@ -16,32 +16,28 @@ v1_function_info!(pg_finfo_gsnap_diff);
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn gsnap_diff(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    // SAFETY: called by PostgreSQL as a set-returning function.
+    // SAFETY: PostgreSQL calls this with the call info of this function.
     let call = unsafe { Call::new(fcinfo) };
     let relid = reader_table(call, "gsnap_diff");
     let a = snapshot_argument(call, 1, "the first snapshot of gsnap_diff");
     let b = snapshot_argument(call, 2, "the second snapshot of gsnap_diff");
-    // SAFETY: the materialize-mode protocol; the rows are of the table's current row type.
-    unsafe {
-        let (desc, store) = materialized_result(call);
-        let added = pg_sys::Datum::from(pg_sys::cstring_to_text(c"added".as_ptr()));
-        let removed = pg_sys::Datum::from(pg_sys::cstring_to_text(c"removed".as_ptr()));
-        diff_rows(relid, a, b, rec_descriptor(desc), &mut |change, rec| {
-            let label = if change == Change::Added {
-                added
-            } else {
-                removed
-            };
-            let cols = [label, rec];
-            let cnulls = [false, false];
-            pg_sys::tuplestore_putvalues(
-                store,
-                desc,
-                cols.as_ptr().cast_mut(),
-                cnulls.as_ptr().cast_mut(),
-            );
-        });
-    }
+    let result = call.materialize();
+    let label = |text: &str| text.into_datum().expect("text is not NULL");
+    let (added, removed) = (label("added"), label("removed"));
+    let mut put = |change, rec| {
+        let change = if change == Change::Added {
+            added
+        } else {
+            removed
+        };
+        // SAFETY: a row of the result's type: a text, then a `rec` formed by diff_rows with
+        // the descriptor of the result's `rec` column.
+        unsafe { result.put_values(&[change, rec], &[false, false]) };
+    };
+    // SAFETY: the result's columns are (change text, rec of the table's row type).
+    let rec_desc = unsafe { rec_descriptor(result.desc) };
+    // SAFETY: the table's current row type, copied for this call.
+    unsafe { diff_rows(relid, a, b, rec_desc, &mut put) };
     pg_sys::Datum::from(0usize)
 }
 

@@ -22,7 +22,7 @@ mod spans;
 
 use crate::error::{error, no_such_snapshot, null_argument};
 use crate::ffi::fcinfo::Call;
-use crate::ffi::relation::{relation_kind, relation_name};
+use crate::ffi::relation::{relation_kind, relation_name, relation_of_type};
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 
@@ -30,11 +30,9 @@ use pgrx::PgSqlErrorCode;
 /// ACCESS SHARE until the transaction ends (as a SELECT would), after the checks every read
 /// makes (database, privileges).
 pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
-    // SAFETY: a catalog lookup of a type's relation.
-    let relid = unsafe { pg_sys::get_typ_typrelid(call.arg_type(0)) };
-    let kind = (relid != pg_sys::InvalidOid)
-        .then(|| relation_kind(relid))
-        .flatten();
+    let relid = relation_of_type(call.arg_type(0));
+    let kind = relid.and_then(relation_kind);
+    let relid = relid.unwrap_or(pg_sys::InvalidOid);
     if kind == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
         error(
             PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
@@ -57,7 +55,7 @@ pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
     access::require_gsnap_database();
     access::require_read_access(relid);
     // Already held when the query was analyzed (plan/deps.rs).
-    // SAFETY: a lock request on an existing relation.
+    // SAFETY: a lock request on a table just found in the catalog.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     relid
 }
@@ -69,17 +67,4 @@ pub fn snapshot_argument(call: Call, i: usize, what: &str) -> u64 {
         no_such_snapshot(snap);
     }
     snap as u64
-}
-
-/// The materialize-mode result of a set-returning call: its descriptor and tuplestore.
-///
-/// # Safety
-/// `call` is a set-returning call.
-pub unsafe fn materialized_result(call: Call) -> (pg_sys::TupleDesc, *mut pg_sys::Tuplestorestate) {
-    // SAFETY: the materialize-mode SRF protocol.
-    unsafe {
-        pg_sys::InitMaterializedSRF(call.raw(), 0);
-        let rsinfo = (*call.raw()).resultinfo.cast::<pg_sys::ReturnSetInfo>();
-        ((*rsinfo).setDesc, (*rsinfo).setResult)
-    }
 }

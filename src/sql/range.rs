@@ -2,10 +2,11 @@
 //! row of the table at every readable snapshot of the range. (In FROM it is planned as the
 //! "gsnap range" custom scan instead, `exec::range_scan`.)
 
-use super::{materialized_result, reader_table, snapshot_argument};
+use super::{reader_table, snapshot_argument};
 use crate::error::error;
-use crate::ffi::fcinfo::Call;
+use crate::ffi::fcinfo::{Call, ResultSet};
 use crate::ffi::memcx::OwnedContext;
+use crate::ffi::tuple::{self, row_type_copy};
 use crate::read::range::RangeCursor;
 use crate::v1_function_info;
 use pgrx::pg_sys;
@@ -16,13 +17,11 @@ use pgrx::PgSqlErrorCode;
 /// current row type (a copy in the current context).
 ///
 /// # Safety
-/// `desc` is a two-column result descriptor.
+/// `desc` is a valid result descriptor.
 pub(super) unsafe fn rec_descriptor(desc: pg_sys::TupleDesc) -> pg_sys::TupleDesc {
-    // SAFETY: the second result column is the table's composite type.
-    unsafe {
-        let rec_type = (*desc).attrs.as_slice(2)[1].atttypid;
-        pg_sys::lookup_rowtype_tupdesc_copy(rec_type, -1)
-    }
+    // SAFETY: the caller's promise.
+    let rec = unsafe { tuple::attributes(desc) }[1];
+    row_type_copy(rec.atttypid)
 }
 
 v1_function_info!(pg_finfo_gsnap_range);
@@ -31,50 +30,59 @@ v1_function_info!(pg_finfo_gsnap_range);
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    // SAFETY: called by PostgreSQL as a set-returning function.
+    // SAFETY: PostgreSQL calls this with the call info of this function.
     let call = unsafe { Call::new(fcinfo) };
     let relid = reader_table(call, "gsnap_range");
     let from = snapshot_argument(call, 1, "the first snapshot of gsnap_range");
     let to = snapshot_argument(call, 2, "the last snapshot of gsnap_range");
-    // SAFETY: the materialize-mode protocol; the rows are of the table's current row type.
-    unsafe {
-        let (desc, store) = materialized_result(call);
-        let snap_att = (*desc).attrs.as_slice(2)[0];
-        if snap_att.atttypid != pg_sys::INT8OID || !snap_att.attbyval {
-            error(
-                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                "gsnap_range must return (snap_id bigint, rec)",
-            )
-            .raise();
-        }
-        let mut cursor = RangeCursor::open(relid, from, to, rec_descriptor(desc));
-        let rows = OwnedContext::new("gsnap_range rows");
-        while let Some((snaps, rec)) = cursor.next_row(&mut |_, _| true) {
-            // One result tuple per row version and run of snapshots; only its snap_id
-            // differs from one snapshot to the next (tuplestore_puttuple copies it).
-            rows.run(|| {
-                let cols = [pg_sys::Datum::from(0i64), rec];
-                let cnulls = [false, false];
-                let tuple = pg_sys::heap_form_tuple(
-                    desc,
-                    cols.as_ptr().cast_mut(),
-                    cnulls.as_ptr().cast_mut(),
-                );
-                let header = (*tuple).t_data;
-                // No NULLs, so the data starts at t_hoff, and snap_id (int8, by value) first.
-                let snap_id = header
-                    .cast::<u8>()
-                    .add(usize::from((*header).t_hoff))
-                    .cast::<i64>();
-                for &snap in snaps {
-                    snap_id.write_unaligned(snap as i64);
-                    pg_sys::tuplestore_puttuple(store, tuple);
-                }
-            });
-            rows.reset();
-        }
+    let result = call.materialize();
+    // SAFETY: the result's descriptor, valid during the call.
+    let snap_id = unsafe { tuple::attributes(result.desc) }[0];
+    if snap_id.atttypid != pg_sys::INT8OID || !snap_id.attbyval {
+        error(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            "gsnap_range must return (snap_id bigint, rec)",
+        )
+        .raise();
+    }
+    // SAFETY: the result's `rec` column has the table's current row type, which the copy
+    // keeps for the cursor.
+    let mut cursor = unsafe { RangeCursor::open(relid, from, to, rec_descriptor(result.desc)) };
+    let rows = OwnedContext::new("gsnap_range rows");
+    while let Some((snaps, rec)) = cursor.next_row(&mut |_, _| true) {
+        // SAFETY: the rows are (snap_id bigint, rec), `rec` of the table's row type.
+        rows.run(|| unsafe { put_versions(result, rec, snaps) });
+        // SAFETY: the tuplestore copied the tuple formed in the context.
+        unsafe { rows.reset() };
     }
     pg_sys::Datum::from(0usize)
+}
+
+/// Adds `(snap, rec)` to the result for each snapshot of `snaps`: one tuple is formed, and
+/// only its snap_id changes from one snapshot to the next (tuplestore_puttuple copies it).
+///
+/// # Safety
+/// The result's rows are `(snap_id bigint, rec)`, and `rec` a datum of the `rec` column's
+/// type.
+unsafe fn put_versions(result: ResultSet, rec: pg_sys::Datum, snaps: &[u64]) {
+    // SAFETY: the caller's promise.
+    let tuple = unsafe { tuple::form(result.desc, &[pg_sys::Datum::from(0i64), rec], &[false; 2]) };
+    // No NULLs, so the data starts at t_hoff, and snap_id (int8, by value) first.
+    // SAFETY: the header of the tuple just formed, and its first column's 8 bytes.
+    let snap_id = unsafe {
+        let header = (*tuple).t_data;
+        header
+            .cast::<u8>()
+            .add(usize::from((*header).t_hoff))
+            .cast::<i64>()
+    };
+    for &snap in snaps {
+        // SAFETY: as above; then a copy of the tuple, of the result's row type.
+        unsafe {
+            snap_id.write_unaligned(snap as i64);
+            result.put_tuple(tuple);
+        }
+    }
 }
 
 extension_sql!(

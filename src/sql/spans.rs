@@ -2,6 +2,7 @@
 
 use crate::error::error;
 use crate::ffi::regclass::RegClass;
+use crate::ffi::relation::relation_kind;
 use crate::shmem::dirty_sets;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
@@ -10,8 +11,7 @@ use pgrx::PgSqlErrorCode;
 /// records nothing: its answer is empty).
 fn existing_relation(rel: RegClass) -> u32 {
     crate::require_preloaded();
-    // SAFETY: a catalog lookup by OID ('\0' when there is no such relation).
-    if unsafe { pg_sys::get_rel_relkind(rel.0) } == 0 {
+    if relation_kind(rel.0).is_none() {
         error(
             PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
             format!("relation with OID {} does not exist", rel.0.to_u32()),

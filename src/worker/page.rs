@@ -9,6 +9,7 @@
 //! copied into the store after the buffer is released, and the tuple's TOAST pointer is
 //! rewritten to name the stored copy, so a snapshot never depends on TOAST chunks.
 
+use crate::ffi::tuple::{self, item_pointer};
 use gsnap_format::heap;
 use gsnap_format::view::ViewBuilder;
 use pgrx::pg_sys;
@@ -33,6 +34,20 @@ struct Copied {
 }
 
 impl Copied {
+    /// Copies `bytes`, the tuple at line pointer `lp`, to the end of `arena`.
+    fn copy(arena: &mut Vec<u64>, lp: u16, bytes: &[u8], has_external: bool) -> Copied {
+        let at = arena.len();
+        arena.resize(at + bytes.len().div_ceil(8), 0);
+        let copied = Copied {
+            lp,
+            len: bytes.len(),
+            at,
+            has_external,
+        };
+        copied.bytes_mut(arena).copy_from_slice(bytes);
+        copied
+    }
+
     fn bytes<'a>(&self, arena: &'a [u64]) -> &'a [u8] {
         let words = &arena[self.at..self.at + self.len.div_ceil(8)];
         // SAFETY: the words hold at least `len` initialized bytes.
@@ -65,33 +80,37 @@ unsafe fn unsettled_xid(xid: pg_sys::TransactionId, snapshot: pg_sys::Snapshot) 
 /// # Safety
 /// `header` points to a tuple header on a buffer the caller holds locked.
 unsafe fn tuple_unsettled(header: pg_sys::HeapTupleHeader, snapshot: pg_sys::Snapshot) -> bool {
-    // SAFETY: the caller holds the buffer lock; reading header fields and transaction status.
-    unsafe {
-        let infomask = u32::from((*header).t_infomask);
-        let xmin_frozen = infomask & pg_sys::HEAP_XMIN_FROZEN == pg_sys::HEAP_XMIN_FROZEN;
-        let xmin_aborted = !xmin_frozen && infomask & pg_sys::HEAP_XMIN_INVALID != 0;
-        if xmin_aborted {
-            return false; // never visible to anyone
-        }
-        if !xmin_frozen && unsettled_xid((*header).t_choice.t_heap.t_xmin, snapshot) {
-            return true;
-        }
-        if infomask & pg_sys::HEAP_XMAX_INVALID != 0 {
-            return false;
-        }
-        let lock_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
-            || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
-                == pg_sys::HEAP_XMAX_EXCL_LOCK;
-        if lock_only {
-            return false; // a row lock does not change visibility
-        }
-        let xmax = if infomask & pg_sys::HEAP_XMAX_IS_MULTI != 0 {
-            pg_sys::HeapTupleGetUpdateXid(header)
-        } else {
-            (*header).t_choice.t_heap.t_xmax
-        };
-        unsettled_xid(xmax, snapshot)
+    // SAFETY: the caller holds the buffer lock, so the header's fields are stable.
+    let (infomask, xmin, xmax) = unsafe {
+        let heap = (*header).t_choice.t_heap;
+        (u32::from((*header).t_infomask), heap.t_xmin, heap.t_xmax)
+    };
+    let xmin_frozen = infomask & pg_sys::HEAP_XMIN_FROZEN == pg_sys::HEAP_XMIN_FROZEN;
+    let xmin_aborted = !xmin_frozen && infomask & pg_sys::HEAP_XMIN_INVALID != 0;
+    if xmin_aborted {
+        return false; // never visible to anyone
     }
+    // SAFETY: the caller's valid MVCC snapshot.
+    if !xmin_frozen && unsafe { unsettled_xid(xmin, snapshot) } {
+        return true;
+    }
+    if infomask & pg_sys::HEAP_XMAX_INVALID != 0 {
+        return false;
+    }
+    let lock_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
+        || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
+            == pg_sys::HEAP_XMAX_EXCL_LOCK;
+    if lock_only {
+        return false; // a row lock does not change visibility
+    }
+    let xmax = if infomask & pg_sys::HEAP_XMAX_IS_MULTI != 0 {
+        // SAFETY: a header on the locked buffer whose xmax is a MultiXact.
+        unsafe { pg_sys::HeapTupleGetUpdateXid(header) }
+    } else {
+        xmax
+    };
+    // SAFETY: the caller's valid MVCC snapshot.
+    unsafe { unsettled_xid(xmax, snapshot) }
 }
 
 /// Reads block `block` of `rel` and returns its view at `snapshot`. `store_toast` stores
@@ -111,59 +130,16 @@ pub unsafe fn capture_page<E>(
     let mut copied = Vec::new();
     // One allocation per page for all its tuples (a page holds at most BLCKSZ bytes of them).
     let mut arena: Vec<u64> = Vec::with_capacity(pg_sys::BLCKSZ as usize / 8 + 64);
-    let mut unsettled = false;
-    // SAFETY: the caller's contract; the buffer is pinned and share-locked while its
-    // tuples are examined and copied, then released.
-    unsafe {
-        let buffer = pg_sys::ReadBufferExtended(
-            rel,
-            pg_sys::ForkNumber::MAIN_FORKNUM,
-            block,
-            pg_sys::ReadBufferMode::RBM_NORMAL,
-            strategy,
-        );
-        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
-        let page = pg_sys::BufferGetPage(buffer);
-        if !pg_sys::PageIsNew(page) {
-            let max = pg_sys::PageGetMaxOffsetNumber(page);
-            for off in 1..=max {
-                let item = pg_sys::PageGetItemId(page, off);
-                if (*item).lp_flags() != pg_sys::LP_NORMAL {
-                    continue;
-                }
-                let header = pg_sys::PageGetItem(page, item).cast::<pg_sys::HeapTupleHeaderData>();
-                let len = (*item).lp_len() as usize;
-                let mut tuple = pg_sys::HeapTupleData {
-                    t_len: len as u32,
-                    t_self: pg_sys::ItemPointerData::default(),
-                    t_tableOid: (*rel).rd_id,
-                    t_data: header,
-                };
-                pgrx::itemptr::item_pointer_set_all(&mut tuple.t_self, block, off);
-                if tuple_unsettled(header, snapshot) {
-                    unsettled = true;
-                }
-                if pg_sys::HeapTupleSatisfiesVisibility(&mut tuple, snapshot, buffer) {
-                    let at = arena.len();
-                    arena.resize(at + len.div_ceil(8), 0);
-                    std::ptr::copy_nonoverlapping(
-                        header.cast::<u8>(),
-                        arena[at..].as_mut_ptr().cast::<u8>(),
-                        len,
-                    );
-                    let has_external =
-                        u32::from((*header).t_infomask) & pg_sys::HEAP_HASEXTERNAL != 0;
-                    copied.push(Copied {
-                        lp: off,
-                        len,
-                        at,
-                        has_external,
-                    });
-                }
-            }
-        }
-        pg_sys::UnlockReleaseBuffer(buffer);
-    }
+    let main = pg_sys::ForkNumber::MAIN_FORKNUM;
+    let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
+    // SAFETY: the caller's contract: `rel` is open, `block` below its size.
+    let buffer = unsafe { pg_sys::ReadBufferExtended(rel, main, block, normal, strategy) };
+    // SAFETY: the buffer pinned above, share-locked while its tuples are examined and copied.
+    unsafe { pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32) };
+    // SAFETY: the locked buffer of `block` of `rel`, and the caller's registered snapshot.
+    let unsettled = unsafe { copy_visible(rel, buffer, block, snapshot, &mut arena, &mut copied) };
+    // SAFETY: releases the lock and the pin taken above; nothing points into the page any more.
+    unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
 
     let mut builder = ViewBuilder::new();
     for t in copied {
@@ -182,6 +158,64 @@ pub unsafe fn capture_page<E>(
     })
 }
 
+/// Copies the tuples of the page in `buffer` that `snapshot` sees into `arena`, noting each
+/// in `copied`; true if the page is unsettled (see [`tuple_unsettled`]).
+///
+/// # Safety
+/// `buffer` holds block `block` of the open relation `rel`, pinned and share-locked by the
+/// caller; `snapshot` is a registered MVCC snapshot.
+unsafe fn copy_visible(
+    rel: pg_sys::Relation,
+    buffer: pg_sys::Buffer,
+    block: u32,
+    snapshot: pg_sys::Snapshot,
+    arena: &mut Vec<u64>,
+    copied: &mut Vec<Copied>,
+) -> bool {
+    // SAFETY: the caller's promise: the locked page, and the open relation's OID.
+    let (page, relid) = unsafe { (pg_sys::BufferGetPage(buffer), (*rel).rd_id) };
+    // SAFETY: the locked page.
+    if unsafe { pg_sys::PageIsNew(page) } {
+        return false;
+    }
+    // SAFETY: the locked page.
+    let max = unsafe { pg_sys::PageGetMaxOffsetNumber(page) };
+    let mut unsettled = false;
+    for off in 1..=max {
+        // SAFETY: line pointer `off` of the locked page, at most its last.
+        let item = unsafe { pg_sys::PageGetItemId(page, off) };
+        // SAFETY: as above.
+        let (flags, len) = unsafe { ((*item).lp_flags(), (*item).lp_len() as usize) };
+        if flags != pg_sys::LP_NORMAL {
+            continue;
+        }
+        // SAFETY: the tuple of a normal line pointer, on the locked page.
+        let header =
+            unsafe { pg_sys::PageGetItem(page, item) }.cast::<pg_sys::HeapTupleHeaderData>();
+        let mut tuple = pg_sys::HeapTupleData {
+            t_len: len as u32,
+            t_self: item_pointer(block, off),
+            t_tableOid: relid,
+            t_data: header,
+        };
+        // SAFETY: the tuple's header, on the locked page; the caller's snapshot.
+        unsettled |= unsafe { tuple_unsettled(header, snapshot) };
+        // SAFETY: the tuple, in its locked buffer, tested against the caller's snapshot.
+        if unsafe { pg_sys::HeapTupleSatisfiesVisibility(&mut tuple, snapshot, buffer) } {
+            // SAFETY: the header and its `len` bytes, on the locked page.
+            let (infomask, bytes) = unsafe {
+                (
+                    (*header).t_infomask,
+                    std::slice::from_raw_parts(header.cast::<u8>(), len),
+                )
+            };
+            let has_external = u32::from(infomask) & pg_sys::HEAP_HASEXTERNAL != 0;
+            copied.push(Copied::copy(arena, off, bytes, has_external));
+        }
+    }
+    unsettled
+}
+
 /// Stores each out-of-line TOAST value of `t` and points its TOAST pointer at the copy.
 ///
 /// # Safety
@@ -192,43 +226,62 @@ unsafe fn copy_out_toast<E>(
     t: &mut [u8],
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
 ) -> Result<(), E> {
-    // SAFETY: deforming an aligned copy of a tuple of `rel` with `rel`'s descriptor; the
-    // datums of varlena attributes point into the copy, so their offsets locate the TOAST
-    // pointers to rewrite.
-    unsafe {
-        let desc = (*rel).rd_att;
-        let natts = (*desc).natts as usize;
-        let len = t.len();
-        let base = t.as_mut_ptr();
-        let mut tuple = pg_sys::HeapTupleData {
-            t_len: len as u32,
-            t_self: pg_sys::ItemPointerData::default(),
-            t_tableOid: (*rel).rd_id,
-            t_data: base.cast(),
-        };
-        let mut values = vec![pg_sys::Datum::from(0usize); natts];
-        let mut nulls = vec![false; natts];
-        pg_sys::heap_deform_tuple(&mut tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-        for i in 0..natts {
-            let att = (*desc).attrs.as_slice(natts)[i];
-            if nulls[i] || att.attlen != -1 || att.attisdropped {
-                continue;
-            }
-            // The rest of the tuple from this attribute on, through `base` (which the datums
-            // of the remaining attributes point into, so it stays the only way in).
-            let ptr = values[i].cast_mut_ptr::<u8>();
-            let rest = std::slice::from_raw_parts_mut(ptr, len - ptr.offset_from(base) as usize);
-            if !heap::is_toast_pointer(rest) {
-                continue;
-            }
-            let value = pg_sys::detoast_external_attr(ptr.cast()).cast::<u8>();
-            // A detoasted value is an inline varlena: its header tells its whole size.
-            let header = std::slice::from_raw_parts(value, heap::varlena_header_len(*value));
-            let size = heap::varsize_any(header).expect("a detoasted value is a varlena");
-            let id = store_toast(std::slice::from_raw_parts(value, size))?;
-            pg_sys::pfree(value.cast());
-            heap::set_toast_id(rest, id).expect("checked to be a TOAST pointer");
+    // SAFETY: the caller's promise: an open relation, and its descriptor.
+    let (desc, relid) = unsafe { ((*rel).rd_att, (*rel).rd_id) };
+    // SAFETY: as above.
+    let attrs = unsafe { tuple::attributes(desc) };
+    let len = t.len();
+    let base = t.as_mut_ptr();
+    let mut tuple = pg_sys::HeapTupleData {
+        t_len: len as u32,
+        t_tableOid: relid,
+        t_data: base.cast(),
+        ..Default::default()
+    };
+    let mut values = vec![pg_sys::Datum::from(0usize); attrs.len()];
+    let mut nulls = vec![false; attrs.len()];
+    // SAFETY: an aligned copy of a tuple of `rel`, deformed with `rel`'s descriptor: the datums
+    // of varlena attributes point into the copy, so their offsets locate the TOAST pointers.
+    unsafe { tuple::deform(&mut tuple, desc, &mut values, &mut nulls) };
+    for (i, att) in attrs.iter().enumerate() {
+        if nulls[i] || att.attlen != -1 || att.attisdropped {
+            continue;
         }
+        // The rest of the tuple from this attribute on, through `base` (which the datums of
+        // the remaining attributes point into, so it stays the only way in).
+        let ptr = values[i].cast_mut_ptr::<u8>();
+        // SAFETY: the datum of a varlena attribute points into the copy, at or after `base`.
+        let rest =
+            unsafe { std::slice::from_raw_parts_mut(ptr, len - ptr.offset_from(base) as usize) };
+        if !heap::is_toast_pointer(rest) {
+            continue;
+        }
+        // SAFETY: a TOAST pointer of `rel`'s tuple, fetched in the caller's transaction.
+        let id = unsafe { store_external(ptr, store_toast) }?;
+        heap::set_toast_id(rest, id).expect("checked to be a TOAST pointer");
     }
     Ok(())
+}
+
+/// Fetches the out-of-line value the TOAST pointer at `pointer` names, stores it with
+/// `store_toast`, and returns the stored copy's id.
+///
+/// # Safety
+/// `pointer` is a TOAST pointer (a varlena) of an open relation's tuple; must run inside a
+/// transaction with a registered snapshot.
+unsafe fn store_external<E>(
+    pointer: *mut u8,
+    store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
+) -> Result<u64, E> {
+    // SAFETY: the caller's promise; the value is a new palloc'd copy.
+    let value = unsafe { pg_sys::detoast_external_attr(pointer.cast()) }.cast::<u8>();
+    // A detoasted value is an inline varlena: its header tells its whole size.
+    // SAFETY: the value's first byte says how long its header is; the header is readable.
+    let header = unsafe { std::slice::from_raw_parts(value, heap::varlena_header_len(*value)) };
+    let size = heap::varsize_any(header).expect("a detoasted value is a varlena");
+    // SAFETY: the whole value, `size` bytes.
+    let id = store_toast(unsafe { std::slice::from_raw_parts(value, size) });
+    // SAFETY: the copy made above, no longer used.
+    unsafe { pg_sys::pfree(value.cast()) };
+    id
 }

@@ -54,36 +54,34 @@ impl Xact {
 /// Runs `f` in a subtransaction of the open transaction. A PostgreSQL ERROR (or a Rust
 /// panic) inside `f` rolls the subtransaction back and comes back as `Err(message)`.
 pub fn in_subtransaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
-    // SAFETY: called with the worker's transaction open and no subtransaction open; the
-    // memory context and resource owner are restored as PL/pgSQL does for its blocks.
+    // SAFETY: this process's current memory context and resource owner.
+    let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    // SAFETY: the worker calls this with its transaction open and no subtransaction open; the
+    // caller's memory context stays current inside, as PL/pgSQL does for its blocks.
     unsafe {
-        let context = pg_sys::CurrentMemoryContext;
-        let owner = pg_sys::CurrentResourceOwner;
         pg_sys::BeginInternalSubTransaction(std::ptr::null());
         pg_sys::MemoryContextSwitchTo(context);
-        let f = std::panic::AssertUnwindSafe(f);
-        let outcome = PgTryBuilder::new(move || {
-            let f = f;
-            Ok((f.0)())
-        })
-        .catch_others(|e| Err(describe(e)))
-        .execute();
-        match outcome {
-            Ok(r) => {
-                pg_sys::ReleaseCurrentSubTransaction();
-                pg_sys::MemoryContextSwitchTo(context);
-                pg_sys::CurrentResourceOwner = owner;
-                Ok(r)
-            }
-            Err(message) => {
-                pg_sys::MemoryContextSwitchTo(context);
-                pg_sys::RollbackAndReleaseCurrentSubTransaction();
-                pg_sys::MemoryContextSwitchTo(context);
-                pg_sys::CurrentResourceOwner = owner;
-                Err(message)
-            }
-        }
     }
+    let f = std::panic::AssertUnwindSafe(f);
+    let outcome = PgTryBuilder::new(move || {
+        let f = f;
+        Ok((f.0)())
+    })
+    .catch_others(|e| Err(describe(e)))
+    .execute();
+    // SAFETY: ends the subtransaction begun above (committed, or rolled back after an ERROR)
+    // and restores the memory context and resource owner current before it.
+    unsafe {
+        if outcome.is_ok() {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::MemoryContextSwitchTo(context);
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    }
+    outcome
 }
 
 fn describe(e: CaughtError) -> String {
