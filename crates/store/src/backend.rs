@@ -130,6 +130,17 @@ pub trait KvBackend: Send + Sync {
     /// Applies `batch` atomically. With `sync`, returns only once it (and every earlier batch)
     /// is durable.
     fn write(&self, batch: &WriteBatch, sync: bool) -> Result<()>;
+
+    /// Asks the backend to rewrite the files that hold keys of `cf` in `[start, end)`, so
+    /// that deleted entries stop taking space. Default: nothing to do.
+    fn compact_range(&self, _cf: Cf, _start: &[u8], _end: &[u8]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Bytes the backend takes on disk (or in memory). Default: unknown, 0.
+    fn disk_bytes(&self) -> Result<u64> {
+        Ok(0)
+    }
 }
 
 /// An iterator over the entries of one column family with keys in `[start, end)`, in key
@@ -230,5 +241,13 @@ impl<T: KvBackend + ?Sized> KvBackend for std::sync::Arc<T> {
 
     fn write(&self, batch: &WriteBatch, sync: bool) -> Result<()> {
         (**self).write(batch, sync)
+    }
+
+    fn compact_range(&self, cf: Cf, start: &[u8], end: &[u8]) -> Result<()> {
+        (**self).compact_range(cf, start, end)
+    }
+
+    fn disk_bytes(&self) -> Result<u64> {
+        (**self).disk_bytes()
     }
 }

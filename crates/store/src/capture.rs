@@ -12,8 +12,14 @@
 //!    nodes they change), the record in state *committed* and the marker's deletion in one
 //!    synced batch: only then is the snapshot visible, and its mappings with it;
 //! 4. `abort` (or dropping an unfinished capture) removes the carried pages written so far
-//!    and marks the snapshot failed; after a crash, `open` does the same for every marker
-//!    left.
+//!    and the images and TOAST values the capture stored (every id from the first sequence
+//!    numbers recorded in its capturing marker when it began: one capture at a time), and
+//!    marks the snapshot failed; after a crash, `open` does the same for every marker left.
+//!
+//! Reference counts (`refs`): the commit batch adds one to an image's count per mapping of
+//! the snapshot that names it, and one to a TOAST value's count per new image naming it;
+//! reclamation takes them off again (`reclaim.rs`). New images go to the column family of
+//! the snapshot's rank, their ids tagged with it (`keys::image_id`).
 //!
 //! Invariants: at most one capture is open per store; a capture whose write failed accepts
 //! nothing but `abort` (its flushed state is incomplete); a dedup entry is written in the same
@@ -50,6 +56,13 @@ pub struct Capture<B: KvBackend> {
     batch: WriteBatch,
     pending_images: HashMap<Fingerprint, ImageId>,
     pending_toast: HashMap<Fingerprint, ToastId>,
+    /// Images stored before this capture that it maps (a dedup hit): reclamation must not
+    /// free one even if its count drops to zero meanwhile (the commit adds to it).
+    existing: HashSet<ImageId>,
+    /// How many new images name each TOAST value (added to its count at commit).
+    toast_refs: HashMap<ToastId, u64>,
+    /// The sequence number of the first image this capture may store.
+    first_image_seq: u64,
     failed: Option<StoreError>,
     finished: bool,
 }
@@ -103,6 +116,9 @@ impl<B: KvBackend> SnapshotStore<B> {
             decl,
             stats: CaptureStats::default(),
             failure_reason: None,
+            explicit_rank: Rank(0),
+            pins: Vec::new(),
+            deleted_at_us: None,
         };
         batch.put(
             Cf::Catalog,
@@ -163,16 +179,41 @@ impl<B: KvBackend> SnapshotStore<B> {
                 StoreError::corrupt(format!("declared snapshot {} has no record", snap.0))
             })?;
         let info = records::decode_snapshot(snap, &v)?;
+        if info.decl.rank.0 >= keys::IMAGE_RANKS {
+            return Err(StoreError::invalid(format!(
+                "snapshot {} has rank {}; ranks go up to {}",
+                snap.0,
+                info.decl.rank.0,
+                keys::IMAGE_RANKS - 1
+            )));
+        }
         let rels = info.decl.relations.iter().map(|r| r.rel).collect();
+        // What this capture will store starts at the counters' next values: recorded in the
+        // marker, so that an abort or recovery removes exactly this capture's content. The
+        // marker goes into the capture's first batch: batches reach the disk in order, so
+        // the marker is there before any content (a marker left empty means none).
+        let marker = records::CaptureMarker {
+            first_image_seq: self.next_id(Counter::Image),
+            first_toast: self.next_id(Counter::Toast),
+        };
+        let mut batch = WriteBatch::new();
+        batch.put(
+            Cf::Catalog,
+            &keys::capturing_key(snap),
+            &records::encode_capture_marker(&marker),
+        );
         self.catalog_mut().active = Some(snap);
         Ok(Capture {
             store: self.clone(),
             info,
             rels,
             mappings: Vec::new(),
-            batch: WriteBatch::new(),
+            batch,
             pending_images: HashMap::new(),
             pending_toast: HashMap::new(),
+            existing: HashSet::new(),
+            toast_refs: HashMap::new(),
+            first_image_seq: marker.first_image_seq,
             failed: None,
             finished: false,
         })
@@ -213,9 +254,19 @@ impl<B: KvBackend> Capture<B> {
         self.info.stats
     }
 
-    /// Stores the view of one page (at most [`MAX_VIEW_BYTES`]) and returns its image id:
-    /// the id of an identical view stored earlier (by any capture) if there is one.
-    pub fn put_image(&mut self, view: &[u8]) -> Result<ImageId> {
+    fn first_new_image_seq(&self) -> u64 {
+        self.first_image_seq
+    }
+
+    /// Images stored before this capture that it maps (reclamation must keep them).
+    pub fn existing_images(&self) -> &HashSet<ImageId> {
+        &self.existing
+    }
+
+    /// Stores the view of one page (at most [`MAX_VIEW_BYTES`]) whose tuples name the stored
+    /// TOAST values `toasts`, and returns its image id: the id of an identical view stored
+    /// earlier (by any capture) if there is one.
+    pub fn put_image(&mut self, view: &[u8], toasts: &[ToastId]) -> Result<ImageId> {
         self.usable()?;
         if view.len() > MAX_VIEW_BYTES {
             return Err(StoreError::invalid(format!(
@@ -226,16 +277,31 @@ impl<B: KvBackend> Capture<B> {
         let fp = Fingerprint::of(view);
         if let Some(id) = self.find(DedupKind::Image, &fp)? {
             self.info.stats.dedup_hits += 1;
-            return Ok(ImageId(id));
+            let id = ImageId(id);
+            if keys::image_seq(id) < self.first_new_image_seq() {
+                self.existing.insert(id);
+            }
+            return Ok(id);
         }
-        let id = ImageId(self.alloc(Counter::Image)?);
+        let rank = self.info.decl.rank;
+        let id = keys::image_id(rank, self.alloc(Counter::Image)?);
         let record = records::encode_image(view, &fp);
         let st = &mut self.info.stats;
         st.new_images += 1;
         st.image_bytes_raw += view.len() as u64;
         st.image_bytes_stored += record.len() as u64;
         self.batch
-            .put(Cf::Images(Rank(0)), &keys::image_key(id), &record);
+            .put(Cf::Images(rank), &keys::image_key(id), &record);
+        let mut named: Vec<ToastId> = toasts.to_vec();
+        named.sort_unstable();
+        named.dedup();
+        if !named.is_empty() {
+            let list: Vec<u8> = named.iter().flat_map(|t| t.0.to_be_bytes()).collect();
+            self.batch.put(Cf::Refs, &keys::image_toasts_key(id), &list);
+            for t in named {
+                *self.toast_refs.entry(t).or_default() += 1;
+            }
+        }
         self.batch.put(
             Cf::Dedup,
             &keys::dedup_key(DedupKind::Image, &fp),
@@ -302,7 +368,8 @@ impl<B: KvBackend> Capture<B> {
         self.usable()?;
         self.check_page(page)?;
         let next = self.store.next_id(Counter::Image);
-        if image.0 == 0 || image.0 >= next {
+        let seq = keys::image_seq(image);
+        if seq == 0 || seq >= next || keys::image_rank(image).0 >= keys::IMAGE_RANKS {
             return Err(StoreError::invalid(format!(
                 "mapping of {page} names {image}, which was never allocated"
             )));
@@ -334,6 +401,8 @@ impl<B: KvBackend> Capture<B> {
         let mappings = sorted_mappings(snap, std::mem::take(&mut self.mappings));
         info.stats.pages_captured = mappings.len() as u64;
         let r = self.store.append_to_log(snap, &mappings, &mut self.batch);
+        self.poison_on_error(r)?;
+        let r = self.add_references(&mappings);
         self.poison_on_error(r)?;
         self.batch.put(
             Cf::Catalog,
@@ -375,6 +444,27 @@ impl<B: KvBackend> Capture<B> {
             self.store.catalog_mut().needs_recovery = true;
         }
         result
+    }
+
+    /// Puts into the commit batch the reference counts the snapshot adds: one per mapping to
+    /// its image, one per new image to each TOAST value it names.
+    fn add_references(&mut self, mappings: &[Mapping]) -> Result<()> {
+        let mut images: HashMap<ImageId, u64> = HashMap::new();
+        for m in mappings {
+            *images.entry(m.image).or_default() += 1;
+        }
+        let images: Vec<(u64, [u8; 9])> = images
+            .into_iter()
+            .map(|(id, n)| (n, keys::image_refs_key(id)))
+            .collect();
+        let toasts: Vec<(u64, [u8; 9])> = std::mem::take(&mut self.toast_refs)
+            .into_iter()
+            .map(|(id, n)| (n, keys::toast_refs_key(id)))
+            .collect();
+        for (n, key, count) in self.store.counts(images.iter().chain(&toasts))? {
+            self.batch.put(Cf::Refs, &key, &(count + n).to_be_bytes());
+        }
+        Ok(())
     }
 
     fn usable(&self) -> Result<()> {

@@ -41,6 +41,17 @@ impl<B: KvBackend> SnapshotStore<B> {
         self.catalog().snaps.get(&snap).map(|s| s.state)
     }
 
+    /// When the newest snapshot that did not fail was declared (microseconds since the Unix
+    /// epoch), if there is one.
+    pub fn latest_declared_at_us(&self) -> Option<i64> {
+        self.catalog()
+            .snaps
+            .values()
+            .filter(|s| s.state != SnapshotState::Failed)
+            .map(|s| s.declared_at_us)
+            .max()
+    }
+
     /// The latest committed snapshot, if any.
     pub fn latest_committed(&self) -> Option<SnapId> {
         let cat = self.catalog();
@@ -88,37 +99,77 @@ impl<B: KvBackend> SnapshotStore<B> {
         Ok(out)
     }
 
-    /// Marks a committed or failed snapshot deleted (durably). It stays listed and is no
-    /// longer readable. Its mappings stay in the mapping log (later snapshots' page tables
-    /// are built on them); reclaiming space is garbage collection's job.
+    /// Marks a committed or failed snapshot deleted (durably); see [`Self::delete_snapshots`].
     pub fn delete_snapshot(&self, snap: SnapId) -> Result<()> {
-        let mut info = self.snapshot(snap)?;
-        match info.state {
-            SnapshotState::Deleted => return Ok(()),
-            SnapshotState::Capturing => {
-                return Err(StoreError::invalid(format!(
-                    "snapshot {} is being captured; it can be deleted once its capture ends",
-                    snap.0
-                )))
-            }
-            SnapshotState::Committed | SnapshotState::Failed => {}
+        self.delete_snapshots(&[snap], crate::store::now_us())
+    }
+
+    /// Marks snapshots deleted at `at_us`, all in one synced batch (all or none): they stay
+    /// listed and are no longer readable. A committed snapshot becomes *deleted* (its space is
+    /// reclaimed later, `reclaim.rs`); a failed one, which has no mappings, *reclaimed* at
+    /// once. Already deleted or reclaimed ones are left as they are. InvalidArgument for a
+    /// snapshot being captured, NotFound for an unknown one; nothing changes then.
+    pub fn delete_snapshots(&self, snaps: &[SnapId], at_us: i64) -> Result<()> {
+        let mut batch = WriteBatch::new();
+        let mut changed = Vec::new();
+        for &snap in snaps {
+            let mut info = self.snapshot(snap)?;
+            info.state = match info.state {
+                SnapshotState::Deleted | SnapshotState::Reclaimed => continue,
+                SnapshotState::Capturing => {
+                    return Err(StoreError::invalid(format!(
+                        "snapshot {} is being captured; it can be deleted once its capture ends",
+                        snap.0
+                    )))
+                }
+                SnapshotState::Committed => SnapshotState::Deleted,
+                SnapshotState::Failed => SnapshotState::Reclaimed,
+            };
+            info.deleted_at_us = Some(at_us);
+            batch.put(
+                Cf::Catalog,
+                &keys::snapshot_key(snap),
+                &records::encode_snapshot(&info),
+            );
+            changed.push((snap, info.state, info.decl.declared_at_us));
         }
-        info.state = SnapshotState::Deleted;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.backend.write(&batch, true)?;
+        let mut cat = self.catalog_mut();
+        for (snap, state, declared_at_us) in changed {
+            cat.snaps.insert(
+                snap,
+                SnapSummary {
+                    state,
+                    declared_at_us,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Replaces snapshot `snap`'s pins (durably).
+    pub fn set_pins(&self, snap: SnapId, pins: Vec<records::Pin>) -> Result<()> {
+        self.update_snapshot(snap, |info| info.pins = pins)
+    }
+
+    /// Gives snapshot `snap` a rank later (lazy ranking; durably).
+    pub fn set_explicit_rank(&self, snap: SnapId, rank: crate::ids::Rank) -> Result<()> {
+        self.update_snapshot(snap, |info| info.explicit_rank = rank)
+    }
+
+    fn update_snapshot(&self, snap: SnapId, change: impl FnOnce(&mut SnapshotInfo)) -> Result<()> {
+        let mut info = self.snapshot(snap)?;
+        change(&mut info);
         let mut batch = WriteBatch::new();
         batch.put(
             Cf::Catalog,
             &keys::snapshot_key(snap),
             &records::encode_snapshot(&info),
         );
-        self.backend.write(&batch, true)?;
-        self.catalog_mut().snaps.insert(
-            snap,
-            SnapSummary {
-                state: SnapshotState::Deleted,
-                declared_at_us: info.decl.declared_at_us,
-            },
-        );
-        Ok(())
+        self.backend.write(&batch, true)
     }
 
     /// Replaces the recorded reason of a failed snapshot (durably), e.g. with the storage

@@ -129,6 +129,14 @@ impl<B: KvBackend> KvBackend for FaultyBackend<B> {
         self.inner.last_in_range(cf, start, end)
     }
 
+    fn compact_range(&self, cf: Cf, start: &[u8], end: &[u8]) -> Result<()> {
+        self.inner.compact_range(cf, start, end)
+    }
+
+    fn disk_bytes(&self) -> Result<u64> {
+        self.inner.disk_bytes()
+    }
+
     fn write(&self, batch: &WriteBatch, sync: bool) -> Result<()> {
         // The state lock is held across the inner write so that the disk model sees batches
         // in the same order as the inner backend.

@@ -14,7 +14,7 @@ use crate::backend::{KvBackend, Scan, WriteBatch};
 use crate::codec::{Dec, Enc};
 use crate::error::{Result, StoreError};
 use crate::ids::{GroupId, SnapId};
-use crate::keys::{self, Cf};
+use crate::keys::{self, Cf, Counter};
 use crate::records::RECORD_VERSION;
 use crate::store::SnapshotStore;
 
@@ -103,13 +103,35 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// Stores a sealed group: its body and its metadata, atomically and durably.
     /// InvalidArgument if the metadata lists no snapshot or snapshots out of order.
     pub fn put_group(&self, meta: &GroupMeta, body: &[u8]) -> Result<()> {
-        meta.check().map_err(|problem| {
-            StoreError::invalid(format!("cannot store {}: {problem}", meta.id))
-        })?;
+        self.replace_groups(&[], &[(meta, body)])
+    }
+
+    /// Replaces sealed groups `old` by `new` (metadata and bodies) in one synced batch: a
+    /// crash leaves either set, never both. Group ids are never reused (the group cache
+    /// keys groups by id): the next free one is [`Self::next_group_id`].
+    pub fn replace_groups(&self, old: &[GroupId], new: &[(&GroupMeta, &[u8])]) -> Result<()> {
+        for (meta, _) in new {
+            meta.check().map_err(|problem| {
+                StoreError::invalid(format!("cannot store {}: {problem}", meta.id))
+            })?;
+        }
+        let mut ids = self.lock_ids();
         let mut batch = WriteBatch::new();
-        batch.put(Cf::Groups, &keys::group_key(meta.id), body);
-        batch.put(Cf::Catalog, &keys::group_meta_key(meta.id), &meta.encode());
+        for &g in old {
+            batch.delete(Cf::Groups, &keys::group_key(g));
+            batch.delete(Cf::Catalog, &keys::group_meta_key(g));
+        }
+        for (meta, body) in new {
+            batch.put(Cf::Groups, &keys::group_key(meta.id), body);
+            batch.put(Cf::Catalog, &keys::group_meta_key(meta.id), &meta.encode());
+            self.note_used(&mut ids, Counter::Group, meta.id.0, &mut batch);
+        }
         self.backend.write(&batch, true)
+    }
+
+    /// The lowest group id never used.
+    pub fn next_group_id(&self) -> GroupId {
+        GroupId(self.next_id(Counter::Group).max(1))
     }
 
     /// The body of sealed group `group`, if stored.
@@ -117,15 +139,18 @@ impl<B: KvBackend> SnapshotStore<B> {
         self.backend.get(Cf::Groups, &keys::group_key(group))
     }
 
-    /// The metadata of every sealed group, in group order.
+    /// The metadata of every sealed group, in snapshot order (a group rebuilt without
+    /// deleted snapshots has a newer id than the groups after it).
     pub fn group_metas(&self) -> Result<Vec<GroupMeta>> {
-        Scan::prefix(&self.backend, Cf::Catalog, &[keys::TAG_GROUP_META])?
+        let mut metas = Scan::prefix(&self.backend, Cf::Catalog, &[keys::TAG_GROUP_META])?
             .map(|e| {
                 let (k, v) = e?;
                 let id = GroupId(keys::decode_tagged_u64(&k, keys::TAG_GROUP_META)?);
                 GroupMeta::decode(id, &v).map_err(|e| e.context(self.backend.describe()))
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        metas.sort_by_key(GroupMeta::first);
+        Ok(metas)
     }
 
     /// Deletes a sealed group (body and metadata) durably.

@@ -17,9 +17,31 @@ use std::borrow::Cow;
 use crate::error::{Result, StoreError};
 use crate::ids::{Fingerprint, GroupId, ImageId, PageKey, Rank, RelId, RowTypeId, SnapId, ToastId};
 
-/// How many image rank levels have a column family: only rank 0 (Thresher's ranked
-/// segregation would add one `images_rN` column family per further level).
-pub const IMAGE_RANKS: u8 = 1;
+/// How many image rank levels have a column family (Thresher's ranked segregation): rank 0
+/// (no retention level) to 6 (yearly), as `gsnap_lifetimes` numbers them. An image lives in
+/// the family of the rank of the snapshot that first stored it, so images that die together
+/// share files, and reclaiming short-lived ones does not rewrite long-lived ones.
+pub const IMAGE_RANKS: u8 = 7;
+
+/// Where an image id keeps its rank: the top byte; the low 56 bits are its sequence number
+/// from the image counter. An image's column family is known from its id alone.
+pub const IMAGE_RANK_SHIFT: u32 = 56;
+
+/// The id of the image with sequence number `seq` stored at rank `rank`.
+pub fn image_id(rank: Rank, seq: u64) -> ImageId {
+    debug_assert!(seq < 1 << IMAGE_RANK_SHIFT && rank.0 < IMAGE_RANKS);
+    ImageId(u64::from(rank.0) << IMAGE_RANK_SHIFT | seq)
+}
+
+/// The rank (column family) of image `id`.
+pub fn image_rank(id: ImageId) -> Rank {
+    Rank((id.0 >> IMAGE_RANK_SHIFT) as u8)
+}
+
+/// The sequence number of image `id`.
+pub fn image_seq(id: ImageId) -> u64 {
+    id.0 & ((1 << IMAGE_RANK_SHIFT) - 1)
+}
 
 /// A column family: a separately stored, separately compacted key space. Families separate
 /// what has different lifetimes (see docs/design.md, "The store").
@@ -41,6 +63,8 @@ pub enum Cf {
     MapLog,
     /// Sealed index groups: group id -> opaque bytes.
     Groups,
+    /// Reference counts of images and TOAST values, and the TOAST values each image names.
+    Refs,
 }
 
 impl Cf {
@@ -48,7 +72,7 @@ impl Cf {
     pub fn all() -> Vec<Cf> {
         let mut all = vec![Cf::Meta, Cf::Catalog, Cf::Dedup];
         all.extend((0..IMAGE_RANKS).map(|r| Cf::Images(Rank(r))));
-        all.extend([Cf::Toast, Cf::MapLog, Cf::Groups]);
+        all.extend([Cf::Toast, Cf::MapLog, Cf::Groups, Cf::Refs]);
         all
     }
 
@@ -62,6 +86,7 @@ impl Cf {
             Cf::Toast => "toast".into(),
             Cf::MapLog => "maplog".into(),
             Cf::Groups => "groups".into(),
+            Cf::Refs => "refs".into(),
         }
     }
 }
@@ -88,6 +113,8 @@ pub enum Counter {
     Rel,
     /// Next [`RowTypeId`].
     RowType,
+    /// Next [`crate::GroupId`] (never reused: the group cache keys groups by id).
+    Group,
 }
 
 /// `meta`: `'N' counter-tag` -> next id (u64 BE).
@@ -98,6 +125,7 @@ pub fn counter_key(counter: Counter) -> [u8; 2] {
         Counter::Toast => b'T',
         Counter::Rel => b'R',
         Counter::RowType => b'Y',
+        Counter::Group => b'G',
     };
     [b'N', tag]
 }
@@ -328,6 +356,32 @@ fn exact<const N: usize>(key: &[u8], cf: &str) -> Result<[u8; N]> {
 
 fn bad_key(cf: &str, key: &[u8]) -> StoreError {
     StoreError::corrupt(format!("malformed key {key:02x?} in column family {cf}"))
+}
+
+// ---- reference counts ----------------------------------------------------------------------
+
+/// `refs`: `'I' image` -> u64 BE: how many live mappings of the mapping log name the image
+/// (written by the commit of the capture that maps it; decremented by reclamation).
+pub fn image_refs_key(id: ImageId) -> [u8; 9] {
+    tagged_u64(b'I', id.0)
+}
+
+/// `refs`: `'T' toast` -> u64 BE: how many stored images name the TOAST value.
+pub fn toast_refs_key(id: ToastId) -> [u8; 9] {
+    tagged_u64(b'T', id.0)
+}
+
+/// `refs`: `'L' image` -> the TOAST values the image names (u64 BE each; absent: none).
+pub fn image_toasts_key(id: ImageId) -> [u8; 9] {
+    tagged_u64(b'L', id.0)
+}
+
+/// Decodes a `refs` key: its tag and id.
+pub fn decode_refs_key(key: &[u8]) -> Result<(u8, u64)> {
+    match key {
+        [tag @ (b'I' | b'T' | b'L'), rest @ ..] if rest.len() == 8 => Ok((*tag, be_u64(rest))),
+        _ => Err(bad_key("refs", key)),
+    }
 }
 
 #[cfg(test)]

@@ -23,11 +23,11 @@
 //! let rel = store.allocate_rel(&RelIncarnation { pg_relid: 16384, relfilenode: 16384, name: "public.t".into() })?;
 //! let row_type = store.put_row_type(b"opaque row type")?;
 //! let decl = SnapshotDecl {
-//!     declared_at_us: 1, wal_lsn: 0x1000, rank: Rank(0),
+//!     declared_at_us: 1, wal_lsn: 0x1000, rank: Rank(0), label: None,
 //!     relations: vec![RelationSnapshot { pg_relid: 16384, rel, relfilenode: 16384, nblocks: 1, row_type, name: "public.t".into() }],
 //! };
 //! let mut capture = store.declare_and_begin(decl)?;
-//! let image = capture.put_image(b"the v-view of block 0")?;
+//! let image = capture.put_image(b"the v-view of block 0", &[])?;
 //! let page = PageKey { rel, block: 0 };
 //! capture.add_mapping(page, image)?;
 //! let snap = capture.commit()?.id;
@@ -51,9 +51,12 @@ pub mod keys;
 mod maplog;
 mod mem;
 mod read;
+mod reclaim;
 mod records;
+mod refs;
 mod rocks;
 mod store;
+mod verify;
 
 pub use backend::{BatchOp, KvBackend, KvCursor, Scan, WriteBatch};
 pub use capture::{Capture, MAX_TOAST_BYTES, MAX_VIEW_BYTES, TOAST_CHUNK_BYTES};
@@ -64,12 +67,15 @@ pub use gsnap_core::skippy::SkippyConfig;
 pub use gsnap_core::Mapping;
 pub use ids::{Fingerprint, GroupId, ImageId, PageKey, Rank, RelId, RowTypeId, SnapId, ToastId};
 pub use mem::MemBackend;
+pub use reclaim::ReclaimJob;
 pub use records::{
-    CaptureStats, RelIncarnation, RelationSnapshot, SnapshotDecl, SnapshotInfo, SnapshotState,
+    CaptureStats, Pin, RelIncarnation, RelationSnapshot, SnapshotDecl, SnapshotInfo, SnapshotState,
     StoreIdentity, ToastInfo, FORMAT_VERSION,
 };
+pub use refs::Freed;
 pub use rocks::{RocksBackend, RocksConfig};
 pub use store::{SnapshotStore, StoreOptions};
+pub use verify::{SpaceReport, VerifyReport};
 
 /// Compile-time check that the store can be shared with helper threads.
 #[allow(dead_code)]

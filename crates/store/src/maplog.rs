@@ -249,7 +249,9 @@ mod tests {
                 .into_iter()
                 .take(1 + (s % 3) as usize)
             {
-                let image = cap.put_image(format!("{s}/{block}").as_bytes()).unwrap();
+                let image = cap
+                    .put_image(format!("{s}/{block}").as_bytes(), &[])
+                    .unwrap();
                 cap.add_mapping(PageKey { rel, block }, image).unwrap();
                 mine.push(Mapping::new(PageKey { rel, block }, snap, image));
             }
@@ -321,7 +323,7 @@ mod tests {
             ..SnapshotDecl::default()
         };
         let mut cap = store.declare_and_begin(decl).unwrap();
-        let image = cap.put_image(b"x").unwrap();
+        let image = cap.put_image(b"x", &[]).unwrap();
         cap.add_mapping(PageKey { rel, block: 0 }, image).unwrap();
         let snap = cap.commit().unwrap().id;
         let key = keys::log_node_key(0, 0);

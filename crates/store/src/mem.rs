@@ -140,6 +140,15 @@ impl KvBackend for MemBackend {
         )
     }
 
+    fn disk_bytes(&self) -> Result<u64> {
+        Ok(self
+            .read()
+            .values()
+            .flat_map(|t| t.iter())
+            .map(|(k, v)| (k.len() + v.len()) as u64)
+            .sum())
+    }
+
     fn write(&self, batch: &WriteBatch, _sync: bool) -> Result<()> {
         self.apply(batch);
         Ok(())

@@ -17,15 +17,29 @@ impl<B: KvBackend> SnapshotStore<B> {
     pub fn image(&self, id: ImageId) -> Result<Vec<u8>> {
         let v = self
             .backend
-            .get(Cf::Images(Rank(0)), &keys::image_key(id))?;
+            .get(Cf::Images(keys::image_rank(id)), &keys::image_key(id))?;
         self.image_content(id, v)
     }
 
-    /// Several images at once (one batched read), in the order of `ids`.
+    /// Several images at once (one batched read per rank), in the order of `ids`.
     pub fn images(&self, ids: &[ImageId]) -> Result<Vec<Vec<u8>>> {
-        let keys: Vec<[u8; 8]> = ids.iter().map(|id| keys::image_key(*id)).collect();
-        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-        let values = self.backend.multi_get(Cf::Images(Rank(0)), &refs)?;
+        let mut values: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
+        let mut ranks: Vec<Rank> = ids.iter().map(|&id| keys::image_rank(id)).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        for rank in ranks {
+            let at: Vec<usize> = (0..ids.len())
+                .filter(|&i| keys::image_rank(ids[i]) == rank)
+                .collect();
+            let keys: Vec<[u8; 8]> = at.iter().map(|&i| keys::image_key(ids[i])).collect();
+            let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+            for (i, v) in at
+                .into_iter()
+                .zip(self.backend.multi_get(Cf::Images(rank), &refs)?)
+            {
+                values[i] = v;
+            }
+        }
         ids.iter()
             .zip(values)
             .map(|(id, v)| self.image_content(*id, v))

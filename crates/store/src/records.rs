@@ -15,15 +15,21 @@ use crate::error::{Result, StoreError};
 use crate::ids::{Fingerprint, Rank, RelId, RowTypeId, SnapId};
 use gsnap_core::skippy::SkippyConfig;
 
-/// Version byte that starts every structured record (1 in format version 2).
+/// Version byte that starts every structured record (1 in format version 3; snapshot records
+/// are version [`SNAPSHOT_RECORD_VERSION`]).
 pub const RECORD_VERSION: u8 = 1;
+
+/// Version byte of snapshot records (2: with label, explicit rank, pins and deletion time).
+pub const SNAPSHOT_RECORD_VERSION: u8 = 2;
 
 /// The format version this build reads and writes. A store of another version is refused.
 ///
-/// Version 2 keeps each mapping once, in the Skippy mapping log written in its snapshot's
-/// commit batch; version 1 also kept the `page_versions` column family and a separate mapping
-/// log written during the capture.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 3 adds lifetimes: images in one column family per rank (the rank in the image
+/// id's top byte), reference counts (`refs`), snapshot labels, explicit ranks, pins and
+/// deletion times, and reclamation progress. Version 2 keeps each mapping once, in the Skippy
+/// mapping log written in its snapshot's commit batch; version 1 also kept the
+/// `page_versions` column family and a separate mapping log written during the capture.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The largest mapping log node size a store accepts (entries per node).
 pub const MAX_LOG_NODE_SIZE: usize = 1 << 20;
@@ -141,8 +147,10 @@ pub struct SnapshotDecl {
     pub declared_at_us: i64,
     /// WAL insert LSN at declaration.
     pub wal_lsn: u64,
-    /// Thresher rank (higher ranks live longer).
+    /// Thresher rank known at declaration (higher ranks live longer).
     pub rank: Rank,
+    /// The user's label, if any.
+    pub label: Option<String>,
     /// Every gsnap relation at declaration.
     pub relations: Vec<RelationSnapshot>,
 }
@@ -157,8 +165,11 @@ pub enum SnapshotState {
     Committed,
     /// The capture was aborted or interrupted: listed with its reason, never readable.
     Failed,
-    /// Deleted by the user or by retention: listed, not readable; its space is reclaimed by GC.
+    /// Deleted by the user or by retention: listed, not readable; its space is being
+    /// reclaimed.
     Deleted,
+    /// Deleted, and the space only it used is reclaimed: listed, not readable.
+    Reclaimed,
 }
 
 impl SnapshotState {
@@ -168,6 +179,7 @@ impl SnapshotState {
             SnapshotState::Committed => 2,
             SnapshotState::Failed => 3,
             SnapshotState::Deleted => 4,
+            SnapshotState::Reclaimed => 5,
         }
     }
 
@@ -177,6 +189,7 @@ impl SnapshotState {
             2 => SnapshotState::Committed,
             3 => SnapshotState::Failed,
             4 => SnapshotState::Deleted,
+            5 => SnapshotState::Reclaimed,
             _ => {
                 return Err(StoreError::corrupt(format!(
                     "snapshot record has unknown state {c}"
@@ -185,14 +198,24 @@ impl SnapshotState {
         })
     }
 
-    /// Lower-case name for listings ("capturing", "committed", "failed", "deleted").
+    /// Lower-case name for listings ("capturing", "committed", "failed", "deleted",
+    /// "reclaimed").
     pub fn as_str(self) -> &'static str {
         match self {
             SnapshotState::Capturing => "capturing",
             SnapshotState::Committed => "committed",
             SnapshotState::Failed => "failed",
             SnapshotState::Deleted => "deleted",
+            SnapshotState::Reclaimed => "reclaimed",
         }
+    }
+
+    /// True for a snapshot whose mappings are in the mapping log (it committed once).
+    pub fn in_log(self) -> bool {
+        matches!(
+            self,
+            SnapshotState::Committed | SnapshotState::Deleted | SnapshotState::Reclaimed
+        )
     }
 }
 
@@ -224,6 +247,15 @@ impl CaptureStats {
     }
 }
 
+/// A pin: while it holds, the snapshot is deleted neither by retention nor by hand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    /// Who pinned it, and why (unique per snapshot).
+    pub tag: String,
+    /// Until when (microseconds since the Unix epoch; `i64::MAX`: for ever).
+    pub until_us: i64,
+}
+
 /// A snapshot's catalog entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotInfo {
@@ -231,12 +263,19 @@ pub struct SnapshotInfo {
     pub id: SnapId,
     /// Its state.
     pub state: SnapshotState,
-    /// What was declared.
+    /// What was declared (`decl.rank` is the rank known at declaration).
     pub decl: SnapshotDecl,
     /// What its capture stored (zero until committed).
     pub stats: CaptureStats,
     /// Why the capture failed (only for [`SnapshotState::Failed`]).
     pub failure_reason: Option<String>,
+    /// A rank given later by the user (lazy ranking; 0: none). The snapshot's rank is the
+    /// higher of this and `decl.rank`.
+    pub explicit_rank: Rank,
+    /// Its pins.
+    pub pins: Vec<Pin>,
+    /// When it was deleted (microseconds since the Unix epoch).
+    pub deleted_at_us: Option<i64>,
 }
 
 impl SnapshotInfo {
@@ -247,7 +286,7 @@ impl SnapshotInfo {
 }
 
 pub(crate) fn encode_snapshot(s: &SnapshotInfo) -> Vec<u8> {
-    let mut e = Enc::with_version(RECORD_VERSION);
+    let mut e = Enc::with_version(SNAPSHOT_RECORD_VERSION);
     e.u8(s.state.code())
         .i64(s.decl.declared_at_us)
         .u64(s.decl.wal_lsn)
@@ -275,12 +314,19 @@ pub(crate) fn encode_snapshot(s: &SnapshotInfo) -> Vec<u8> {
         e.u64(n);
     }
     e.str(s.failure_reason.as_deref().unwrap_or(""));
+    e.str(s.decl.label.as_deref().unwrap_or(""));
+    e.u8(s.explicit_rank.0);
+    e.u32(s.pins.len() as u32);
+    for p in &s.pins {
+        e.str(&p.tag).i64(p.until_us);
+    }
+    e.i64(s.deleted_at_us.unwrap_or(i64::MIN));
     e.finish()
 }
 
 pub(crate) fn decode_snapshot(id: SnapId, v: &[u8]) -> Result<SnapshotInfo> {
     let mut d = Dec::new(v, "snapshot");
-    d.version(RECORD_VERSION)?;
+    d.version(SNAPSHOT_RECORD_VERSION)?;
     let state = SnapshotState::from_code(d.u8()?)?;
     let declared_at_us = d.i64()?;
     let wal_lsn = d.u64()?;
@@ -308,6 +354,17 @@ pub(crate) fn decode_snapshot(id: SnapId, v: &[u8]) -> Result<SnapshotInfo> {
         carried_pages: d.u64()?,
     };
     let reason = d.str()?;
+    let label = d.str()?;
+    let explicit_rank = Rank(d.u8()?);
+    let n = d.u32()?;
+    let mut pins = Vec::with_capacity(n.min(64) as usize);
+    for _ in 0..n {
+        pins.push(Pin {
+            tag: d.str()?,
+            until_us: d.i64()?,
+        });
+    }
+    let deleted_at_us = Some(d.i64()?).filter(|&t| t != i64::MIN);
     d.end()?;
     Ok(SnapshotInfo {
         id,
@@ -316,10 +373,14 @@ pub(crate) fn decode_snapshot(id: SnapId, v: &[u8]) -> Result<SnapshotInfo> {
             declared_at_us,
             wal_lsn,
             rank,
+            label: Some(label).filter(|l| !l.is_empty()),
             relations,
         },
         stats,
         failure_reason: (state == SnapshotState::Failed).then_some(reason),
+        explicit_rank,
+        pins,
+        deleted_at_us,
     })
 }
 
@@ -367,6 +428,15 @@ pub(crate) fn encode_image(raw: &[u8], fp: &Fingerprint) -> Vec<u8> {
         .fixed(&fp.0)
         .fixed(&payload)
         .finish()
+}
+
+/// The fingerprint an image record carries (read from its header, nothing decompressed).
+pub(crate) fn image_fingerprint(v: &[u8]) -> Result<Fingerprint> {
+    let mut d = Dec::new(v, "image");
+    d.version(RECORD_VERSION)?;
+    d.u8()?;
+    d.u32()?;
+    Ok(Fingerprint(d.array()?))
 }
 
 /// Decodes an image record and, if `check_fingerprint`, checks the content against its
@@ -459,4 +529,40 @@ fn verify(raw: &[u8], fp: &Fingerprint, what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+// ---- capture markers -----------------------------------------------------------------------
+
+/// What a capturing marker holds once the capture has begun: where the content it stores
+/// starts (one capture runs at a time, so every image and TOAST value from there on is its
+/// own until it commits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CaptureMarker {
+    /// The first image sequence number the capture may use.
+    pub first_image_seq: u64,
+    /// The first TOAST value id the capture may use.
+    pub first_toast: u64,
+}
+
+pub(crate) fn encode_capture_marker(m: &CaptureMarker) -> Vec<u8> {
+    Enc::with_version(RECORD_VERSION)
+        .u64(m.first_image_seq)
+        .u64(m.first_toast)
+        .finish()
+}
+
+/// Decodes a capturing marker: None for the empty marker of a snapshot whose capture never
+/// began.
+pub(crate) fn decode_capture_marker(v: &[u8]) -> Result<Option<CaptureMarker>> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let mut d = Dec::new(v, "capturing marker");
+    d.version(RECORD_VERSION)?;
+    let m = CaptureMarker {
+        first_image_seq: d.u64()?,
+        first_toast: d.u64()?,
+    };
+    d.end()?;
+    Ok(Some(m))
 }

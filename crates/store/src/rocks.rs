@@ -65,6 +65,28 @@ pub struct RocksBackend {
     names: HashMap<Cf, String>,
 }
 
+/// Reads the format record of the store in `path` (column families `existing`) without
+/// writing anything; an error if it names another format. A store without one (an
+/// interrupted creation) passes.
+fn check_format_read_only(path: &Path, existing: &[String]) -> Result<()> {
+    let db = DB::open_cf_for_read_only(&Options::default(), path, existing, false)
+        .map_err(|e| rocks_error(path, "opening (read-only)", &e))?;
+    let meta = db.cf_handle("meta").ok_or_else(|| {
+        StoreError::corrupt(format!(
+            "gsnap store at \"{}\" has no meta column family",
+            path.display()
+        ))
+    })?;
+    let record = db
+        .get_cf(&meta, crate::keys::FORMAT_KEY)
+        .map_err(|e| rocks_error(path, "reading", &e))?;
+    if let Some(v) = record {
+        let where_ = format!("gsnap store at \"{}\"", path.display());
+        crate::records::decode_format(&v, &where_)?;
+    }
+    Ok(())
+}
+
 impl RocksBackend {
     /// Marks the store's creation complete (the format record is durable): from now on the
     /// directory is a store, never cleared as an interrupted creation.
@@ -119,6 +141,12 @@ impl RocksBackend {
                      empty or missing directory",
                     path.display()
                 )));
+            }
+            // A store of another format lacks some of this format's column families: its
+            // format record is read first (read-only), so that it is refused untouched
+            // instead of being given new column families.
+            if names.values().any(|n| !existing.contains(n)) {
+                check_format_read_only(path, &existing)?;
             }
             // Column families of a newer format are opened too, so that the format record can
             // be read and the version mismatch reported clearly.
@@ -199,7 +227,8 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
             table.set_block_size(16 << 10);
             opts.set_write_buffer_size(config.large_write_buffer_bytes);
         }
-        Cf::Dedup => {
+        // Point lookups that often miss: dedup entries, and reference counts of new images.
+        Cf::Dedup | Cf::Refs => {
             table.set_bloom_filter(10.0, false);
             opts.set_write_buffer_size(config.small_write_buffer_bytes);
         }
@@ -426,6 +455,29 @@ impl KvBackend for RocksBackend {
         self.db
             .write_opt(rb, &opts)
             .map_err(|e| self.err("writing", &e))
+    }
+
+    fn compact_range(&self, cf: Cf, start: &[u8], end: &[u8]) -> Result<()> {
+        self.db
+            .compact_range_cf(self.handle(cf)?, Some(start), Some(end));
+        Ok(())
+    }
+
+    fn disk_bytes(&self) -> Result<u64> {
+        let mut total = 0;
+        for cf in Cf::all() {
+            for property in [
+                "rocksdb.total-sst-files-size",
+                "rocksdb.cur-size-all-mem-tables",
+            ] {
+                total += self
+                    .db
+                    .property_int_value_cf(self.handle(cf)?, property)
+                    .map_err(|e| self.err("reading a property", &e))?
+                    .unwrap_or(0);
+            }
+        }
+        Ok(total)
     }
 }
 

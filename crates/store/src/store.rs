@@ -71,16 +71,17 @@ impl StoreOptions {
 /// Next ids, and for leased kinds the persisted upper bound.
 #[derive(Debug)]
 pub(crate) struct IdAllocator {
-    next: [u64; 5],
-    durable: [u64; 5],
+    next: [u64; 6],
+    durable: [u64; 6],
 }
 
-const COUNTERS: [Counter; 5] = [
+const COUNTERS: [Counter; 6] = [
     Counter::Snap,
     Counter::Image,
     Counter::Toast,
     Counter::Rel,
     Counter::RowType,
+    Counter::Group,
 ];
 
 fn slot(c: Counter) -> usize {
@@ -90,6 +91,7 @@ fn slot(c: Counter) -> usize {
         Counter::Toast => 2,
         Counter::Rel => 3,
         Counter::RowType => 4,
+        Counter::Group => 5,
     }
 }
 
@@ -253,16 +255,21 @@ impl<B: KvBackend> SnapshotStore<B> {
         Ok(())
     }
 
-    /// Removes every carried page of the uncommitted snapshot `snap` (in bounded unsynced
-    /// batches), then marks it failed with `reason` and drops its capturing marker in one
-    /// synced batch. Until that last batch is durable the marker stays, so recovery redoes
-    /// the removal after a crash. There are no mappings to remove: only the commit batch
-    /// writes a snapshot's mappings.
+    /// Removes every carried page of the uncommitted snapshot `snap`, and the images and TOAST
+    /// values its capture stored (in bounded unsynced batches), then marks it failed with
+    /// `reason` and drops its capturing marker in one synced batch. Until that last batch is
+    /// durable the marker stays, so recovery redoes the removal after a crash. There are no
+    /// mappings to remove: only the commit batch writes a snapshot's mappings.
     pub(crate) fn remove_capture(&self, snap: SnapId, reason: &str) -> Result<()> {
         let mut batch = WriteBatch::new();
         for entry in Scan::prefix(&self.backend, Cf::Catalog, &keys::carried_prefix(snap))? {
             batch.delete(Cf::Catalog, &entry?.0);
             self.flush_if_full(&mut batch)?;
+        }
+        if let Some(marker) = self.backend.get(Cf::Catalog, &keys::capturing_key(snap))? {
+            if let Some(m) = records::decode_capture_marker(&marker)? {
+                self.remove_capture_content(&m, &mut batch)?;
+            }
         }
         let mut info = match self.backend.get(Cf::Catalog, &keys::snapshot_key(snap))? {
             Some(v) => records::decode_snapshot(snap, &v)?,
@@ -272,6 +279,9 @@ impl<B: KvBackend> SnapshotStore<B> {
                 decl: SnapshotDecl::default(),
                 stats: Default::default(),
                 failure_reason: None,
+                explicit_rank: Default::default(),
+                pins: Vec::new(),
+                deleted_at_us: None,
             },
         };
         info.state = SnapshotState::Failed;
@@ -293,6 +303,46 @@ impl<B: KvBackend> SnapshotStore<B> {
         );
         if cat.active == Some(snap) {
             cat.active = None;
+        }
+        Ok(())
+    }
+
+    /// Puts into `batch` (flushing it when full) the removal of the images and TOAST values
+    /// an uncommitted capture stored: every image from `m.first_image_seq` on (in any rank's
+    /// family) and every TOAST value from `m.first_toast` on, with their dedup entries and
+    /// TOAST lists. Nothing else can refer to them: one capture runs at a time, and only its
+    /// commit would have counted them.
+    fn remove_capture_content(
+        &self,
+        m: &records::CaptureMarker,
+        batch: &mut WriteBatch,
+    ) -> Result<()> {
+        for r in 0..keys::IMAGE_RANKS {
+            let rank = crate::ids::Rank(r);
+            let from = keys::image_key(keys::image_id(rank, m.first_image_seq));
+            let to = keys::image_key(keys::image_id(rank, (1 << keys::IMAGE_RANK_SHIFT) - 1));
+            for entry in Scan::range(&self.backend, Cf::Images(rank), &from, Some(to.to_vec()))? {
+                let (k, v) = entry?;
+                let fp = records::image_fingerprint(&v)?;
+                let id = keys::decode_image_key(&k)?;
+                batch.delete(Cf::Images(rank), &k);
+                batch.delete(Cf::Dedup, &keys::dedup_key(keys::DedupKind::Image, &fp));
+                batch.delete(Cf::Refs, &keys::image_toasts_key(id));
+                self.flush_if_full(batch)?;
+            }
+        }
+        let from = keys::toast_header_key(crate::ids::ToastId(m.first_toast));
+        for entry in Scan::range(&self.backend, Cf::Toast, &from, None)? {
+            let (k, v) = entry?;
+            if k.len() == from.len() {
+                let info = records::decode_toast_header(&v)?;
+                batch.delete(
+                    Cf::Dedup,
+                    &keys::dedup_key(keys::DedupKind::Toast, &info.fingerprint),
+                );
+            }
+            batch.delete(Cf::Toast, &k);
+            self.flush_if_full(batch)?;
         }
         Ok(())
     }
@@ -348,6 +398,22 @@ impl<B: KvBackend> SnapshotStore<B> {
         ids.next[i] += 1;
         batch.put(Cf::Meta, &keys::counter_key(c), &ids.next[i].to_be_bytes());
         id
+    }
+
+    /// Notes in `batch` that ids of kind `c` below `id + 1` are used (ids handed out by the
+    /// caller, like group ids); the caller writes `batch` synced while holding `ids`.
+    pub(crate) fn note_used(
+        &self,
+        ids: &mut IdAllocator,
+        c: Counter,
+        id: u64,
+        batch: &mut WriteBatch,
+    ) {
+        let i = slot(c);
+        if id >= ids.next[i] {
+            ids.next[i] = id + 1;
+            batch.put(Cf::Meta, &keys::counter_key(c), &ids.next[i].to_be_bytes());
+        }
     }
 
     /// The next id of kind `c` that would be handed out (for tests and diagnostics).
@@ -433,8 +499,8 @@ fn initialize<B: KvBackend>(
 /// the write protocol already guarantees it).
 fn load_counters<B: KvBackend>(backend: &B) -> Result<IdAllocator> {
     let mut ids = IdAllocator {
-        next: [1; 5],
-        durable: [1; 5],
+        next: [1; 6],
+        durable: [1; 6],
     };
     for c in COUNTERS {
         let v = backend
@@ -478,11 +544,14 @@ fn max_present<B: KvBackend>(backend: &B, c: Counter) -> Result<Option<u64>> {
         Counter::Snap => tagged(keys::TAG_SNAPSHOT),
         Counter::Rel => tagged(keys::TAG_REL),
         Counter::RowType => tagged(keys::TAG_ROW_TYPE),
+        Counter::Group => tagged(keys::TAG_GROUP_META),
         Counter::Toast => first8(Cf::Toast),
         Counter::Image => {
+            // The highest sequence number over the ranks (an id's top byte is its rank).
             let mut max = None;
             for r in 0..keys::IMAGE_RANKS {
-                max = max.max(first8(Cf::Images(crate::ids::Rank(r)))?);
+                let last = first8(Cf::Images(crate::ids::Rank(r)))?;
+                max = max.max(last.map(|id| keys::image_seq(crate::ids::ImageId(id))));
             }
             Ok(max)
         }

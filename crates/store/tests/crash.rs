@@ -72,7 +72,7 @@ fn scenario<B: KvBackend>(store: &SnapshotStore<B>, log: &mut Log) -> Result<()>
         log.begun.push(snap);
         for (k, page) in pages_of_round(&log.rels, round).into_iter().enumerate() {
             let content = view((round * 3 + k as u64) % 10, 700);
-            let id = cap.put_image(&content)?;
+            let id = cap.put_image(&content, &[])?;
             log.images.insert(id, content);
             cap.add_mapping(page, id)?;
             log.mappings.entry(snap).or_default().insert(page, id);
@@ -171,7 +171,7 @@ fn verify_after_crash(disk: MemBackend, log: &Log, what: &str) {
             "{what}: snapshot id reused"
         );
         for n in 0..6 {
-            let id = cap.put_image(&view(1000 + n, 700)).unwrap();
+            let id = cap.put_image(&view(1000 + n, 700), &[]).unwrap();
             assert!(
                 log.images.keys().all(|old| *old < id),
                 "{what}: image id {id} reused"
@@ -311,7 +311,7 @@ fn no_space_at_any_write_is_reported_and_leaves_the_store_consistent() {
             let mut cap = store
                 .declare_and_begin(decl_for(&log.rels, NBLOCKS, rt, 50))
                 .unwrap();
-            let id = cap.put_image(&view(3000, 700)).unwrap();
+            let id = cap.put_image(&view(3000, 700), &[]).unwrap();
             cap.add_mapping(page_key(log.rels[0], 0), id).unwrap();
             let snap = cap.commit().unwrap().id;
             let table = store.page_table(snap).unwrap();
@@ -335,7 +335,7 @@ fn no_space_mid_capture_then_abort() {
     let mut err = None;
     for b in 0..100u32 {
         let r = cap
-            .put_image(&view(b as u64, 2000))
+            .put_image(&view(b as u64, 2000), &[])
             .and_then(|id| cap.add_mapping(page_key(rels[0], b), id));
         if let Err(e) = r {
             err = Some(e);
@@ -346,7 +346,7 @@ fn no_space_mid_capture_then_abort() {
     assert_eq!(err.kind(), ErrorKind::NoSpace);
     // The capture refuses to go on (its flushed state is incomplete) ...
     assert_eq!(
-        cap.put_image(b"more").unwrap_err().kind(),
+        cap.put_image(b"more", &[]).unwrap_err().kind(),
         ErrorKind::NoSpace
     );
     // ... and aborts cleanly.
@@ -354,7 +354,7 @@ fn no_space_mid_capture_then_abort() {
     assert_eq!(store.snapshot(snap).unwrap().state, SnapshotState::Failed);
     check_invariants(&store);
     let mut cap = store.declare_and_begin(decl).unwrap();
-    let id = cap.put_image(b"after the disk was freed").unwrap();
+    let id = cap.put_image(b"after the disk was freed", &[]).unwrap();
     cap.add_mapping(page_key(rels[0], 0), id).unwrap();
     cap.commit().unwrap();
     check_invariants(&store);

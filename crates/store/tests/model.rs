@@ -139,7 +139,7 @@ proptest! {
             let snap = cap.snapshot();
             let mut mine = BTreeMap::new();
             for (r, b, c) in &st.mappings {
-                let id = cap.put_image(&content(*c)).unwrap();
+                let id = cap.put_image(&content(*c), &[]).unwrap();
                 // Dedup: one content, one image id, across all captures (aborted ones too).
                 prop_assert_eq!(*model.image_of.entry(*c).or_insert(id), id);
                 let page = page_key(rels[*r as usize], *b);

@@ -36,7 +36,7 @@ fn capture_reopen_and_read_back() {
     let mut images = Vec::new();
     for b in 0..300u32 {
         // Every third block repeats content: dedup on a real store.
-        let id = cap.put_image(&view(u64::from(b % 100), 8192)).unwrap();
+        let id = cap.put_image(&view(u64::from(b % 100), 8192), &[]).unwrap();
         cap.add_mapping(page_key(rels[0], b), id).unwrap();
         images.push(id);
     }
@@ -47,7 +47,7 @@ fn capture_reopen_and_read_back() {
     assert_eq!(s1.stats.new_images, 100);
     assert_eq!(s1.stats.dedup_hits, 200);
     let mut cap = store.declare_and_begin(decl).unwrap();
-    let changed = cap.put_image(b"block 5, changed").unwrap();
+    let changed = cap.put_image(b"block 5, changed", &[]).unwrap();
     cap.add_mapping(page_key(rels[0], 5), changed).unwrap();
     let s2 = cap.commit().unwrap().id;
     let identity = store.identity();
@@ -104,19 +104,18 @@ fn interrupted_capture_is_recovered_on_reopen() {
     let (rels, decl) = setup(&store, 1, 2000);
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let committed = {
-        let id = cap.put_image(b"committed").unwrap();
+        let id = cap.put_image(b"committed", &[]).unwrap();
         cap.add_mapping(page_key(rels[0], 0), id).unwrap();
         cap.commit().unwrap().id
     };
     let mut cap = store.declare_and_begin(decl).unwrap();
     let lost = cap.snapshot();
     for b in 0..2000u32 {
-        let id = cap.put_image(&view(u64::from(b), 4000)).unwrap();
+        let id = cap.put_image(&view(u64::from(b), 4000), &[]).unwrap();
         cap.add_mapping(page_key(rels[0], b), id).unwrap();
     }
     // The worker dies without committing or aborting: no clean-up runs. The disk it leaves
-    // is the store's files as they are now (written, not necessarily synced); leaking the
-    // capture instead would leak the open database and its lock with it.
+    // is the store's files as they are now (written, not necessarily synced).
     let crashed = dir.path().join("crashed");
     copy_dir(&path, &crashed);
     drop(cap);

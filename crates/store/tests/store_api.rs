@@ -28,8 +28,8 @@ fn snapshot_record_round_trips_with_stats_and_relations() {
         store.snapshot(snap).unwrap().state,
         SnapshotState::Capturing
     );
-    let a = cap.put_image(&view(1, 8192)).unwrap();
-    let b = cap.put_image(&view(1, 8192)).unwrap();
+    let a = cap.put_image(&view(1, 8192), &[]).unwrap();
+    let b = cap.put_image(&view(1, 8192), &[]).unwrap();
     assert_eq!(a, b);
     cap.add_mapping(page_key(rels[0], 0), a).unwrap();
     cap.add_mapping(page_key(rels[1], 4), b).unwrap();
@@ -63,7 +63,10 @@ fn images_round_trip_single_and_batched() {
     let (_, decl) = setup(&store, 1, 1);
     let mut cap = store.declare_and_begin(decl).unwrap();
     let views: Vec<Vec<u8>> = vec![vec![], vec![0; 8192], view(7, 100), view(8, 8192)];
-    let ids: Vec<ImageId> = views.iter().map(|v| cap.put_image(v).unwrap()).collect();
+    let ids: Vec<ImageId> = views
+        .iter()
+        .map(|v| cap.put_image(v, &[]).unwrap())
+        .collect();
     cap.commit().unwrap();
     for (id, v) in ids.iter().zip(&views) {
         assert_eq!(&store.image(*id).unwrap(), v);
@@ -164,7 +167,7 @@ fn dedup_across_captures_and_distinct_views_get_distinct_ids() {
     let mut first = Vec::new();
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     for i in 0..10 {
-        let id = cap.put_image(&view(i, 3000)).unwrap();
+        let id = cap.put_image(&view(i, 3000), &[]).unwrap();
         cap.add_mapping(page_key(rels[0], i as u32), id).unwrap();
         first.push(id);
     }
@@ -173,7 +176,10 @@ fn dedup_across_captures_and_distinct_views_get_distinct_ids() {
     assert_eq!(distinct.len(), 10);
     let mut cap = store.declare_and_begin(decl).unwrap();
     for i in 0..10 {
-        assert_eq!(cap.put_image(&view(i, 3000)).unwrap(), first[i as usize]);
+        assert_eq!(
+            cap.put_image(&view(i, 3000), &[]).unwrap(),
+            first[i as usize]
+        );
     }
     let stats = cap.stats();
     assert_eq!((stats.new_images, stats.dedup_hits), (0, 10));
@@ -193,13 +199,13 @@ fn page_tables_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
     let (rels, decl) = setup(&store, 1, 4);
     let p = |b| page_key(rels[0], b);
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
-    let i1 = cap.put_image(b"v1 of block 0").unwrap();
+    let i1 = cap.put_image(b"v1 of block 0", &[]).unwrap();
     cap.add_mapping(p(0), i1).unwrap();
     cap.add_mapping(p(2), i1).unwrap();
     let s1 = cap.commit().unwrap().id;
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
-    let i2 = cap.put_image(b"v2 of block 0").unwrap();
-    let i2b = cap.put_image(b"v2 of block 0, again").unwrap();
+    let i2 = cap.put_image(b"v2 of block 0", &[]).unwrap();
+    let i2b = cap.put_image(b"v2 of block 0, again", &[]).unwrap();
     // The same page twice: the last mapping counts.
     cap.add_mapping(p(0), i2b).unwrap();
     cap.add_mapping(p(0), i2).unwrap();
@@ -207,7 +213,7 @@ fn page_tables_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
     assert_eq!(s2.stats.pages_captured, 1);
     let s2 = s2.id;
     let mut cap = store.declare_and_begin(decl).unwrap();
-    let i3 = cap.put_image(b"v3 of block 0").unwrap();
+    let i3 = cap.put_image(b"v3 of block 0", &[]).unwrap();
     cap.add_mapping(p(1), i3).unwrap();
     cap.add_mapping(p(0), i3).unwrap();
     let s3 = cap.snapshot();
@@ -256,10 +262,10 @@ fn capture_rules_are_enforced() {
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
     let too_big = vec![0u8; MAX_VIEW_BYTES + 1];
     assert_eq!(
-        cap.put_image(&too_big).unwrap_err().kind(),
+        cap.put_image(&too_big, &[]).unwrap_err().kind(),
         ErrorKind::InvalidArgument
     );
-    let id = cap.put_image(b"x").unwrap();
+    let id = cap.put_image(b"x", &[]).unwrap();
     let stranger = page_key(RelId(rels[0].0 + 100), 0);
     assert_eq!(
         cap.add_mapping(stranger, id).unwrap_err().kind(),
@@ -293,7 +299,7 @@ fn capture_rules_are_enforced() {
 }
 
 #[test]
-fn dropped_capture_is_failed_and_leaves_nothing_behind_but_content() {
+fn dropped_capture_is_failed_and_leaves_nothing_behind() {
     let store = SnapshotStore::open(MemBackend::new(), small_batches()).unwrap();
     let (rels, decl) = setup(&store, 1, 50);
     let snap;
@@ -301,7 +307,7 @@ fn dropped_capture_is_failed_and_leaves_nothing_behind_but_content() {
         let mut cap = store.declare_and_begin(decl.clone()).unwrap();
         snap = cap.snapshot();
         for b in 0..50 {
-            let id = cap.put_image(&view(b, 1000)).unwrap();
+            let id = cap.put_image(&view(b, 1000), &[]).unwrap();
             cap.add_mapping(page_key(rels[0], b as u32), id).unwrap();
             cap.carry(page_key(rels[0], b as u32)).unwrap();
         }
@@ -335,11 +341,25 @@ fn dropped_capture_is_failed_and_leaves_nothing_behind_but_content() {
             .count(),
         0
     );
+    // The images and dedup entries the failed capture flushed are removed with it.
+    assert_eq!(
+        Scan::range(store.backend(), Cf::Images(Rank(0)), &[], None)
+            .unwrap()
+            .count(),
+        0
+    );
+    let image_entries = Scan::range(store.backend(), Cf::Dedup, &[], None)
+        .unwrap()
+        .filter(|e| {
+            let (k, _) = e.as_ref().unwrap();
+            keys::decode_dedup_key(k).unwrap().0 == keys::DedupKind::Image
+        })
+        .count();
+    assert_eq!(image_entries, 0);
     check_invariants(&store);
-    // Images stored by the failed capture are reused by dedup.
     let mut cap = store.declare_and_begin(decl).unwrap();
-    cap.put_image(&view(3, 1000)).unwrap();
-    assert_eq!(cap.stats().dedup_hits, 1);
+    cap.put_image(&view(3, 1000), &[]).unwrap();
+    assert_eq!(cap.stats().dedup_hits, 0);
     let next = cap.commit().unwrap().id;
     assert!(next > snap);
 }
@@ -381,7 +401,7 @@ fn deleted_snapshots_are_listed_not_readable_and_keep_later_page_tables() {
     let (rels, decl) = setup(&store, 1, 2);
     let p = page_key(rels[0], 0);
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
-    let i = cap.put_image(b"a").unwrap();
+    let i = cap.put_image(b"a", &[]).unwrap();
     cap.add_mapping(p, i).unwrap();
     let s1 = cap.commit().unwrap().id;
     let s2 = store.declare_and_begin(decl).unwrap().commit().unwrap().id;
@@ -441,7 +461,7 @@ fn reopening_keeps_everything_and_ids_keep_growing() {
     let store = SnapshotStore::open(mem.clone(), small_batches()).unwrap();
     let (rels, decl) = setup(&store, 1, 3);
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
-    let i = cap.put_image(b"kept").unwrap();
+    let i = cap.put_image(b"kept", &[]).unwrap();
     cap.add_mapping(page_key(rels[0], 1), i).unwrap();
     let s = cap.commit().unwrap().id;
     let identity = store.identity();
@@ -454,7 +474,7 @@ fn reopening_keeps_everything_and_ids_keep_growing() {
     );
     let mut cap = store.declare_and_begin(decl).unwrap();
     assert!(cap.snapshot() > s);
-    assert!(cap.put_image(b"new").unwrap() > i);
+    assert!(cap.put_image(b"new", &[]).unwrap() > i);
     cap.commit().unwrap();
     check_invariants(&store);
 }
@@ -504,7 +524,7 @@ fn damaged_values_are_reported_as_corrupt() {
     let store = SnapshotStore::open(mem.clone(), StoreOptions::new(42)).unwrap();
     let (_, decl) = setup(&store, 1, 1);
     let mut cap = store.declare_and_begin(decl).unwrap();
-    let img = cap.put_image(&view(5, 4000)).unwrap();
+    let img = cap.put_image(&view(5, 4000), &[]).unwrap();
     let toast = cap.put_toast(&view(6, 9000)).unwrap();
     cap.commit().unwrap();
     let flip = |cf: Cf, key: &[u8]| {
@@ -579,7 +599,7 @@ fn store_is_usable_from_helper_threads() {
     let store = std::sync::Arc::new(SnapshotStore::open_in_memory(42));
     let (rels, decl) = setup(&*store, 1, 1);
     let mut cap = store.declare_and_begin(decl).unwrap();
-    let id = cap.put_image(b"shared").unwrap();
+    let id = cap.put_image(b"shared", &[]).unwrap();
     cap.add_mapping(page_key(rels[0], 0), id).unwrap();
     let snap = cap.commit().unwrap().id;
     let page = page_key(rels[0], 0);
@@ -615,7 +635,7 @@ fn declared_snapshots_queue_and_are_captured_oldest_first() {
         store.begin_capture(v2).err().unwrap().kind(),
         ErrorKind::InvalidArgument
     );
-    let img = cap.put_image(&view(9, 100)).unwrap();
+    let img = cap.put_image(&view(9, 100), &[]).unwrap();
     cap.add_mapping(page_key(rels[0], 0), img).unwrap();
     cap.commit().unwrap();
     // A declared snapshot can be given up before its capture begins.

@@ -38,6 +38,7 @@ pub fn decl_for(rels: &[RelId], nblocks: u32, row_type: RowTypeId, t: i64) -> Sn
         declared_at_us: t,
         wal_lsn: 0x1000 * t as u64,
         rank: Rank(0),
+        label: None,
         relations: rels
             .iter()
             .enumerate()
@@ -189,7 +190,7 @@ pub fn check_invariants<B: KvBackend>(store: &SnapshotStore<B>) {
                     fp,
                     "dedup entry names an image of other content"
                 );
-                assert!(id < store.next_id(Counter::Image));
+                assert!(keys::image_seq(ImageId(id)) < store.next_id(Counter::Image));
             }
             DedupKind::Toast => {
                 let value = store
@@ -207,8 +208,16 @@ pub fn check_invariants<B: KvBackend>(store: &SnapshotStore<B>) {
             }
         }
     }
-    for (k, _) in all(b, Cf::Images(Rank(0))) {
-        assert!(keys::decode_image_key(&k).unwrap().0 < store.next_id(Counter::Image));
+    for r in 0..keys::IMAGE_RANKS {
+        for (k, _) in all(b, Cf::Images(Rank(r))) {
+            let id = keys::decode_image_key(&k).unwrap();
+            assert_eq!(
+                keys::image_rank(id),
+                Rank(r),
+                "image {id} in the wrong rank"
+            );
+            assert!(keys::image_seq(id) < store.next_id(Counter::Image));
+        }
     }
     for (rel, _) in store.rels().unwrap() {
         assert!(u64::from(rel.0) < store.next_id(Counter::Rel));
