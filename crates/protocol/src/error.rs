@@ -39,11 +39,13 @@ pub enum ErrorCode {
     Internal = 13,
     /// The snapshot is declared and its capture is not durable yet.
     Capturing = 14,
+    /// The snapshot is protected from deletion (pinned, or the newest without force).
+    Protected = 15,
 }
 
 impl ErrorCode {
     /// Every code, in tag order.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::UnknownSnapshot,
         ErrorCode::NotReadable,
         ErrorCode::NotInSnapshot,
@@ -58,6 +60,7 @@ impl ErrorCode {
         ErrorCode::Busy,
         ErrorCode::Internal,
         ErrorCode::Capturing,
+        ErrorCode::Protected,
     ];
 
     /// The code's tag on the wire.
@@ -87,7 +90,8 @@ impl ErrorCode {
             ErrorCode::NotReadable
             | ErrorCode::Incompatible
             | ErrorCode::WorkerRestarted
-            | ErrorCode::Capturing => "55000",
+            | ErrorCode::Capturing
+            | ErrorCode::Protected => "55000",
             // undefined_table
             ErrorCode::NotInSnapshot => "42P01",
             // io_error
@@ -209,7 +213,8 @@ mod tests {
         assert_eq!(ErrorCode::NotInSnapshot.sqlstate(), "42P01");
         assert_eq!(ErrorCode::Capturing.sqlstate(), "55000");
         assert!(ErrorCode::from_tag(0).is_err());
-        assert!(ErrorCode::from_tag(15).is_err());
+        assert_eq!(ErrorCode::Protected.sqlstate(), "55000");
+        assert!(ErrorCode::from_tag(16).is_err());
     }
 
     #[test]

@@ -12,6 +12,8 @@ const SNAPSHOTS: u8 = 1;
 const TABLES: u8 = 2;
 const GROUPS: u8 = 3;
 const SCAN: u8 = 4;
+const DECISIONS: u8 = 5;
+const REPORT: u8 = 6;
 
 /// Where a snapshot is in its life (the states of the store's snapshot records, with the
 /// same tags).
@@ -23,17 +25,20 @@ pub enum SnapshotState {
     Committed = 2,
     /// The capture was aborted or interrupted; never readable.
     Failed = 3,
-    /// Deleted by the user or by retention; not readable.
+    /// Deleted by the user or by retention; not readable; its space is being reclaimed.
     Deleted = 4,
+    /// Deleted, and the space only it used reclaimed; not readable.
+    Reclaimed = 5,
 }
 
 impl SnapshotState {
     /// Every state, in tag order.
-    pub const ALL: [SnapshotState; 4] = [
+    pub const ALL: [SnapshotState; 5] = [
         SnapshotState::Capturing,
         SnapshotState::Committed,
         SnapshotState::Failed,
         SnapshotState::Deleted,
+        SnapshotState::Reclaimed,
     ];
 
     /// The lower-case name shown by listings.
@@ -43,6 +48,7 @@ impl SnapshotState {
             SnapshotState::Committed => "committed",
             SnapshotState::Failed => "failed",
             SnapshotState::Deleted => "deleted",
+            SnapshotState::Reclaimed => "reclaimed",
         }
     }
 
@@ -70,7 +76,15 @@ pub struct SnapshotRow {
     /// When it was declared, µs since the Unix epoch.
     pub taken_at_us: i64,
     pub lsn: u64,
+    /// The rank known at declaration.
     pub rank: u8,
+    /// A rank given later (0: none); the snapshot's rank is the higher of the two.
+    pub explicit_rank: u8,
+    pub label: Option<String>,
+    /// Pins: (tag, until, µs since the Unix epoch; `i64::MAX`: for ever).
+    pub pins: Vec<(String, i64)>,
+    /// When it was deleted, µs since the Unix epoch.
+    pub deleted_at_us: Option<i64>,
     pub tables: u32,
     pub pages_captured: u64,
     pub new_images: u64,
@@ -135,6 +149,74 @@ pub struct ScanHeader {
     pub nblocks: u32,
 }
 
+/// A row of `gsnap_retention_preview()`: what a policy decides for one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecisionRow {
+    pub snap: SnapId,
+    /// When it was taken, µs since the Unix epoch.
+    pub taken_at_us: i64,
+    /// Its rank (the higher of the one known at declaration and an explicit one).
+    pub rank: u8,
+    pub label: Option<String>,
+    /// A pin holds it.
+    pub pinned: bool,
+    pub keep: bool,
+    /// The rule that decided ("daily #3 (2026-11-20)", "within", "not selected", ...).
+    pub rule: String,
+}
+
+/// One line of a report (reference verification, store space): a name and a number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportRow {
+    pub name: String,
+    pub value: i64,
+}
+
+/// Encodes a retention preview.
+pub fn encode_decisions(list: &[DecisionRow]) -> Result<Vec<u8>, EncodeError> {
+    rows(DECISIONS, "retention preview", list, |w, d| {
+        w.u64(d.snap.0).i64(d.taken_at_us).u8(d.rank);
+        w.opt_str(d.label.as_deref())?
+            .bool(d.pinned)
+            .bool(d.keep)
+            .str(&d.rule)?;
+        Ok(())
+    })
+}
+
+/// Decodes a retention preview.
+pub fn decode_decisions(bytes: &[u8]) -> Result<Vec<DecisionRow>, DecodeError> {
+    decode_rows(DECISIONS, "retention preview", bytes, 24, |r| {
+        Ok(DecisionRow {
+            snap: SnapId(r.u64()?),
+            taken_at_us: r.i64()?,
+            rank: r.u8()?,
+            label: r.opt_str("label")?,
+            pinned: r.bool("pinned")?,
+            keep: r.bool("keep")?,
+            rule: r.str("rule")?,
+        })
+    })
+}
+
+/// Encodes a report.
+pub fn encode_report(list: &[ReportRow]) -> Result<Vec<u8>, EncodeError> {
+    rows(REPORT, "report", list, |w, l| {
+        w.str(&l.name)?.i64(l.value);
+        Ok(())
+    })
+}
+
+/// Decodes a report.
+pub fn decode_report(bytes: &[u8]) -> Result<Vec<ReportRow>, DecodeError> {
+    decode_rows(REPORT, "report", bytes, 12, |r| {
+        Ok(ReportRow {
+            name: r.str("report line")?,
+            value: r.i64()?,
+        })
+    })
+}
+
 fn rows<T>(
     tag: u8,
     what: &'static str,
@@ -182,6 +264,13 @@ pub fn encode_snapshots(list: &[SnapshotRow]) -> Result<Vec<u8>, EncodeError> {
             .i64(s.taken_at_us)
             .u64(s.lsn)
             .u8(s.rank)
+            .u8(s.explicit_rank)
+            .opt_str(s.label.as_deref())?
+            .count(s.pins.len())?;
+        for (tag, until) in &s.pins {
+            w.str(tag)?.i64(*until);
+        }
+        w.opt_u64(s.deleted_at_us.map(|t| t as u64))
             .u32(s.tables)
             .u64(s.pages_captured)
             .u64(s.new_images)
@@ -194,13 +283,24 @@ pub fn encode_snapshots(list: &[SnapshotRow]) -> Result<Vec<u8>, EncodeError> {
 
 /// Decodes the catalog listing.
 pub fn decode_snapshots(bytes: &[u8]) -> Result<Vec<SnapshotRow>, DecodeError> {
-    decode_rows(SNAPSHOTS, "snapshot listing", bytes, 63, |r| {
+    decode_rows(SNAPSHOTS, "snapshot listing", bytes, 70, |r| {
         Ok(SnapshotRow {
             id: SnapId(r.u64()?),
             state: SnapshotState::from_tag(r.u8()?)?,
             taken_at_us: r.i64()?,
             lsn: r.u64()?,
             rank: r.u8()?,
+            explicit_rank: r.u8()?,
+            label: r.opt_str("label")?,
+            pins: {
+                let n = r.count("pins", 9)?;
+                let mut pins = Vec::with_capacity(n);
+                for _ in 0..n {
+                    pins.push((r.str("pin tag")?, r.i64()?));
+                }
+                pins
+            },
+            deleted_at_us: r.opt_u64("deletion time")?.map(|t| t as i64),
             tables: r.u32()?,
             pages_captured: r.u64()?,
             new_images: r.u64()?,
@@ -310,10 +410,13 @@ mod tests {
     #[test]
     fn state_names_are_the_stores() {
         let names: Vec<&str> = SnapshotState::ALL.iter().map(|s| s.as_str()).collect();
-        assert_eq!(names, ["capturing", "committed", "failed", "deleted"]);
+        assert_eq!(
+            names,
+            ["capturing", "committed", "failed", "deleted", "reclaimed"]
+        );
         assert!(SnapshotState::Committed.is_readable());
         assert!(!SnapshotState::Capturing.is_readable());
-        assert!(SnapshotState::from_tag(5).is_err());
+        assert!(SnapshotState::from_tag(6).is_err());
     }
 
     #[test]
@@ -344,6 +447,10 @@ mod tests {
             taken_at_us: -1,
             lsn: 2,
             rank: 3,
+            explicit_rank: 0,
+            label: None,
+            pins: Vec::new(),
+            deleted_at_us: None,
             tables: 4,
             pages_captured: 5,
             new_images: 6,
@@ -351,7 +458,7 @@ mod tests {
             carried_pages: 8,
             failure: None,
         };
-        assert_eq!(encode_snapshots(&[snap]).unwrap().len(), 1 + 4 + 63);
+        assert_eq!(encode_snapshots(&[snap]).unwrap().len(), 1 + 4 + 70);
         let group = GroupRow {
             id: 1,
             state: GroupState::Active,

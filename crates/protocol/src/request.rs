@@ -42,11 +42,25 @@ pub enum Kind {
     Groups = 10,
     /// Reply: [`Reply::Done`] (the worker loads without pinning).
     Prefetch = 11,
+    /// Reply: [`Reply::Done`].
+    Delete = 12,
+    /// Reply: [`Reply::Done`].
+    Pin = 13,
+    /// Reply: [`Reply::Done`].
+    Unpin = 14,
+    /// Reply: [`Reply::Done`].
+    SetRank = 15,
+    /// Paged. Reply: [`Reply::Page`] of [`crate::listing::decode_decisions`].
+    RetentionPreview = 16,
+    /// Paged. Reply: [`Reply::Page`] of [`crate::listing::decode_report`].
+    Verify = 17,
+    /// Paged. Reply: [`Reply::Page`] of [`crate::listing::decode_report`].
+    StoreStats = 18,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Declare,
         Kind::ReleaseExport,
         Kind::Snapshots,
@@ -58,6 +72,13 @@ impl Kind {
         Kind::LoadImages,
         Kind::Groups,
         Kind::Prefetch,
+        Kind::Delete,
+        Kind::Pin,
+        Kind::Unpin,
+        Kind::SetRank,
+        Kind::RetentionPreview,
+        Kind::Verify,
+        Kind::StoreStats,
     ];
 
     /// The tag the transport carries.
@@ -80,7 +101,13 @@ impl Kind {
     pub fn is_paged(self) -> bool {
         matches!(
             self,
-            Kind::Snapshots | Kind::SnapshotTables | Kind::ScanBegin | Kind::Groups
+            Kind::Snapshots
+                | Kind::SnapshotTables
+                | Kind::ScanBegin
+                | Kind::Groups
+                | Kind::RetentionPreview
+                | Kind::Verify
+                | Kind::StoreStats
         )
     }
 
@@ -89,9 +116,22 @@ impl Kind {
         matches!(
             (self, reply),
             (Kind::Declare, Reply::Declared { .. })
-                | (Kind::ReleaseExport | Kind::Prefetch, Reply::Done)
                 | (
-                    Kind::Snapshots | Kind::SnapshotTables | Kind::Groups,
+                    Kind::ReleaseExport
+                        | Kind::Prefetch
+                        | Kind::Delete
+                        | Kind::Pin
+                        | Kind::Unpin
+                        | Kind::SetRank,
+                    Reply::Done
+                )
+                | (
+                    Kind::Snapshots
+                        | Kind::SnapshotTables
+                        | Kind::Groups
+                        | Kind::RetentionPreview
+                        | Kind::Verify
+                        | Kind::StoreStats,
                     Reply::Page(_)
                 )
                 | (Kind::ScanBegin, Reply::Page(_) | Reply::TableAbsent)
@@ -153,6 +193,28 @@ pub enum Request {
     /// Page images loaded into the image cache *without* pinning them (a scan asks for its
     /// next batch while it reads the current one). At most [`MAX_IDS_PER_REQUEST`] ids.
     Prefetch { ids: Vec<ImageId> },
+    /// Delete snapshots (logically, at once; their space is reclaimed in the background).
+    /// `force`: allowed to delete the newest snapshot, or every snapshot.
+    Delete { snaps: Vec<SnapId>, force: bool },
+    /// Pin a snapshot under `tag` until a time (µs since the Unix epoch; `i64::MAX`: for
+    /// ever); pinning again under the same tag moves the time.
+    Pin {
+        snap: SnapId,
+        tag: String,
+        until_us: i64,
+    },
+    /// Remove pin `tag` of a snapshot.
+    Unpin { snap: SnapId, tag: String },
+    /// Raise a snapshot's rank (lazy ranking); 0 takes an explicit rank back.
+    SetRank { snap: SnapId, rank: u8 },
+    /// What a retention policy (the configured one if None) keeps and deletes, from byte
+    /// `offset`.
+    RetentionPreview { policy: Option<String>, offset: u64 },
+    /// Recount every reference; with `repair`, free leaked content and fix counts. From byte
+    /// `offset` of the report (the check runs when offset is 0).
+    Verify { repair: bool, offset: u64 },
+    /// The store's space: live, dead and on-disk bytes, from byte `offset`.
+    StoreStats { offset: u64 },
 }
 
 impl Request {
@@ -170,6 +232,13 @@ impl Request {
             Request::LoadImages { .. } => Kind::LoadImages,
             Request::Groups { .. } => Kind::Groups,
             Request::Prefetch { .. } => Kind::Prefetch,
+            Request::Delete { .. } => Kind::Delete,
+            Request::Pin { .. } => Kind::Pin,
+            Request::Unpin { .. } => Kind::Unpin,
+            Request::SetRank { .. } => Kind::SetRank,
+            Request::RetentionPreview { .. } => Kind::RetentionPreview,
+            Request::Verify { .. } => Kind::Verify,
+            Request::StoreStats { .. } => Kind::StoreStats,
         }
     }
 
@@ -179,7 +248,10 @@ impl Request {
             Request::Snapshots { offset }
             | Request::SnapshotTables { offset, .. }
             | Request::ScanBegin { offset, .. }
-            | Request::Groups { offset } => Some(offset),
+            | Request::Groups { offset }
+            | Request::RetentionPreview { offset, .. }
+            | Request::Verify { offset, .. }
+            | Request::StoreStats { offset } => Some(offset),
             _ => None,
         }
     }
@@ -237,6 +309,34 @@ impl Request {
                     w.u64(id.0);
                 }
             }
+            Request::Delete { snaps, force } => {
+                w.bool(*force).count(snaps.len())?;
+                for s in snaps {
+                    w.u64(s.0);
+                }
+            }
+            Request::Pin {
+                snap,
+                tag,
+                until_us,
+            } => {
+                w.u64(snap.0).str(tag)?.i64(*until_us);
+            }
+            Request::Unpin { snap, tag } => {
+                w.u64(snap.0).str(tag)?;
+            }
+            Request::SetRank { snap, rank } => {
+                w.u64(snap.0).u8(*rank);
+            }
+            Request::RetentionPreview { policy, offset } => {
+                w.opt_str(policy.as_deref())?.u64(*offset);
+            }
+            Request::Verify { repair, offset } => {
+                w.bool(*repair).u64(*offset);
+            }
+            Request::StoreStats { offset } => {
+                w.u64(*offset);
+            }
         }
         w.into_message()
     }
@@ -291,6 +391,36 @@ impl Request {
             Kind::Prefetch => Request::Prefetch {
                 ids: image_ids(&mut r)?,
             },
+            Kind::Delete => {
+                let force = r.bool("force")?;
+                let n = r.count("snapshot ids", 8)?;
+                let snaps = (0..n)
+                    .map(|_| Ok(SnapId(r.u64()?)))
+                    .collect::<Result<_, DecodeError>>()?;
+                Request::Delete { snaps, force }
+            }
+            Kind::Pin => Request::Pin {
+                snap: SnapId(r.u64()?),
+                tag: r.str("pin tag")?,
+                until_us: r.i64()?,
+            },
+            Kind::Unpin => Request::Unpin {
+                snap: SnapId(r.u64()?),
+                tag: r.str("pin tag")?,
+            },
+            Kind::SetRank => Request::SetRank {
+                snap: SnapId(r.u64()?),
+                rank: r.u8()?,
+            },
+            Kind::RetentionPreview => Request::RetentionPreview {
+                policy: r.opt_str("policy")?,
+                offset: r.u64()?,
+            },
+            Kind::Verify => Request::Verify {
+                repair: r.bool("repair")?,
+                offset: r.u64()?,
+            },
+            Kind::StoreStats => Request::StoreStats { offset: r.u64()? },
         };
         r.finish()?;
         Ok(request)

@@ -3,8 +3,9 @@
 //! bytes fails to decode; arbitrary bytes never make a decoder panic.
 
 use gsnap_protocol::listing::{
-    decode_groups, decode_scan, decode_snapshots, decode_tables, encode_groups, encode_scan,
-    encode_snapshots, encode_tables,
+    decode_decisions, decode_groups, decode_report, decode_scan, decode_snapshots, decode_tables,
+    encode_decisions, encode_groups, encode_report, encode_scan, encode_snapshots, encode_tables,
+    DecisionRow, ReportRow,
 };
 use gsnap_protocol::*;
 use proptest::collection::vec;
@@ -64,7 +65,51 @@ fn request() -> impl Strategy<Value = Request> {
         ids().prop_map(|ids| Request::LoadImages { ids }),
         any::<u64>().prop_map(|offset| Request::Groups { offset }),
         ids().prop_map(|ids| Request::Prefetch { ids }),
+        (vec(snap(), 0..50), any::<bool>())
+            .prop_map(|(snaps, force)| Request::Delete { snaps, force }),
+        (snap(), text(), any::<i64>()).prop_map(|(snap, tag, until_us)| Request::Pin {
+            snap,
+            tag,
+            until_us
+        }),
+        (snap(), text()).prop_map(|(snap, tag)| Request::Unpin { snap, tag }),
+        (snap(), any::<u8>()).prop_map(|(snap, rank)| Request::SetRank { snap, rank }),
+        (proptest::option::of(text()), any::<u64>())
+            .prop_map(|(policy, offset)| Request::RetentionPreview { policy, offset }),
+        (any::<bool>(), any::<u64>())
+            .prop_map(|(repair, offset)| Request::Verify { repair, offset }),
+        any::<u64>().prop_map(|offset| Request::StoreStats { offset }),
     ]
+}
+
+fn decision_rows() -> impl Strategy<Value = Vec<DecisionRow>> {
+    let row = (
+        snap(),
+        any::<i64>(),
+        any::<u8>(),
+        proptest::option::of(text()),
+        any::<(bool, bool)>(),
+        text(),
+    )
+        .prop_map(
+            |(snap, taken_at_us, rank, label, (pinned, keep), rule)| DecisionRow {
+                snap,
+                taken_at_us,
+                rank,
+                label,
+                pinned,
+                keep,
+                rule,
+            },
+        );
+    vec(row, 0..12)
+}
+
+fn report_rows() -> impl Strategy<Value = Vec<ReportRow>> {
+    vec(
+        (text(), any::<i64>()).prop_map(|(name, value)| ReportRow { name, value }),
+        0..12,
+    )
 }
 
 fn pinned() -> impl Strategy<Value = Vec<PinnedEntry>> {
@@ -147,14 +192,30 @@ fn snapshot_rows() -> impl Strategy<Value = Vec<SnapshotRow>> {
         (any::<i64>(), any::<u64>(), any::<u8>(), any::<u32>()),
         any::<[u64; 4]>(),
         proptest::option::of(text()),
+        (
+            any::<u8>(),
+            proptest::option::of(text()),
+            vec((text(), any::<i64>()), 0..3),
+            proptest::option::of(any::<i64>()),
+        ),
     )
         .prop_map(
-            |((id, state), (taken_at_us, lsn, rank, tables), stats, failure)| SnapshotRow {
+            |(
+                (id, state),
+                (taken_at_us, lsn, rank, tables),
+                stats,
+                failure,
+                (explicit_rank, label, pins, deleted_at_us),
+            )| SnapshotRow {
                 id,
                 state,
                 taken_at_us,
                 lsn,
                 rank,
+                explicit_rank,
+                label,
+                pins,
+                deleted_at_us,
                 tables,
                 pages_captured: stats[0],
                 new_images: stats[1],
@@ -266,6 +327,20 @@ proptest! {
         let bytes = encode_groups(&groups).unwrap();
         prop_assert_eq!(decode_groups(&bytes), Ok(groups));
         assert_exact(&bytes, &extra, decode_groups);
+    }
+
+    #[test]
+    fn lifetime_listings_round_trip_exactly(
+        decisions in decision_rows(),
+        report in report_rows(),
+        extra in extra(),
+    ) {
+        let bytes = encode_decisions(&decisions).unwrap();
+        prop_assert_eq!(decode_decisions(&bytes), Ok(decisions));
+        assert_exact(&bytes, &extra, decode_decisions);
+        let bytes = encode_report(&report).unwrap();
+        prop_assert_eq!(decode_report(&bytes), Ok(report));
+        assert_exact(&bytes, &extra, decode_report);
     }
 
     #[test]
