@@ -39,12 +39,32 @@ pub static VERIFY_IMAGES: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Declared snapshots that may wait for their capture.
 pub static MAX_QUEUED_SNAPSHOTS: GucSetting<i32> = GucSetting::<i32>::new(16);
 
+/// The retention policy, in restic/borg words (`gsnap_lifetimes::Policy`); empty: keep every
+/// snapshot.
+pub static RETENTION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+/// The newest snapshots the policy never deletes.
+pub static MIN_SNAPSHOTS: GucSetting<i32> = GucSetting::<i32>::new(1);
+
+/// Cap on the store's size on disk, in MB (0: none): the policy then also thins the lowest
+/// ranks, oldest first.
+pub static MAX_STORE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// Seconds between a snapshot's deletion and the reclamation of its space.
+pub static RECLAIM_DELAY: GucSetting<i32> = GucSetting::<i32>::new(10);
+
+/// Dead mappings reclaimed per step (one store batch between two looks at requests).
+pub static RECLAIM_BATCH: GucSetting<i32> = GucSetting::<i32>::new(2048);
+
 /// Test hook: milliseconds the worker pauses between taking a declaration's MVCC snapshot
 /// and switching dirty sets (widens the window the first capture ordering is about).
 pub static DEBUG_DECLARE_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// Test hook: milliseconds between two capture batches (keeps a capture in flight).
 pub static DEBUG_CAPTURE_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// Test hook: milliseconds between two reclamation steps (keeps a reclamation in flight).
+pub static DEBUG_RECLAIM_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// Registers the settings; called from `_PG_init` during preload.
 pub fn init() {
@@ -156,6 +176,61 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"gsnap.retention",
+        c"Which snapshots to keep, e.g. 'within=2h hourly=48 daily=30 weekly=8 monthly=12 yearly=unlimited'.",
+        c"Empty keeps every snapshot. within keeps every snapshot younger than that (counted \
+          from the newest snapshot); minutely, hourly, daily, weekly, monthly and yearly keep \
+          the first snapshot of that many of the most recent periods (UTC) that have one. \
+          Pinned snapshots and the newest gsnap.min_snapshots are always kept. \
+          gsnap_retention_preview() shows what a policy keeps and why.",
+        &RETENTION,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.min_snapshots",
+        c"The newest snapshots retention never deletes.",
+        c"At least 1, so the newest snapshot always stays.",
+        &MIN_SNAPSHOTS,
+        1,
+        1 << 20,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.max_store_size",
+        c"Largest size of the snapshot store on disk (0: no limit).",
+        c"Above it, retention also deletes snapshots of the lowest ranks, oldest first, never \
+          pinned ones nor the newest gsnap.min_snapshots, and warns when that is not enough.",
+        &MAX_STORE_SIZE,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.reclaim_delay",
+        c"Seconds between a snapshot's deletion and the reclamation of its space.",
+        c"Queries that started before the deletion keep reading it; reclamation also waits \
+          while a query pins the index group holding it.",
+        &RECLAIM_DELAY,
+        0,
+        24 * 3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.reclaim_batch",
+        c"Dead mappings reclaimed in one step of the worker.",
+        c"Each step is one store batch between two looks at waiting requests and captures; \
+          smaller keeps them more responsive, larger reclaims faster.",
+        &RECLAIM_BATCH,
+        1,
+        1 << 20,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_bool_guc(
         c"gsnap.verify_images",
         c"Check every page image read from the store against its BLAKE3 fingerprint.",
@@ -186,8 +261,31 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_MS | GucFlags::NO_SHOW_ALL,
     );
+    GucRegistry::define_int_guc(
+        c"gsnap.debug_reclaim_pause_ms",
+        c"Test hook: pause between two reclamation steps.",
+        c"For tests that need a reclamation in flight; keep 0 in production.",
+        &DEBUG_RECLAIM_PAUSE_MS,
+        0,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS | GucFlags::NO_SHOW_ALL,
+    );
     // SAFETY: called from _PG_init on the main thread.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"gsnap".as_ptr()) };
+}
+
+/// The configured retention policy's text ('' when unset).
+pub fn retention() -> String {
+    RETENTION
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// `gsnap.max_store_size` in bytes (0: no cap).
+pub fn max_store_size_bytes() -> u64 {
+    u64::try_from(MAX_STORE_SIZE.get()).unwrap_or(0) * 1024 * 1024
 }
 
 /// The configured database name.

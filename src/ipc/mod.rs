@@ -20,7 +20,9 @@ pub use pinned::{release, release_answer, unpin_groups, unpin_images, Pinned, Pi
 pub use transport::{prefetch, set_latch_of, wait_latch};
 
 use crate::error::error;
-use gsnap_protocol::listing::{self, GroupRow, ScanHeader, SnapshotRow, TableRow};
+use gsnap_protocol::listing::{
+    self, DecisionRow, GroupRow, ReportRow, ScanHeader, SnapshotRow, TableRow,
+};
 use gsnap_protocol::{
     DecodeError, ErrorCode, ImageId, Kind, Pages, Reply, Request, SnapId, WorkerError,
 };
@@ -157,6 +159,36 @@ pub fn snapshot_tables(snap: SnapId) -> Vec<TableRow> {
 /// The index groups.
 pub fn groups() -> Vec<GroupRow> {
     listing(Request::Groups { offset: 0 }, listing::decode_groups)
+}
+
+/// Sends a request whose answer is [`Reply::Done`] (deletion, pins, ranks).
+pub fn done(request: Request) {
+    let kind = request.kind();
+    match self::request(request) {
+        Reply::Done => {}
+        reply => unexpected(kind, reply),
+    }
+}
+
+/// What retention policy `policy` (the configured one if None) keeps and deletes.
+pub fn retention_preview(policy: Option<String>) -> Vec<DecisionRow> {
+    listing(
+        Request::RetentionPreview { policy, offset: 0 },
+        listing::decode_decisions,
+    )
+}
+
+/// The reference verification's report (with `repair`, after repairing).
+pub fn verify(repair: bool) -> Vec<ReportRow> {
+    listing(
+        Request::Verify { repair, offset: 0 },
+        listing::decode_report,
+    )
+}
+
+/// The store's space report.
+pub fn store_stats() -> Vec<ReportRow> {
+    listing(Request::StoreStats { offset: 0 }, listing::decode_report)
 }
 
 /// The start of reading table `relid` at `snap`: where its pages are and its row type bytes;

@@ -118,6 +118,11 @@ pub unsafe fn diff_rows(
     }
     let pins_a = GroupPins::pin(a, a, true);
     let pins_b = GroupPins::pin(b, b, true);
+    for (snap, t) in [(a, &ta), (b, &tb)] {
+        if let Some(t) = t {
+            table::confirm_readable(&[snap], t.lease);
+        }
+    }
     let pages = changed_pages((a, &ta, &pins_a), (b, &tb, &pins_b));
     let side = |t: &Option<TableAtSnapshot>, snap: u64| {
         t.as_ref().map(|t| Side {

@@ -29,8 +29,10 @@ pub struct PageReader {
 impl PageReader {
     /// Starts reading `table` as snapshot `snap` holds it.
     pub fn open(snap: u64, table: &TableAtSnapshot) -> PageReader {
+        let groups = GroupPins::pin(snap, snap, true);
+        super::table::confirm_readable(&[snap], table.lease);
         PageReader {
-            groups: GroupPins::pin(snap, snap, true),
+            groups,
             snap,
             rel: table.rel,
             nblocks: table.nblocks,

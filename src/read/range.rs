@@ -127,6 +127,9 @@ impl RangeCursor {
             (Some(first), Some(last)) => Some(GroupPins::pin(first.0, last.0, true)),
             _ => None,
         };
+        let lease = snaps.iter().map(|(_, t)| t.lease).min().unwrap_or(0);
+        let ids: Vec<u64> = snaps.iter().map(|(s, _)| *s).collect();
+        table::confirm_readable(&ids, lease);
         let long = OwnedContext::new("gsnap range");
         let mut decoders = Decoders {
             snap: snaps.first().map_or(from, |s| s.0),
@@ -314,8 +317,14 @@ impl RangeCursor {
             .expect("a non-empty range has its groups pinned");
         let views = groups.views();
         let runs = &mut self.runs;
+        // The index may still list deleted snapshots between readable ones: a run none of
+        // the segment's snapshots lies in is skipped (its image may be reclaimed).
+        let held = &self.snaps[segment.clone()];
         gsnap_core::range(&views, SnapId(first), SnapId(last), RelId(rel), &mut |r| {
-            runs.push(r)
+            let at = held.partition_point(|(s, _)| *s < r.first.0);
+            if held.get(at).is_some_and(|(s, _)| *s <= r.last.0) {
+                runs.push(r)
+            }
         })
         .unwrap_or_else(|e| corrupt_index(e));
         for (i, r) in self.runs.iter().enumerate() {

@@ -23,12 +23,16 @@ pub struct TableAtSnapshot {
     pub row_type: RowType,
     /// The row type's stored bytes (equal bytes: equal row types).
     pub row_type_bytes: Vec<u8>,
+    /// The reclamation generation before the snapshot was found readable (see
+    /// [`confirm_readable`]).
+    pub lease: u64,
 }
 
 /// What snapshot `snap` holds of `relid` (None: the table is not in the snapshot). A
 /// snapshot whose capture is still running is waited for (the wait can be cancelled); one
 /// that does not exist or cannot be read is an ERROR.
 pub fn held_by(snap: u64, relid: pg_sys::Oid) -> Option<TableAtSnapshot> {
+    let lease = crate::shmem::progress().reclaim_generation();
     let mut told = false;
     let begin = loop {
         match ipc::scan_begin(SnapId(snap), relid.to_u32()) {
@@ -54,7 +58,33 @@ pub fn held_by(snap: u64, relid: pg_sys::Oid) -> Option<TableAtSnapshot> {
         nblocks: header.nblocks,
         row_type: decoded,
         row_type_bytes: row_type,
+        lease,
     })
+}
+
+/// Confirms, once a reader pinned the index groups of `snaps` (which holds off the
+/// reclamation of their snapshots), that they are still readable. They were when the reader
+/// looked them up, at reclamation generation `lease`; if a reclamation started since, the
+/// reader may have pinned too late for it, and a snapshot deleted meanwhile is an ERROR
+/// instead of images gone missing under the reader.
+pub fn confirm_readable(snaps: &[u64], lease: u64) {
+    if crate::shmem::progress().reclaim_generation() == lease {
+        return;
+    }
+    let listed = ipc::snapshots();
+    for &snap in snaps {
+        if !listed
+            .iter()
+            .any(|r| r.id.0 == snap && r.state.is_readable())
+        {
+            error(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("snapshot {snap} was deleted while this query started to read it"),
+            )
+            .hint("gsnap_snapshots() lists the snapshots and their states.")
+            .raise();
+        }
+    }
 }
 
 /// What snapshot `snap` holds of `relid`, or the ERROR that it does not hold the table.

@@ -145,6 +145,15 @@ pub struct ProgressShared {
     waiting_for: AtomicU32,
     last_durable: AtomicI64,
     last_durable_at_us: AtomicI64,
+    /// The deleted snapshot whose space is being reclaimed (0: none), its dead mappings done
+    /// and in all, and the bytes reclamation freed since the worker started.
+    reclaim_snapshot: AtomicI64,
+    reclaim_done: AtomicU64,
+    reclaim_total: AtomicU64,
+    reclaimed_bytes: AtomicU64,
+    /// Bumped before each reclamation of a deleted snapshot starts (see
+    /// `read::table::confirm_readable`, the lease it serves).
+    reclaim_generation: AtomicU64,
 }
 
 /// A copy of the progress counters.
@@ -163,6 +172,10 @@ pub struct Progress {
     pub waiting_for: u32,
     pub last_durable: i64,
     pub last_durable_at_us: i64,
+    pub reclaim_snapshot: i64,
+    pub reclaim_done: u64,
+    pub reclaim_total: u64,
+    pub reclaimed_bytes: u64,
 }
 
 impl ProgressShared {
@@ -182,7 +195,38 @@ impl ProgressShared {
             waiting_for: self.waiting_for.load(Relaxed),
             last_durable: self.last_durable.load(Relaxed),
             last_durable_at_us: self.last_durable_at_us.load(Relaxed),
+            reclaim_snapshot: self.reclaim_snapshot.load(Relaxed),
+            reclaim_done: self.reclaim_done.load(Relaxed),
+            reclaim_total: self.reclaim_total.load(Relaxed),
+            reclaimed_bytes: self.reclaimed_bytes.load(Relaxed),
         }
+    }
+
+    /// Reclamation of `snap` is at `done` of `total` dead mappings; `bytes` freed in all.
+    pub fn reclaiming(&self, snap: u64, done: u64, total: u64, bytes: u64) {
+        self.reclaim_snapshot.store(snap as i64, Relaxed);
+        self.reclaim_done.store(done, Relaxed);
+        self.reclaim_total.store(total, Relaxed);
+        self.reclaimed_bytes.store(bytes, Relaxed);
+    }
+
+    /// The reclamation generation: it changes whenever a reclamation starts.
+    pub fn reclaim_generation(&self) -> u64 {
+        self.reclaim_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A reclamation starts (before its snapshot's eligibility is checked for the last time).
+    pub fn bump_reclaim_generation(&self) {
+        self.reclaim_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Nothing is being reclaimed.
+    pub fn reclaim_idle(&self) {
+        self.reclaim_snapshot.store(0, Relaxed);
+        self.reclaim_done.store(0, Relaxed);
+        self.reclaim_total.store(0, Relaxed);
     }
 
     /// Sets the phase.

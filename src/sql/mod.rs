@@ -16,6 +16,7 @@
 pub mod access;
 pub mod asof;
 pub mod diff;
+pub mod lifetimes;
 pub mod range;
 mod snapshots;
 mod spans;

@@ -1,5 +1,6 @@
 //! Declaring snapshots and listing them: `gsnap_snapshot()`, `gsnap_snapshots()`,
-//! `gsnap_snapshot_tables()`, `gsnap_progress()`.
+//! `gsnap_snapshot_tables()`, `gsnap_progress()` (captures, and the reclamation of deleted
+//! snapshots' space).
 
 use super::access::require_gsnap_database;
 use crate::error::error;
@@ -21,10 +22,21 @@ fn lsn_text(lsn: u64) -> String {
 
 /// Declares a snapshot of every gsnap table and returns its id. With `wait` (the default)
 /// it returns once the snapshot's capture is durable; without, right after declaration.
+/// `label` names it (`gsnap_snapshots()` shows it); `rank` raises its rank at once, so the
+/// retention policy keeps it as a member of its periods up to that rank (`daily`: as long
+/// as the day it was taken is kept).
 #[pg_extern(volatile, parallel_unsafe)]
-fn gsnap_snapshot(wait: default!(bool, true)) -> i64 {
+fn gsnap_snapshot(
+    wait: default!(Option<bool>, true),
+    label: default!(Option<&str>, "NULL"),
+    rank: default!(Option<&str>, "NULL"),
+) -> i64 {
     require_gsnap_database();
-    let (snap, _) = declare(wait, false);
+    let wait =
+        wait.unwrap_or_else(|| crate::error::null_argument("the wait argument of gsnap_snapshot"));
+    let label = label.map(|l| super::lifetimes::check_name(l, "label"));
+    let rank = rank.map(super::lifetimes::parse_rank);
+    let (snap, _) = declare(wait, false, label, rank);
     snap.0 as i64
 }
 
@@ -33,12 +45,17 @@ fn gsnap_snapshot(wait: default!(bool, true)) -> i64 {
 /// or LOCK TABLE in progress; if that lock is held by the calling transaction itself, the
 /// wait could only end with the transaction, so it is refused at once. Returns the snapshot
 /// and, with `export`, the name of its exported MVCC snapshot.
-fn declare(wait: bool, export: bool) -> (SnapId, Option<String>) {
+fn declare(
+    wait: bool,
+    export: bool,
+    label: Option<String>,
+    rank: Option<u8>,
+) -> (SnapId, Option<String>) {
     let request = Request::Declare {
         wait,
         export,
-        label: None,
-        rank: None,
+        label,
+        rank,
     };
     let reply = ipc::call_watching(request, &mut || {
         let relid = shmem::progress().read().waiting_for;
@@ -75,7 +92,7 @@ fn declare(wait: bool, export: bool) -> (SnapId, Option<String>) {
 fn gsnap_debug_snapshot() -> TableIterator<'static, (name!(snap_id, i64), name!(exported, String))>
 {
     require_gsnap_database();
-    let (snap, exported) = declare(false, true);
+    let (snap, exported) = declare(false, true, None, None);
     TableIterator::once((snap.0 as i64, exported.unwrap_or_default()))
 }
 
@@ -104,10 +121,21 @@ fn gsnap_snapshots_raw() -> TableIterator<
         name!(bytes_stored, i64),
         name!(carried_pages, i64),
         name!(failure, Option<String>),
+        name!(rank, String),
+        name!(label, Option<String>),
+        name!(pinned_by, Option<Vec<String>>),
+        name!(deleted_at, Option<TimestampWithTimeZone>),
     ),
 > {
     require_gsnap_database();
     TableIterator::new(ipc::snapshots().into_iter().map(|r| {
+        let now = crate::worker::now_unix_us();
+        let pins: Vec<String> = r
+            .pins
+            .iter()
+            .filter(|(_, until)| *until > now)
+            .map(|(tag, _)| tag.clone())
+            .collect();
         (
             r.id.0 as i64,
             timestamptz(r.taken_at_us),
@@ -119,8 +147,39 @@ fn gsnap_snapshots_raw() -> TableIterator<
             r.bytes_stored as i64,
             r.carried_pages as i64,
             r.failure,
+            super::lifetimes::rank_name(r.rank.max(r.explicit_rank)),
+            r.label,
+            (!pins.is_empty()).then_some(pins),
+            r.deleted_at_us.and_then(timestamptz),
         )
     }))
+}
+
+/// Every pin of every snapshot, with the time it ends (NULL: never); expired pins are listed
+/// until the snapshot is deleted, with `active` false.
+#[pg_extern(stable, parallel_safe)]
+fn gsnap_pins() -> TableIterator<
+    'static,
+    (
+        name!(snap_id, i64),
+        name!(tag, String),
+        name!(pinned_until, Option<TimestampWithTimeZone>),
+        name!(active, bool),
+    ),
+> {
+    require_gsnap_database();
+    let now = crate::worker::now_unix_us();
+    let rows: Vec<_> = ipc::snapshots()
+        .into_iter()
+        .flat_map(|r| {
+            let id = r.id.0 as i64;
+            r.pins.into_iter().map(move |(tag, until)| {
+                let ends = (until != i64::MAX).then(|| timestamptz(until)).flatten();
+                (id, tag, ends, until > now)
+            })
+        })
+        .collect();
+    TableIterator::new(rows)
 }
 
 /// The tables of snapshot `snap_id`, with their size and storage at the time.
@@ -171,6 +230,10 @@ fn gsnap_progress() -> TableIterator<
         name!(waiting_for_table, Option<pg_sys::Oid>),
         name!(last_durable, Option<i64>),
         name!(last_durable_at, Option<TimestampWithTimeZone>),
+        name!(reclaiming_snap, Option<i64>),
+        name!(reclaim_done, i64),
+        name!(reclaim_total, i64),
+        name!(reclaimed_bytes, i64),
     ),
 > {
     crate::require_preloaded();
@@ -197,6 +260,10 @@ fn gsnap_progress() -> TableIterator<
         (p.last_durable_at_us > 0)
             .then(|| timestamptz(p.last_durable_at_us))
             .flatten(),
+        (p.reclaim_snapshot > 0).then_some(p.reclaim_snapshot),
+        p.reclaim_done as i64,
+        p.reclaim_total as i64,
+        p.reclaimed_bytes as i64,
     ))
 }
 
@@ -205,13 +272,14 @@ extension_sql!(
 CREATE FUNCTION gsnap_snapshots()
 RETURNS TABLE (snap_id bigint, taken_at timestamptz, lsn pg_lsn, state text, tables int,
                pages_captured bigint, new_images bigint, bytes_stored bigint,
-               carried_pages bigint, failure text)
+               carried_pages bigint, failure text, rank text, label text,
+               pinned_by text[], deleted_at timestamptz)
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT snap_id, taken_at, lsn::pg_lsn, state, tables, pages_captured, new_images,
-           bytes_stored, carried_pages, failure
+           bytes_stored, carried_pages, failure, rank, label, pinned_by, deleted_at
     FROM gsnap_snapshots_raw()
 $$;
-COMMENT ON FUNCTION gsnap_snapshots() IS 'every snapshot: when, at which WAL position, its state and size';
+COMMENT ON FUNCTION gsnap_snapshots() IS 'every snapshot: when, at which WAL position, its state, size, rank, label, pins';
 
 -- Administration is restricted: superusers and members of gsnap_admin.
 DO $$
@@ -220,8 +288,8 @@ BEGIN
         CREATE ROLE gsnap_admin NOLOGIN;
     END IF;
 END $$;
-REVOKE EXECUTE ON FUNCTION gsnap_snapshot(boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION gsnap_snapshot(boolean) TO gsnap_admin;
+REVOKE EXECUTE ON FUNCTION gsnap_snapshot(boolean, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_snapshot(boolean, text, text) TO gsnap_admin;
 REVOKE EXECUTE ON FUNCTION gsnap_debug_snapshot() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION gsnap_debug_release(bigint) FROM PUBLIC;
 "#,

@@ -66,6 +66,15 @@ pub(crate) struct CaptureJob {
     pub(super) next_batch_at: std::time::Instant,
 }
 
+impl CaptureJob {
+    /// Images stored before this capture that it maps: reclamation must not free them.
+    pub(super) fn capture_existing_images(
+        &self,
+    ) -> &std::collections::HashSet<gsnap_store::ImageId> {
+        self.capture.existing_images()
+    }
+}
+
 impl Worker {
     /// Begins the capture of the oldest declared snapshot when none is running.
     pub(super) fn start_capture(&mut self) {
@@ -203,9 +212,11 @@ impl Worker {
             covered,
             ..
         } = job;
+        self.release_kept = true;
         match capture.commit() {
             Ok(info) => {
                 self.index_snapshot(decl.snap);
+                self.retention_due = std::time::Instant::now();
                 declare::release(&decl.locked, Some(decl.mvcc));
                 self.carry.absorb(CarryForward::from_pages(carried));
                 let p = shmem::progress();
@@ -238,6 +249,7 @@ impl Worker {
             mut covered,
             ..
         } = job;
+        self.release_kept = true;
         if let Err(e) = capture.abort(reason) {
             pgrx::warning!(
                 "gsnap: could not record the failure of snapshot {}: {}",
@@ -384,10 +396,14 @@ unsafe fn capture_one(
     block: u32,
     carried: &mut Vec<(u32, u32)>,
 ) -> Result<(), StoreError> {
+    // The TOAST values the page's visible tuples name, stored first.
+    let mut toasts = Vec::new();
     // SAFETY: the caller's promise; the snapshot is registered and the strategy alive.
     let view = unsafe {
         capture_page(rel, block, mvcc.as_ptr(), strategy.as_ptr(), &mut |bytes| {
-            capture.put_toast(bytes).map(|t| t.0)
+            let id = capture.put_toast(bytes)?;
+            toasts.push(id);
+            Ok::<u64, StoreError>(id.0)
         })?
     };
     let page = PageKey {
@@ -404,7 +420,7 @@ unsafe fn capture_one(
     };
     // A page with no mapping reads as empty, so an empty view needs no mapping then.
     if view.tuples > 0 || previous.is_some() {
-        let image = capture.put_image(&view.view)?;
+        let image = capture.put_image(&view.view, &toasts)?;
         if previous != Some(image) {
             capture.add_mapping(page, image)?;
         }

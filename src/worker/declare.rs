@@ -24,8 +24,9 @@ use pgrx::pg_sys;
 use std::collections::HashMap;
 use std::ffi::CStr;
 
-/// A request for a snapshot that is not declared yet.
-#[derive(Debug, Clone, Copy)]
+/// A request for a snapshot that is not declared yet. Requests without a label or rank that
+/// wait at the same time share one snapshot; one with a label or rank gets its own.
+#[derive(Debug, Clone)]
 pub(crate) struct PendingDeclare {
     /// The request slot to answer (None for a periodic snapshot).
     pub slot: Option<usize>,
@@ -35,6 +36,17 @@ pub(crate) struct PendingDeclare {
     pub export: bool,
     /// Declared by the interval timer.
     pub periodic: bool,
+    /// The user's label for the snapshot.
+    pub label: Option<String>,
+    /// The rank the user gives it at declaration (it gets at least the rank the retention
+    /// levels give it).
+    pub rank: Option<u8>,
+}
+
+impl PendingDeclare {
+    fn shares(&self) -> bool {
+        self.label.is_none() && self.rank.is_none()
+    }
 }
 
 impl PendingDeclare {
@@ -44,6 +56,8 @@ impl PendingDeclare {
             wait: false,
             export: false,
             periodic: true,
+            label: None,
+            rank: None,
         }
     }
 }
@@ -245,9 +259,21 @@ impl Worker {
         let mut pages = CarryForward::from_drained(drained);
         pages.absorb(std::mem::take(&mut self.span_leftover));
 
-        match self.record(&store, &prepared, &pages) {
+        // The requests this snapshot answers: one with a label or rank, or all without.
+        let batch: Vec<PendingDeclare> = if self.pending[0].shares() {
+            let (batch, rest) = std::mem::take(&mut self.pending)
+                .into_iter()
+                .partition(PendingDeclare::shares);
+            self.pending = rest;
+            batch
+        } else {
+            vec![self.pending.remove(0)]
+        };
+        let label = batch[0].label.clone();
+        let explicit = Rank(batch[0].rank.unwrap_or(0));
+        match self.record(&store, &prepared, &pages, label, explicit) {
             Ok((snap, tables)) => {
-                let export = if self.pending.iter().any(|p| p.export) {
+                let export = if batch.iter().any(|p| p.export) {
                     // SAFETY: at the top level of the worker's transaction (exporting from a
                     // subtransaction is not allowed); the name is a C string.
                     let name = unsafe { CStr::from_ptr(pg_sys::ExportSnapshot(mvcc.as_ptr())) };
@@ -266,7 +292,7 @@ impl Worker {
                 });
                 shmem::progress().set_queued(self.queue.len() as u32);
                 self.catalog_changed();
-                for p in std::mem::take(&mut self.pending) {
+                for p in batch {
                     match p.slot {
                         Some(s) if p.wait => self.durable_waiters.push((s, snap)),
                         Some(s) => answer_snapshot(s, snap, export.as_deref()),
@@ -281,7 +307,7 @@ impl Worker {
                 let message = format!("could not declare a snapshot: {}", e.message());
                 pgrx::warning!("{message}");
                 let error = WorkerError::new(super::code_of(&e), message);
-                for p in std::mem::take(&mut self.pending) {
+                for p in batch {
                     answer_error(p.slot, &error);
                 }
             }
@@ -295,6 +321,8 @@ impl Worker {
         store: &Store,
         p: &Prepared,
         pages: &CarryForward,
+        label: Option<String>,
+        explicit: Rank,
     ) -> Result<(u64, Vec<DeclaredTable>), StoreError> {
         let mut relations = Vec::with_capacity(p.tables.len());
         let mut tables = Vec::with_capacity(p.tables.len());
@@ -345,12 +373,27 @@ impl Worker {
                 },
             );
         }
+        // Thresher's eager ranking: the retention levels whose bucket this snapshot is the
+        // first of are known now (gsnap_lifetimes), and a rank given at declaration raises it.
+        let eager =
+            gsnap_lifetimes::rank_at_declaration(self.last_declared_at_us, p.declared_at_us);
+        let rank = Rank(
+            eager
+                .value()
+                .max(explicit.0)
+                .min(gsnap_lifetimes::Rank::MAX.value()),
+        );
         let snap = store.declare(SnapshotDecl {
             declared_at_us: p.declared_at_us,
             wal_lsn: p.lsn,
-            rank: Rank(0),
+            rank,
+            label,
             relations,
         })?;
+        self.last_declared_at_us = Some(
+            self.last_declared_at_us
+                .map_or(p.declared_at_us, |t| t.max(p.declared_at_us)),
+        );
         self.known = known;
         self.fresh_start = false;
         Ok((snap.0, tables))

@@ -21,7 +21,7 @@ use gsnap_core::dividing::{Decision, DividingConfig, GroupDividing};
 use gsnap_core::{
     last_page_table, GroupBuilder, GroupReader, ImageId, IndexError, Mapping, PageKey,
 };
-use gsnap_store::{GroupId, GroupMeta, SnapId, SnapshotState, StoreError};
+use gsnap_store::{GroupId, GroupMeta, SnapId, StoreError};
 
 /// Cache keys of published copies of the active group (sealed groups use their id).
 pub const ACTIVE_KEY: u64 = 1 << 63;
@@ -92,9 +92,7 @@ impl IndexState {
         let active: Vec<SnapId> = store
             .snapshots()?
             .into_iter()
-            .filter(|s| {
-                s.id > after && matches!(s.state, SnapshotState::Committed | SnapshotState::Deleted)
-            })
+            .filter(|s| s.id > after && s.state.in_log())
             .map(|s| s.id)
             .collect();
         let mut state = IndexState {
@@ -188,7 +186,7 @@ impl IndexState {
         let outcome = self
             .dividing
             .split(snaps.len() as u32, self.builder.pages_changed());
-        let id = GroupId(self.sealed.last().map_or(1, |m| m.id.0 + 1));
+        let id = self.store.next_group_id();
         let meta = GroupMeta {
             id,
             snaps,
@@ -203,6 +201,92 @@ impl IndexState {
         self.builder = GroupBuilder::new();
         self.active_version = crate::shmem::next_active_version();
         Ok(())
+    }
+
+    /// Rebuilds the sealed groups holding snapshots `deleted` names without them (GSnap 4.5),
+    /// and merges a group left with few snapshots into the group before it (4.6: when its
+    /// k partial trees are at most a fifth of the former group's length budget, and the
+    /// former group has room for them). A group left without snapshots is dropped. The
+    /// newest sealed group stays as it is (its last page table is the base of the active
+    /// group). Each replacement is one atomic store batch; replaced groups get new ids.
+    /// Returns the ids of the groups replaced (their cache entries are stale).
+    pub fn drop_deleted(
+        &mut self,
+        deleted: &dyn Fn(SnapId) -> bool,
+    ) -> Result<Vec<GroupId>, IndexFailure> {
+        let Some((_, older)) = self.sealed.split_last() else {
+            return Ok(Vec::new());
+        };
+        if !older.iter().any(|m| m.snaps.iter().any(|&s| deleted(s))) {
+            return Ok(Vec::new());
+        }
+        let config = self.dividing.config().clone();
+        let newest = self.sealed.len() - 1;
+        let mut replaced = Vec::new();
+        let mut kept: Vec<GroupMeta> = Vec::with_capacity(self.sealed.len());
+        for (i, meta) in std::mem::take(&mut self.sealed).into_iter().enumerate() {
+            let retained: Vec<SnapId> = meta
+                .snaps
+                .iter()
+                .copied()
+                .filter(|&s| !deleted(s))
+                .collect();
+            if i == newest || retained.len() == meta.snaps.len() {
+                kept.push(meta);
+                continue;
+            }
+            if retained.is_empty() {
+                self.store.replace_groups(&[meta.id], &[])?;
+                replaced.push(meta.id);
+                continue;
+            }
+            // The former group's length budget is the one its predecessor's split gave it.
+            let budget = match kept.len() {
+                n if n >= 2 => kept[n - 2].next_length_budget,
+                _ => config.initial_length,
+            };
+            let k = retained.len() - 1;
+            if let Some(former) = kept.last().filter(|f| {
+                k <= (budget / 5) as usize && f.snaps.len() + retained.len() <= budget as usize
+            }) {
+                let snaps: Vec<SnapId> = former.snaps.iter().chain(&retained).copied().collect();
+                let (merged, bytes) = self.rebuild(snaps, &meta)?;
+                if merged.bytes <= config.max_group_bytes as u64 {
+                    let former = kept.pop().expect("matched above");
+                    self.store
+                        .replace_groups(&[former.id, meta.id], &[(&merged, &bytes)])?;
+                    replaced.extend([former.id, meta.id]);
+                    kept.push(merged);
+                    continue;
+                }
+            }
+            let (new, bytes) = self.rebuild(retained, &meta)?;
+            self.store.replace_groups(&[meta.id], &[(&new, &bytes)])?;
+            replaced.push(meta.id);
+            kept.push(new);
+        }
+        self.sealed = kept;
+        Ok(replaced)
+    }
+
+    /// A new group of `snaps` built from the mapping log, with `like`'s budgets for the
+    /// group after it.
+    fn rebuild(
+        &self,
+        snaps: Vec<SnapId>,
+        like: &GroupMeta,
+    ) -> Result<(GroupMeta, Vec<u8>), IndexFailure> {
+        let builder = self.store.build_group(&snaps)?;
+        let bytes = builder.seal();
+        let meta = GroupMeta {
+            id: self.store.next_group_id(),
+            snaps,
+            pages: builder.pages_changed(),
+            bytes: bytes.len() as u64,
+            next_length_budget: like.next_length_budget,
+            next_page_budget: like.next_page_budget,
+        };
+        Ok((meta, bytes))
     }
 
     /// The image of `page` in the newest page table (the previous snapshot's, while a capture

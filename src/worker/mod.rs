@@ -10,6 +10,7 @@ mod capture;
 mod catalog;
 mod declare;
 mod index;
+mod lifetimes;
 mod page;
 mod publish;
 mod serve;
@@ -36,7 +37,7 @@ pub(crate) type Store = SnapshotStore<RocksBackend>;
 /// refused with a clear error instead of being misread. (The store's own records, the mapping
 /// log and group metadata included, are versioned by the store's format version.)
 const CONTENT_VERSION: u32 = 2;
-pub(crate) use catalog::UNIX_TO_PG_EPOCH_US;
+pub(crate) use catalog::{now_unix_us, UNIX_TO_PG_EPOCH_US};
 
 /// Registers the worker with the postmaster; called from `_PG_init` during preload.
 pub fn register() {
@@ -166,6 +167,9 @@ pub(crate) struct Worker {
     known: HashMap<u32, Known>,
     /// No snapshot declared since the worker started: capture every table completely.
     fresh_start: bool,
+    /// When the newest snapshot (not failed) was declared: the eager rank of the next one
+    /// depends on it (the retention buckets it opens).
+    last_declared_at_us: Option<i64>,
     /// Pages written in spans whose declaration failed: they belong to the next one.
     span_leftover: CarryForward,
     /// Pages the next capture must include (unsettled, or from a failed capture).
@@ -179,6 +183,26 @@ pub(crate) struct Worker {
     next_periodic: Option<Instant>,
     /// Serialized answers (catalog listings) by key, rebuilt when the catalog changes.
     answers: HashMap<(u32, i64), std::rc::Rc<Vec<u8>>>,
+    /// When the retention policy is next applied regardless of commits (pins expire).
+    retention_due: Instant,
+    /// The invalid `gsnap.retention` last warned about (warned once per setting).
+    policy_warned: Option<String>,
+    /// The size cap could not be met last time (warned once until it can).
+    cap_warned: bool,
+    /// The reclamation in progress.
+    reclaim_job: Option<gsnap_store::ReclaimJob>,
+    /// When the next reclamation step may run (test hook `gsnap.debug_reclaim_pause_ms`).
+    next_reclaim_at: std::time::Instant,
+    /// What reclamation freed since the worker started.
+    reclaimed_total: gsnap_store::Freed,
+    /// A capture ended: the images reclamation kept for it may be freed.
+    release_kept: bool,
+    /// Cache keys of index groups replaced (rebuilt without deleted snapshots, merged) not
+    /// yet removed from the group cache.
+    replaced_groups: Vec<u64>,
+    /// The snapshot span of each group this worker put into the group cache, by cache key:
+    /// what a reader's pin of it leases.
+    group_spans: HashMap<u64, (u64, u64)>,
 }
 
 impl Worker {
@@ -196,6 +220,7 @@ impl Worker {
             job: None,
             known: HashMap::new(),
             fresh_start: true,
+            last_declared_at_us: None,
             span_leftover: CarryForward::default(),
             carry: CarryForward::default(),
             active_copies: Vec::new(),
@@ -203,6 +228,15 @@ impl Worker {
             exports: Vec::new(),
             next_periodic: None,
             answers: HashMap::new(),
+            retention_due: Instant::now(),
+            policy_warned: None,
+            cap_warned: false,
+            reclaim_job: None,
+            next_reclaim_at: std::time::Instant::now(),
+            reclaimed_total: gsnap_store::Freed::default(),
+            release_kept: true,
+            replaced_groups: Vec::new(),
+            group_spans: HashMap::new(),
         }
     }
 
@@ -213,6 +247,7 @@ impl Worker {
                 // SAFETY: reloading the configuration file in the main loop, as workers do.
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
                 self.schedule_periodic();
+                self.retention_due = Instant::now();
             }
             self.ensure_store();
             self.serve_requests();
@@ -220,7 +255,9 @@ impl Worker {
             self.periodic_due();
             self.declare_pending();
             self.start_capture();
-            let busy = self.capture_step();
+            let mut busy = self.capture_step();
+            self.apply_retention(Instant::now(), false);
+            busy |= self.reclaim();
             self.close_broken_store();
             self.release_transaction_if_idle();
             let timeout = if busy || !self.pending.is_empty() && self.store.is_some() {
@@ -300,6 +337,7 @@ impl Worker {
                     log!("gsnap store at \"{dir}\" is open again");
                 }
                 self.record_failures(&store);
+                self.last_declared_at_us = store.latest_declared_at_us();
                 shmem::worker().set_state(WorkerState::Ready);
                 match index::IndexState::open(store) {
                     Ok(index) => self.index = Some(index),

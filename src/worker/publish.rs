@@ -101,10 +101,16 @@ impl Worker {
     /// Pins one group in the cache for the requester, loading it if needed.
     fn pin_group(&mut self, needed: Needed) -> Result<GroupEntry, WorkerError> {
         let index = self.index.as_ref().expect("checked by the caller");
-        let key = match &needed {
-            Needed::Sealed(m) => m.id.0,
-            Needed::Active => ACTIVE_KEY | index.active_version,
+        let (key, span) = match &needed {
+            Needed::Sealed(m) => (m.id.0, (m.first().0, m.last().0)),
+            Needed::Active => (
+                ACTIVE_KEY | index.active_version,
+                index
+                    .active_span()
+                    .expect("the plan named the active group"),
+            ),
         };
+        self.group_spans.insert(key, span);
         if let Probe::Hit(extent) = with_groups(|c| c.pin(key)).map_err(index_failure)? {
             return Ok(GroupEntry {
                 key,

@@ -33,7 +33,7 @@ fn load_failure(e: StoreError) -> WorkerError {
 }
 
 /// A listing that cannot be encoded (a bug: its counts are far below the limits).
-fn unencodable(what: &str, e: gsnap_protocol::EncodeError) -> WorkerError {
+pub(super) fn unencodable(what: &str, e: gsnap_protocol::EncodeError) -> WorkerError {
     WorkerError::new(
         ErrorCode::Internal,
         format!("the {what} cannot be encoded: {e}"),
@@ -60,7 +60,7 @@ pub(super) fn encode_answer(kind: Kind, answer: Result<Reply, WorkerError>) -> V
 }
 
 /// The key of a cached listing: the request kind and what it lists (a snapshot, or 0).
-fn answer_key(kind: Kind, key: u64) -> (u32, i64) {
+pub(super) fn answer_key(kind: Kind, key: u64) -> (u32, i64) {
     (kind.tag(), key as i64)
 }
 
@@ -79,22 +79,19 @@ impl Worker {
                 Ok(Request::Declare {
                     wait,
                     export,
-                    label: None,
-                    rank: None,
+                    label,
+                    rank,
                 }) => {
                     self.pending.push(PendingDeclare {
                         slot: Some(i),
                         wait,
                         export,
                         periodic: false,
+                        label,
+                        rank,
                     });
                     continue;
                 }
-                Ok(Request::Declare { .. }) => WorkerError::new(
-                    ErrorCode::InvalidArgument,
-                    "snapshot labels and ranks are not supported yet",
-                )
-                .encode(),
                 Ok(request) => {
                     let kind = request.kind();
                     encode_answer(kind, self.answer(request))
@@ -168,6 +165,13 @@ impl Worker {
                 first_chunk,
                 max_chunks,
             } => toast_fetch(store, ToastId(value), first_chunk, max_chunks),
+            request @ (Request::Delete { .. }
+            | Request::Pin { .. }
+            | Request::Unpin { .. }
+            | Request::SetRank { .. }
+            | Request::RetentionPreview { .. }
+            | Request::Verify { .. }
+            | Request::StoreStats { .. }) => self.answer_lifetimes(store, request),
             Request::Declare { .. } | Request::ReleaseExport { .. } => {
                 unreachable!("handled by the caller and above")
             }
@@ -190,7 +194,7 @@ impl Worker {
 
 /// The page of listing `blob` from byte `offset`; an offset past its end is an error (the
 /// backend then reads the listing again, which changed).
-fn page(blob: &[u8], offset: u64) -> Result<Reply, WorkerError> {
+pub(super) fn page(blob: &[u8], offset: u64) -> Result<Reply, WorkerError> {
     Page::slice(blob, offset).map(Reply::Page).ok_or_else(|| {
         WorkerError::new(
             ErrorCode::InvalidArgument,
@@ -213,6 +217,10 @@ fn listing(store: &Store) -> Result<Vec<u8>, WorkerError> {
             taken_at_us: s.decl.declared_at_us,
             lsn: s.decl.wal_lsn,
             rank: s.decl.rank.0,
+            explicit_rank: s.explicit_rank.0,
+            label: s.decl.label.clone(),
+            pins: s.pins.iter().map(|p| (p.tag.clone(), p.until_us)).collect(),
+            deleted_at_us: s.deleted_at_us,
             tables: s.decl.relations.len() as u32,
             pages_captured: s.stats.pages_captured,
             new_images: s.stats.new_images,
@@ -231,6 +239,7 @@ fn listed_state(state: SnapshotState) -> listing::SnapshotState {
         SnapshotState::Committed => listing::SnapshotState::Committed,
         SnapshotState::Failed => listing::SnapshotState::Failed,
         SnapshotState::Deleted => listing::SnapshotState::Deleted,
+        SnapshotState::Reclaimed => listing::SnapshotState::Reclaimed,
     }
 }
 
@@ -270,7 +279,7 @@ fn readable(store: &Store, snap: SnapId) -> Result<(), WorkerError> {
                 format!("snapshot {n} is still being captured"),
             ))
         }
-        SnapshotState::Deleted => format!("snapshot {n} was deleted"),
+        SnapshotState::Deleted | SnapshotState::Reclaimed => format!("snapshot {n} was deleted"),
         SnapshotState::Failed => {
             let reason = store
                 .snapshot(snap)

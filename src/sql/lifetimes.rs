@@ -1,0 +1,312 @@
+//! Lifetimes from SQL (docs/design.md, "Lifetimes"): deleting snapshots, pinning them, ranking
+//! them, previewing the retention policy, and checking the store's references and space.
+//!
+//! Every function here asks the worker, which owns the store: a deletion is durable when the
+//! call returns, its space is reclaimed later in the background (`gsnap_progress()` shows
+//! it). Administrative functions are for superusers and members of `gsnap_admin`; the
+//! preview and the space report are readable by all (they show what `gsnap_snapshots()`
+//! shows).
+
+use super::access::require_gsnap_database;
+use crate::error::{error, no_such_snapshot, null_argument};
+use crate::ipc;
+use crate::worker::UNIX_TO_PG_EPOCH_US;
+use gsnap_lifetimes::Rank;
+use gsnap_protocol::listing::ReportRow;
+use gsnap_protocol::{Request, SnapId, SnapshotState};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+
+/// Longest label or pin tag, in bytes.
+const MAX_NAME_BYTES: usize = 200;
+
+fn timestamptz(unix_us: i64) -> Option<TimestampWithTimeZone> {
+    TimestampWithTimeZone::try_from(unix_us - UNIX_TO_PG_EPOCH_US).ok()
+}
+
+/// A snapshot id argument: not NULL, positive.
+fn snapshot(snap_id: Option<i64>, what: &str) -> SnapId {
+    let snap = snap_id.unwrap_or_else(|| null_argument(what));
+    if snap <= 0 {
+        no_such_snapshot(snap);
+    }
+    SnapId(snap as u64)
+}
+
+/// A rank as a user writes it (`none`, `minutely` ... `yearly`, or 0..6).
+pub fn parse_rank(text: &str) -> u8 {
+    match Rank::parse(text) {
+        Ok(rank) => rank.value(),
+        Err(_) => error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("\"{text}\" is not a snapshot rank"),
+        )
+        .hint("Ranks are none, minutely, hourly, daily, weekly, monthly and yearly (or 0 to 6).")
+        .raise(),
+    }
+}
+
+/// A label or pin tag: not empty, at most [`MAX_NAME_BYTES`], no control characters.
+pub fn check_name(text: &str, what: &str) -> String {
+    let bad = if text.trim().is_empty() {
+        Some("must not be empty".to_string())
+    } else if text.len() > MAX_NAME_BYTES {
+        Some(format!("is longer than {MAX_NAME_BYTES} bytes"))
+    } else if text.chars().any(char::is_control) {
+        Some("must not contain control characters".to_string())
+    } else {
+        None
+    };
+    if let Some(problem) = bad {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("a snapshot {what} {problem}"),
+        )
+        .raise();
+    }
+    text.to_string()
+}
+
+/// Gives snapshot `snap_id` a rank later (lazy ranking): it is then kept as a member of its
+/// minute, hour, ... up to that rank, in addition to the snapshots first in those periods.
+/// Its rank is the higher of this one and the one it got when it was taken; `none` takes an
+/// explicit rank back.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_set_rank(snap_id: Option<i64>, rank: Option<&str>) {
+    require_gsnap_database();
+    let snap = snapshot(snap_id, "the snapshot id of gsnap_set_rank");
+    let rank = parse_rank(rank.unwrap_or_else(|| null_argument("the rank of gsnap_set_rank")));
+    ipc::done(Request::SetRank { snap, rank });
+}
+
+/// Pins snapshot `snap_id` under `tag` until `until` (for ever by default): neither the
+/// retention policy nor `gsnap_delete` deletes a pinned snapshot. Pinning again under the same
+/// tag moves the time.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_pin(
+    snap_id: Option<i64>,
+    tag: Option<&str>,
+    until: default!(Option<TimestampWithTimeZone>, "'infinity'"),
+) {
+    require_gsnap_database();
+    let snap = snapshot(snap_id, "the snapshot id of gsnap_pin");
+    let tag = check_name(
+        tag.unwrap_or_else(|| null_argument("the tag of gsnap_pin")),
+        "pin tag",
+    );
+    let until_us = match until {
+        None => null_argument("the time of gsnap_pin (use 'infinity' to pin for ever)"),
+        Some(t) if t.is_infinity() => i64::MAX,
+        Some(t) if t.is_neg_infinity() => error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "a pin cannot end at -infinity",
+        )
+        .raise(),
+        Some(t) => pg_sys::TimestampTz::from(t).saturating_add(UNIX_TO_PG_EPOCH_US),
+    };
+    ipc::done(Request::Pin {
+        snap,
+        tag,
+        until_us,
+    });
+}
+
+/// Removes the pin `tag` of snapshot `snap_id`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_unpin(snap_id: Option<i64>, tag: Option<&str>) {
+    require_gsnap_database();
+    let snap = snapshot(snap_id, "the snapshot id of gsnap_unpin");
+    let tag = tag
+        .unwrap_or_else(|| null_argument("the tag of gsnap_unpin"))
+        .to_string();
+    ipc::done(Request::Unpin { snap, tag });
+}
+
+/// Deletes snapshots, all or none: they are unreadable when this returns (durably), and
+/// their space is reclaimed in the background. Pinned snapshots are refused; the newest
+/// snapshot, or every readable one, only with `force`. Returns how many snapshots this call
+/// deleted (snapshots deleted before are skipped with a NOTICE).
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_delete(snap_ids: Option<Vec<Option<i64>>>, force: default!(bool, false)) -> i64 {
+    require_gsnap_database();
+    let ids = snap_ids.unwrap_or_else(|| null_argument("the snapshot ids of gsnap_delete"));
+    let snaps: Vec<SnapId> = ids
+        .into_iter()
+        .map(|id| snapshot(id, "a snapshot id of gsnap_delete"))
+        .collect();
+    delete(snaps, force)
+}
+
+/// Deletes one snapshot (see `gsnap_delete(bigint[], boolean)`).
+#[pg_extern(volatile, parallel_unsafe, name = "gsnap_delete")]
+fn gsnap_delete_one(snap_id: Option<i64>, force: default!(bool, false)) -> i64 {
+    require_gsnap_database();
+    delete(
+        vec![snapshot(snap_id, "the snapshot id of gsnap_delete")],
+        force,
+    )
+}
+
+fn delete(mut snaps: Vec<SnapId>, force: bool) -> i64 {
+    snaps.sort_unstable();
+    snaps.dedup();
+    let listed = ipc::snapshots();
+    let mut deleting = 0;
+    for s in &snaps {
+        match listed.iter().find(|r| r.id == *s).map(|r| r.state) {
+            Some(SnapshotState::Deleted | SnapshotState::Reclaimed) => {
+                pgrx::notice!("snapshot {} is already deleted, skipping", s.0)
+            }
+            _ => deleting += 1,
+        }
+    }
+    ipc::done(Request::Delete { snaps, force });
+    deleting
+}
+
+/// What a retention policy keeps and deletes, and the rule that decided for each snapshot:
+/// the configured `gsnap.retention` by default, or `policy`. The worker applies the
+/// configured policy with the very same function.
+#[pg_extern(stable, parallel_safe)]
+#[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
+fn gsnap_retention_preview(
+    policy: default!(Option<&str>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(snap_id, i64),
+        name!(taken_at, Option<TimestampWithTimeZone>),
+        name!(rank, String),
+        name!(label, Option<String>),
+        name!(pinned, bool),
+        name!(action, String),
+        name!(rule, String),
+    ),
+> {
+    require_gsnap_database();
+    let rows = ipc::retention_preview(policy.map(str::to_string));
+    TableIterator::new(rows.into_iter().map(|d| {
+        (
+            d.snap.0 as i64,
+            timestamptz(d.taken_at_us),
+            rank_name(d.rank),
+            d.label,
+            d.pinned,
+            if d.keep { "keep" } else { "delete" }.to_string(),
+            d.rule,
+        )
+    }))
+}
+
+/// A stored rank's name.
+pub fn rank_name(rank: u8) -> String {
+    Rank::new(rank).map_or_else(|| rank.to_string(), |r| r.to_string())
+}
+
+/// The value of report line `name` (0 if the worker did not report it).
+fn value(report: &[ReportRow], name: &str) -> i64 {
+    report
+        .iter()
+        .find(|r| r.name == name)
+        .map_or(0, |r| r.value)
+}
+
+/// Recounts every reference in the store (mapping log, images, TOAST values) and reports
+/// leaked content (stored, referenced by nothing) and missing content (referenced, not
+/// stored: damage). With `repair`, leaked content is freed and wrong counts are fixed.
+#[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
+fn gsnap_verify(
+    repair: default!(bool, false),
+) -> TableIterator<
+    'static,
+    (
+        name!(images, i64),
+        name!(toast_values, i64),
+        name!(live_mappings, i64),
+        name!(leaked_images, i64),
+        name!(leaked_toast_values, i64),
+        name!(leaked_bytes, i64),
+        name!(missing_images, i64),
+        name!(missing_toast_values, i64),
+        name!(wrong_counts, i64),
+        name!(repaired, bool),
+    ),
+> {
+    require_gsnap_database();
+    let r = ipc::verify(repair);
+    TableIterator::once((
+        value(&r, "images"),
+        value(&r, "toast_values"),
+        value(&r, "live_mappings"),
+        value(&r, "leaked_images"),
+        value(&r, "leaked_toast_values"),
+        value(&r, "leaked_bytes"),
+        value(&r, "missing_images"),
+        value(&r, "missing_toast_values"),
+        value(&r, "wrong_counts"),
+        value(&r, "repaired") != 0,
+    ))
+}
+
+/// The store's space: the bytes its content takes, its size on disk, what it holds, the
+/// deleted snapshots still waiting for reclamation, and what reclamation freed since the
+/// worker started.
+#[pg_extern(volatile, parallel_safe)]
+#[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
+fn gsnap_store_stats() -> TableIterator<
+    'static,
+    (
+        name!(content_bytes, i64),
+        name!(disk_bytes, i64),
+        name!(images, i64),
+        name!(toast_values, i64),
+        name!(deleted_unreclaimed, i64),
+        name!(reclaimed_bytes, i64),
+        name!(reclaimed_images, i64),
+    ),
+> {
+    require_gsnap_database();
+    let r = ipc::store_stats();
+    TableIterator::once((
+        value(&r, "content_bytes"),
+        value(&r, "disk_bytes"),
+        value(&r, "images"),
+        value(&r, "toast_values"),
+        value(&r, "deleted_unreclaimed"),
+        value(&r, "reclaimed_bytes"),
+        value(&r, "reclaimed_images"),
+    ))
+}
+
+extension_sql!(
+    r#"
+REVOKE EXECUTE ON FUNCTION gsnap_set_rank(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_set_rank(bigint, text) TO gsnap_admin;
+REVOKE EXECUTE ON FUNCTION gsnap_pin(bigint, text, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_pin(bigint, text, timestamptz) TO gsnap_admin;
+REVOKE EXECUTE ON FUNCTION gsnap_unpin(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_unpin(bigint, text) TO gsnap_admin;
+REVOKE EXECUTE ON FUNCTION gsnap_delete(bigint[], boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_delete(bigint[], boolean) TO gsnap_admin;
+REVOKE EXECUTE ON FUNCTION gsnap_delete(bigint, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_delete(bigint, boolean) TO gsnap_admin;
+REVOKE EXECUTE ON FUNCTION gsnap_verify(boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_verify(boolean) TO gsnap_admin;
+COMMENT ON FUNCTION gsnap_delete(bigint[], boolean) IS
+    'delete snapshots (all or none; pinned ones never, the newest only with force); space is reclaimed in the background';
+COMMENT ON FUNCTION gsnap_retention_preview(text) IS
+    'what the retention policy (gsnap.retention, or the one given) keeps and deletes, and why';
+"#,
+    name = "gsnap_lifetimes_privileges",
+    requires = [
+        "gsnap_snapshot_listing",
+        gsnap_set_rank,
+        gsnap_pin,
+        gsnap_unpin,
+        gsnap_delete,
+        gsnap_delete_one,
+        gsnap_verify,
+        gsnap_retention_preview
+    ],
+);

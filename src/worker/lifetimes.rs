@@ -1,0 +1,590 @@
+//! Lifetimes (docs/design.md, "Lifetimes"): the retention policy, explicit deletion, pins and
+//! ranks, and the reclamation of deleted snapshots' space in the background.
+//!
+//! - The policy (`gsnap.retention`, `gsnap.min_snapshots`, `gsnap.max_store_size`) is decided
+//!   by `gsnap_lifetimes::decide` over the live snapshots; the preview
+//!   (`gsnap_retention_preview()`) and the worker call the same [`decisions`], so what the
+//!   preview shows is what the worker does. The worker applies it after every commit, when
+//!   the settings are reloaded, and every few seconds (pins expire).
+//! - Deleting is logical and immediate: one synced catalog batch; new reads get an ERROR.
+//! - Reclamation runs a bounded step per loop iteration (`gsnap.reclaim_batch` dead mappings,
+//!   in one store batch, resumable after a crash: `gsnap_store::reclaim`). A deleted snapshot
+//!   is reclaimed only once `gsnap.reclaim_delay` has passed since its deletion and no reader
+//!   pins an index group that holds it: queries that were reading it when it was deleted
+//!   finish with their images in place (their pins are their lease). Images the capture in
+//!   progress maps are never freed under it.
+//! - Each reclaimed snapshot's image key range is compacted, so space returns to the file
+//!   system, and index groups holding deleted snapshots are rebuilt without them, or merged
+//!   (GSnap 4.5-4.6, `index.rs`).
+
+use super::{Store, Worker};
+use crate::gucs;
+use crate::shmem::{self, groups};
+use gsnap_lifetimes::{self as lifetimes, Decision, Policy};
+use gsnap_protocol::listing::{self, DecisionRow, ReportRow};
+use gsnap_protocol::{ErrorCode, Kind, Reply, Request, SnapId, WorkerError};
+use gsnap_store::{ImageId, Pin, Rank, ReclaimJob, SnapshotInfo, SnapshotState, StoreError};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// How often the policy is applied when nothing else triggers it (pins expire).
+const RETENTION_PERIOD: Duration = Duration::from_secs(5);
+
+fn store_error(e: StoreError) -> WorkerError {
+    WorkerError::new(super::code_of(&e), e.message().to_string())
+}
+
+fn now_us() -> i64 {
+    super::catalog::now_unix_us()
+}
+
+/// The configured policy (`gsnap.retention`).
+pub(super) fn configured_policy() -> Result<Policy, WorkerError> {
+    let text = gucs::retention();
+    Policy::parse(&text)
+        .map_err(|e| WorkerError::new(ErrorCode::InvalidArgument, format!("gsnap.retention: {e}")))
+}
+
+/// The snapshots a policy decides about (committed: neither deleted, failed, nor being
+/// captured), and what the policy decides for each. The one function behind both the
+/// preview and the worker.
+pub(super) fn decisions(
+    store: &Store,
+    policy: &Policy,
+    now: i64,
+) -> Result<(Vec<SnapshotInfo>, Vec<Decision>), WorkerError> {
+    let live: Vec<SnapshotInfo> = store
+        .snapshots()
+        .map_err(store_error)?
+        .into_iter()
+        .filter(|s| s.state == SnapshotState::Committed)
+        .collect();
+    let input: Vec<lifetimes::SnapshotInfo> =
+        live.iter().map(|s| as_policy_input(s, now)).collect();
+    let min = gucs::MIN_SNAPSHOTS.get().max(0) as usize;
+    let decided = lifetimes::decide(&input, policy, min);
+    Ok((live, decided))
+}
+
+fn effective_rank(s: &SnapshotInfo) -> u8 {
+    s.decl.rank.0.max(s.explicit_rank.0)
+}
+
+fn pinned(s: &SnapshotInfo, now: i64) -> bool {
+    s.pins.iter().any(|p| p.until_us > now)
+}
+
+fn as_policy_input(s: &SnapshotInfo, now: i64) -> lifetimes::SnapshotInfo {
+    lifetimes::SnapshotInfo {
+        id: s.id.0,
+        taken_at_us: s.decl.declared_at_us,
+        rank: lifetimes::Rank::new(effective_rank(s)).unwrap_or(lifetimes::Rank::MAX),
+        pinned: pinned(s, now),
+    }
+}
+
+impl Worker {
+    /// Answers the requests of lifetimes (deletion, pins, ranks, preview, verification, space).
+    pub(super) fn answer_lifetimes(
+        &mut self,
+        store: &Store,
+        request: Request,
+    ) -> Result<Reply, WorkerError> {
+        match request {
+            Request::Delete { snaps, force } => {
+                self.delete(store, &snaps, force)?;
+                Ok(Reply::Done)
+            }
+            Request::Pin {
+                snap,
+                tag,
+                until_us,
+            } => {
+                let info = live_snapshot(store, snap, "pinned")?;
+                let mut pins = info.pins;
+                pins.retain(|p| p.tag != tag);
+                pins.push(Pin { tag, until_us });
+                store.set_pins(snap, pins).map_err(store_error)?;
+                self.catalog_changed();
+                Ok(Reply::Done)
+            }
+            Request::Unpin { snap, tag } => {
+                let info = store.snapshot(snap).map_err(|_| unknown(snap))?;
+                if !info.pins.iter().any(|p| p.tag == tag) {
+                    return Err(WorkerError::new(
+                        ErrorCode::InvalidArgument,
+                        format!("snapshot {} has no pin \"{tag}\"", snap.0),
+                    )
+                    .with_hint(pins_hint(&info)));
+                }
+                let pins = info.pins.into_iter().filter(|p| p.tag != tag).collect();
+                store.set_pins(snap, pins).map_err(store_error)?;
+                self.catalog_changed();
+                Ok(Reply::Done)
+            }
+            Request::SetRank { snap, rank } => {
+                if rank > lifetimes::Rank::MAX.value() {
+                    return Err(WorkerError::new(
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "rank {rank} does not exist; ranks go from 0 to {}",
+                            lifetimes::Rank::MAX.value()
+                        ),
+                    ));
+                }
+                live_snapshot(store, snap, "ranked")?;
+                store
+                    .set_explicit_rank(snap, Rank(rank))
+                    .map_err(store_error)?;
+                self.catalog_changed();
+                Ok(Reply::Done)
+            }
+            Request::RetentionPreview { policy, offset } => {
+                self.report_page(Kind::RetentionPreview, offset, |_| {
+                    preview(store, policy.as_deref())
+                })
+            }
+            Request::Verify { repair, offset } => {
+                if repair && offset == 0 {
+                    self.catalog_changed();
+                }
+                self.report_page(Kind::Verify, offset, |w| {
+                    verify(store, repair, &w.capture_keeps())
+                })
+            }
+            Request::StoreStats { offset } => self.report_page(Kind::StoreStats, offset, |w| {
+                space(store, w.reclaimed_total)
+            }),
+            _ => unreachable!("serve.rs hands only the requests of lifetimes here"),
+        }
+    }
+
+    /// The page at `offset` of a report built afresh for each first page (`build`), kept
+    /// for the pages after it.
+    fn report_page(
+        &mut self,
+        kind: Kind,
+        offset: u64,
+        build: impl FnOnce(&Self) -> Result<Vec<u8>, WorkerError>,
+    ) -> Result<Reply, WorkerError> {
+        let key = super::serve::answer_key(kind, 0);
+        if offset == 0 || !self.answers.contains_key(&key) {
+            let blob = build(self)?;
+            self.answers.insert(key, Rc::new(blob));
+        }
+        super::serve::page(&self.answers[&key], offset)
+    }
+
+    /// Deletes `snaps` (logically, at once): the checks of an explicit deletion first (all or
+    /// nothing).
+    fn delete(&mut self, store: &Store, snaps: &[SnapId], force: bool) -> Result<(), WorkerError> {
+        let now = now_us();
+        let all = store.snapshots().map_err(store_error)?;
+        let mut wanted: Vec<SnapId> = snaps.to_vec();
+        wanted.sort_unstable();
+        wanted.dedup();
+        for &s in &wanted {
+            match all.iter().find(|i| i.id == s) {
+                None => return Err(unknown(s)),
+                Some(i) if i.state == SnapshotState::Capturing => {
+                    return Err(WorkerError::new(
+                        ErrorCode::Capturing,
+                        format!("snapshot {} is still being captured; delete it once its capture ends", s.0),
+                    ))
+                }
+                Some(i) if pinned(i, now) => {
+                    return Err(WorkerError::new(
+                        ErrorCode::Protected,
+                        format!(
+                            "snapshot {} is pinned ({}) and cannot be deleted",
+                            s.0,
+                            pin_list(i, now)
+                        ),
+                    )
+                    .with_hint(format!(
+                        "gsnap_pins() says until when; remove them first with SELECT gsnap_unpin({}, tag).",
+                        s.0
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        let live: Vec<lifetimes::SnapshotInfo> = all
+            .iter()
+            .filter(|i| i.state == SnapshotState::Committed)
+            .map(|i| as_policy_input(i, now))
+            .collect();
+        let ids: Vec<u64> = wanted.iter().map(|s| s.0).collect();
+        let check = lifetimes::check_deletion(&live, &ids);
+        if check.needs_force() && !force {
+            let what = if check.every_snapshot {
+                "every readable snapshot".to_string()
+            } else {
+                format!(
+                    "snapshot {}, the newest",
+                    lifetimes::newest_snapshot(&live).unwrap_or(0)
+                )
+            };
+            return Err(WorkerError::new(
+                ErrorCode::Protected,
+                format!("gsnap_delete would delete {what}"),
+            )
+            .with_hint("Pass force => true to delete it anyway."));
+        }
+        store.delete_snapshots(&wanted, now).map_err(store_error)?;
+        self.catalog_changed();
+        Ok(())
+    }
+
+    /// Applies the retention policy (and the size cap) when it is due: after a commit, after
+    /// a reload, and every few seconds.
+    pub(super) fn apply_retention(&mut self, now: Instant, force: bool) {
+        if !force && now < self.retention_due {
+            return;
+        }
+        self.retention_due = now + RETENTION_PERIOD;
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let policy = match configured_policy() {
+            Ok(p) => p,
+            Err(e) => {
+                if self.policy_warned.as_deref() != Some(e.message.as_str()) {
+                    pgrx::warning!(
+                        "{}; every snapshot is kept until it is corrected",
+                        e.message
+                    );
+                    self.policy_warned = Some(e.message);
+                }
+                return;
+            }
+        };
+        self.policy_warned = None;
+        let cap = gucs::max_store_size_bytes();
+        if policy.is_keep_all() && cap == 0 {
+            return;
+        }
+        let t = now_us();
+        let result = decisions(&store, &policy, t).and_then(|(live, mut decided)| {
+            if cap > 0 {
+                let disk = store.space().map_err(store_error)?.disk_bytes;
+                let freed_of = |d: &Decision| {
+                    live.iter()
+                        .find(|s| s.id.0 == d.id)
+                        .map_or(0, |s| s.stats.bytes_stored())
+                };
+                let thinning = lifetimes::thin_to_cap(&mut decided, disk, cap, freed_of);
+                if !thinning.cap_met && !self.cap_warned {
+                    pgrx::warning!(
+                        "gsnap: the store takes {disk} bytes, more than gsnap.max_store_size ({cap} \
+                         bytes), and deleting more snapshots would touch pinned or the newest ones"
+                    );
+                }
+                self.cap_warned = !thinning.cap_met;
+            }
+            let doomed: Vec<SnapId> = decided
+                .iter()
+                .filter(|d| !d.keep())
+                .map(|d| SnapId(d.id))
+                .collect();
+            if !doomed.is_empty() {
+                store.delete_snapshots(&doomed, t).map_err(store_error)?;
+                let list: Vec<String> = decided
+                    .iter()
+                    .filter(|d| !d.keep())
+                    .map(|d| format!("{} ({})", d.id, d.rule))
+                    .collect();
+                pgrx::log!("gsnap: retention deleted snapshots {}", list.join(", "));
+            }
+            Ok(doomed.len())
+        });
+        match result {
+            Ok(0) => {}
+            Ok(_) => self.catalog_changed(),
+            Err(e) => pgrx::warning!("gsnap: retention could not be applied: {}", e.message),
+        }
+    }
+
+    /// Images the capture in progress maps that existed before it (reclamation keeps them).
+    fn capture_keeps(&self) -> impl Fn(ImageId) -> bool + '_ {
+        move |id| {
+            self.job
+                .as_ref()
+                .is_some_and(|j| j.capture_existing_images().contains(&id))
+        }
+    }
+
+    /// One bounded step of reclamation; true while there is more to do now.
+    pub(super) fn reclaim(&mut self) -> bool {
+        let Some(store) = self.store.clone() else {
+            return false;
+        };
+        if self.job.is_none() && self.release_kept {
+            let keep = |_: ImageId| false;
+            match store.release_kept(&keep) {
+                Ok(freed) => self.reclaimed_total.add(freed),
+                Err(e) => {
+                    self.note_store_error(&e);
+                    return false;
+                }
+            }
+            self.release_kept = false;
+        }
+        if self.reclaim_job.is_none() {
+            match self.next_reclaim_job(&store) {
+                Ok(Some(job)) => self.reclaim_job = Some(job),
+                Ok(None) => {
+                    shmem::progress().reclaim_idle();
+                    return false;
+                }
+                Err(e) => {
+                    self.note_store_error(&e);
+                    pgrx::warning!("gsnap: reclamation cannot start: {}", e.message());
+                    return false;
+                }
+            }
+        }
+        let pause = gucs::DEBUG_RECLAIM_PAUSE_MS.get();
+        if pause > 0 {
+            let now = std::time::Instant::now();
+            if now < self.next_reclaim_at {
+                return false;
+            }
+            self.next_reclaim_at = now + std::time::Duration::from_millis(pause as u64);
+        }
+        let budget = gucs::RECLAIM_BATCH.get().max(1) as usize;
+        let mut job: ReclaimJob = self.reclaim_job.take().expect("set above");
+        let result = {
+            let keep = self.capture_keeps();
+            store.reclaim_step(&mut job, budget, &keep)
+        };
+        shmem::progress().reclaiming(
+            job.snap.0,
+            job.done as u64,
+            job.total() as u64,
+            self.reclaimed_total.bytes + job.freed.bytes,
+        );
+        match result {
+            Ok(true) => {
+                self.reclaimed_total.add(job.freed);
+                self.after_reclaim(&store, &job);
+                self.catalog_changed();
+                true
+            }
+            Ok(false) => {
+                self.reclaim_job = Some(job);
+                true
+            }
+            Err(e) => {
+                self.note_store_error(&e);
+                pgrx::warning!(
+                    "gsnap: reclaiming snapshot {} failed ({}); it resumes later",
+                    job.snap.0,
+                    e.message()
+                );
+                false
+            }
+        }
+    }
+
+    /// The reclamation to start (or resume) now: the oldest deleted snapshot whose delay has
+    /// passed and that no reader's pinned index group holds. Readers check the generation
+    /// bumped here (`read::table::confirm_readable`): a reader that found a snapshot readable
+    /// and pins its groups only after the check sees the bump and looks again.
+    fn next_reclaim_job(&mut self, store: &Store) -> Result<Option<ReclaimJob>, StoreError> {
+        let delay = gucs::RECLAIM_DELAY.get().max(0) as i64 * 1_000_000;
+        let now = now_us();
+        let due = |s: SnapId| {
+            store
+                .snapshot(s)
+                .ok()
+                .and_then(|i| i.deleted_at_us)
+                .is_some_and(|t| now.saturating_sub(t) >= delay)
+        };
+        let pinned = self.pinned_spans();
+        let leased =
+            |spans: &[(u64, u64)], s: SnapId| spans.iter().any(|&(a, b)| a <= s.0 && s.0 <= b);
+        let Some(job) = store.reclaim_next(&|s| due(s) && !leased(&pinned, s))? else {
+            return Ok(None);
+        };
+        // Pins are registered by this process while it serves requests, so every pin taken
+        // after the check above is taken after this bump.
+        shmem::progress().bump_reclaim_generation();
+        Ok(Some(job))
+    }
+
+    /// After a snapshot is reclaimed: its images' key ranges compacted, index groups holding
+    /// deleted snapshots rebuilt or merged.
+    fn after_reclaim(&mut self, store: &Store, job: &ReclaimJob) {
+        for (from, to) in job.freed_ranges() {
+            if let Err(e) = store.compact_images(from, to) {
+                pgrx::warning!("gsnap: compacting freed images failed: {}", e.message());
+            }
+        }
+        if let Some(index) = self.index.as_mut() {
+            let deleted = |s: SnapId| {
+                matches!(
+                    store.snapshot_state(s),
+                    Some(SnapshotState::Deleted | SnapshotState::Reclaimed)
+                )
+            };
+            match index.drop_deleted(&deleted) {
+                Ok(replaced) => {
+                    self.replaced_groups.extend(replaced.iter().map(|g| g.0));
+                    self.retire_replaced_groups();
+                }
+                Err(e) => pgrx::warning!(
+                    "gsnap: rebuilding index groups without deleted snapshots failed: {e}"
+                ),
+            }
+        }
+    }
+
+    /// Removes replaced index groups from the group cache once no reader pins them.
+    pub(super) fn retire_replaced_groups(&mut self) {
+        if self.replaced_groups.is_empty() {
+            return;
+        }
+        let mut keep = Vec::new();
+        groups::with_groups(|c| {
+            for &k in &self.replaced_groups {
+                // An error means a reader still pins it: tried again after the next step.
+                if c.remove(k).is_err() {
+                    keep.push(k);
+                }
+            }
+        });
+        self.replaced_groups = keep;
+    }
+
+    /// The snapshot spans of the index groups some reader pins: their snapshots are leased
+    /// (reclamation waits for them). Spans of groups no longer in the cache are forgotten.
+    fn pinned_spans(&mut self) -> Vec<(u64, u64)> {
+        let entries = groups::with_groups(|c| c.entries()).unwrap_or_default();
+        self.group_spans
+            .retain(|k, _| entries.iter().any(|e| e.group == *k));
+        entries
+            .iter()
+            .filter(|e| e.pins > 0)
+            .filter_map(|e| self.group_spans.get(&e.group).copied())
+            .collect()
+    }
+}
+
+fn unknown(snap: SnapId) -> WorkerError {
+    WorkerError::new(
+        ErrorCode::UnknownSnapshot,
+        format!("snapshot {} does not exist", snap.0),
+    )
+}
+
+/// A snapshot that may be pinned or ranked: it exists and is not deleted.
+fn live_snapshot(store: &Store, snap: SnapId, what: &str) -> Result<SnapshotInfo, WorkerError> {
+    let info = store.snapshot(snap).map_err(|_| unknown(snap))?;
+    match info.state {
+        SnapshotState::Committed | SnapshotState::Capturing => Ok(info),
+        SnapshotState::Deleted | SnapshotState::Reclaimed => Err(WorkerError::new(
+            ErrorCode::NotReadable,
+            format!("snapshot {} was deleted and cannot be {what}", snap.0),
+        )),
+        SnapshotState::Failed => Err(WorkerError::new(
+            ErrorCode::NotReadable,
+            format!("snapshot {} failed and cannot be {what}", snap.0),
+        )),
+    }
+}
+
+fn pin_list(info: &SnapshotInfo, now: i64) -> String {
+    info.pins
+        .iter()
+        .filter(|p| p.until_us > now)
+        .map(|p| format!("\"{}\"", p.tag))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn pins_hint(info: &SnapshotInfo) -> String {
+    if info.pins.is_empty() {
+        format!("Snapshot {} has no pins.", info.id.0)
+    } else {
+        let tags: Vec<String> = info.pins.iter().map(|p| format!("\"{}\"", p.tag)).collect();
+        format!("Its pins: {}.", tags.join(", "))
+    }
+}
+
+fn preview(store: &Store, policy: Option<&str>) -> Result<Vec<u8>, WorkerError> {
+    let policy = match policy {
+        Some(text) => Policy::parse(text).map_err(|e| {
+            WorkerError::new(ErrorCode::InvalidArgument, format!("retention policy {e}"))
+        })?,
+        None => configured_policy()?,
+    };
+    let now = now_us();
+    let (live, decided) = decisions(store, &policy, now)?;
+    let rows: Vec<DecisionRow> = decided
+        .iter()
+        .zip(&live)
+        .map(|(d, s)| DecisionRow {
+            snap: SnapId(d.id),
+            taken_at_us: d.taken_at_us,
+            rank: d.rank.value(),
+            label: s.decl.label.clone(),
+            pinned: pinned(s, now),
+            keep: d.keep(),
+            rule: d.rule.to_string(),
+        })
+        .collect();
+    listing::encode_decisions(&rows).map_err(|e| super::serve::unencodable("retention preview", e))
+}
+
+fn report(lines: &[(&str, i64)]) -> Result<Vec<u8>, WorkerError> {
+    let rows: Vec<ReportRow> = lines
+        .iter()
+        .map(|&(name, value)| ReportRow {
+            name: name.to_string(),
+            value,
+        })
+        .collect();
+    listing::encode_report(&rows).map_err(|e| super::serve::unencodable("report", e))
+}
+
+fn verify(
+    store: &Store,
+    repair: bool,
+    keep: &dyn Fn(ImageId) -> bool,
+) -> Result<Vec<u8>, WorkerError> {
+    let r = store.verify(repair, keep).map_err(store_error)?;
+    if !r.missing_images.is_empty() || !r.missing_toast_values.is_empty() {
+        pgrx::warning!(
+            "gsnap: verification found {} missing images and {} missing TOAST values (the store \
+             is damaged: snapshots naming them cannot be read)",
+            r.missing_images.len(),
+            r.missing_toast_values.len()
+        );
+    }
+    report(&[
+        ("images", r.images as i64),
+        ("toast_values", r.toast_values as i64),
+        ("live_mappings", r.live_mappings as i64),
+        ("leaked_images", r.leaked_images as i64),
+        ("leaked_toast_values", r.leaked_toast_values as i64),
+        ("leaked_bytes", r.leaked_bytes as i64),
+        ("missing_images", r.missing_images.len() as i64),
+        ("missing_toast_values", r.missing_toast_values.len() as i64),
+        ("wrong_counts", r.wrong_counts as i64),
+        ("repaired", i64::from(r.repaired)),
+    ])
+}
+
+fn space(store: &Store, freed: gsnap_store::Freed) -> Result<Vec<u8>, WorkerError> {
+    let s = store.space().map_err(store_error)?;
+    report(&[
+        ("content_bytes", s.content_bytes as i64),
+        ("disk_bytes", s.disk_bytes as i64),
+        ("images", s.images as i64),
+        ("toast_values", s.toast_values as i64),
+        ("deleted_unreclaimed", s.deleted_unreclaimed as i64),
+        ("reclaimed_bytes", freed.bytes as i64),
+        ("reclaimed_images", freed.images as i64),
+    ])
+}
