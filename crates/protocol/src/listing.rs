@@ -90,6 +90,9 @@ pub struct SnapshotRow {
     pub new_images: u64,
     pub bytes_stored: u64,
     pub carried_pages: u64,
+    /// What deleting it (alone) would free in the store, in bytes; None when not known (the
+    /// newest snapshot, snapshots that are not in the mapping log, or not computed yet).
+    pub frees_bytes: Option<u64>,
     /// Why the capture failed (failed snapshots).
     pub failure: Option<String>,
 }
@@ -276,6 +279,7 @@ pub fn encode_snapshots(list: &[SnapshotRow]) -> Result<Vec<u8>, EncodeError> {
             .u64(s.new_images)
             .u64(s.bytes_stored)
             .u64(s.carried_pages)
+            .opt_u64(s.frees_bytes)
             .opt_str(s.failure.as_deref())?;
         Ok(())
     })
@@ -283,7 +287,7 @@ pub fn encode_snapshots(list: &[SnapshotRow]) -> Result<Vec<u8>, EncodeError> {
 
 /// Decodes the catalog listing.
 pub fn decode_snapshots(bytes: &[u8]) -> Result<Vec<SnapshotRow>, DecodeError> {
-    decode_rows(SNAPSHOTS, "snapshot listing", bytes, 70, |r| {
+    decode_rows(SNAPSHOTS, "snapshot listing", bytes, 71, |r| {
         Ok(SnapshotRow {
             id: SnapId(r.u64()?),
             state: SnapshotState::from_tag(r.u8()?)?,
@@ -306,6 +310,7 @@ pub fn decode_snapshots(bytes: &[u8]) -> Result<Vec<SnapshotRow>, DecodeError> {
             new_images: r.u64()?,
             bytes_stored: r.u64()?,
             carried_pages: r.u64()?,
+            frees_bytes: r.opt_u64("bytes a deletion frees")?,
             failure: r.opt_str("failure")?,
         })
     })
@@ -456,9 +461,10 @@ mod tests {
             new_images: 6,
             bytes_stored: 7,
             carried_pages: 8,
+            frees_bytes: None,
             failure: None,
         };
-        assert_eq!(encode_snapshots(&[snap]).unwrap().len(), 1 + 4 + 70);
+        assert_eq!(encode_snapshots(&[snap]).unwrap().len(), 1 + 4 + 71);
         let group = GroupRow {
             id: 1,
             state: GroupState::Active,

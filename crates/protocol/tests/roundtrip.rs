@@ -191,7 +191,10 @@ fn snapshot_rows() -> impl Strategy<Value = Vec<SnapshotRow>> {
         ),
         (any::<i64>(), any::<u64>(), any::<u8>(), any::<u32>()),
         any::<[u64; 4]>(),
-        proptest::option::of(text()),
+        (
+            proptest::option::of(text()),
+            proptest::option::of(any::<u64>()),
+        ),
         (
             any::<u8>(),
             proptest::option::of(text()),
@@ -204,7 +207,7 @@ fn snapshot_rows() -> impl Strategy<Value = Vec<SnapshotRow>> {
                 (id, state),
                 (taken_at_us, lsn, rank, tables),
                 stats,
-                failure,
+                (failure, frees_bytes),
                 (explicit_rank, label, pins, deleted_at_us),
             )| SnapshotRow {
                 id,
@@ -221,6 +224,7 @@ fn snapshot_rows() -> impl Strategy<Value = Vec<SnapshotRow>> {
                 new_images: stats[1],
                 bytes_stored: stats[2],
                 carried_pages: stats[3],
+                frees_bytes,
                 failure,
             },
         );

@@ -53,6 +53,8 @@ pub struct Capture<B: KvBackend> {
     rels: HashSet<RelId>,
     /// The mappings added, in the order added (sorted, last one per page kept, at commit).
     mappings: Vec<(PageKey, ImageId)>,
+    /// The pages mapped so far (each at most once).
+    mapped: HashSet<PageKey>,
     batch: WriteBatch,
     pending_images: HashMap<Fingerprint, ImageId>,
     pending_toast: HashMap<Fingerprint, ToastId>,
@@ -208,6 +210,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             info,
             rels,
             mappings: Vec::new(),
+            mapped: HashSet::new(),
             batch,
             pending_images: HashMap::new(),
             pending_toast: HashMap::new(),
@@ -362,8 +365,9 @@ impl<B: KvBackend> Capture<B> {
     }
 
     /// Adds the mapping (page, this snapshot) -> image. The page's relation must be in the
-    /// declaration. Adding the same page twice keeps the last image. Mappings stay in memory
-    /// until the commit writes them to the mapping log.
+    /// declaration, and a page is mapped at most once per capture (InvalidArgument: a second
+    /// mapping would leave the first one's new image counted by nothing). Mappings stay in
+    /// memory until the commit writes them to the mapping log.
     pub fn add_mapping(&mut self, page: PageKey, image: ImageId) -> Result<()> {
         self.usable()?;
         self.check_page(page)?;
@@ -372,6 +376,12 @@ impl<B: KvBackend> Capture<B> {
         if seq == 0 || seq >= next || keys::image_rank(image).0 >= keys::IMAGE_RANKS {
             return Err(StoreError::invalid(format!(
                 "mapping of {page} names {image}, which was never allocated"
+            )));
+        }
+        if !self.mapped.insert(page) {
+            return Err(StoreError::invalid(format!(
+                "{page} is mapped twice in the capture of snapshot {}",
+                self.info.id.0
             )));
         }
         self.mappings.push((page, image));

@@ -106,8 +106,9 @@ impl<B: KvBackend> SnapshotStore<B> {
 
     /// Marks snapshots deleted at `at_us`, all in one synced batch (all or none): they stay
     /// listed and are no longer readable. A committed snapshot becomes *deleted* (its space is
-    /// reclaimed later, `reclaim.rs`); a failed one, which has no mappings, *reclaimed* at
-    /// once. Already deleted or reclaimed ones are left as they are. InvalidArgument for a
+    /// reclaimed later, `reclaim.rs`); a failed one, which has no mappings and never was in
+    /// the mapping log, stays *failed* with its deletion time (nothing to reclaim). Already
+    /// deleted ones are left as they are. InvalidArgument for a
     /// snapshot being captured, NotFound for an unknown one; nothing changes then.
     pub fn delete_snapshots(&self, snaps: &[SnapId], at_us: i64) -> Result<()> {
         let mut batch = WriteBatch::new();
@@ -116,6 +117,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             let mut info = self.snapshot(snap)?;
             info.state = match info.state {
                 SnapshotState::Deleted | SnapshotState::Reclaimed => continue,
+                SnapshotState::Failed if info.deleted_at_us.is_some() => continue,
                 SnapshotState::Capturing => {
                     return Err(StoreError::invalid(format!(
                         "snapshot {} is being captured; it can be deleted once its capture ends",
@@ -123,7 +125,7 @@ impl<B: KvBackend> SnapshotStore<B> {
                     )))
                 }
                 SnapshotState::Committed => SnapshotState::Deleted,
-                SnapshotState::Failed => SnapshotState::Reclaimed,
+                SnapshotState::Failed => SnapshotState::Failed,
             };
             info.deleted_at_us = Some(at_us);
             batch.put(
@@ -263,17 +265,5 @@ impl<B: KvBackend> SnapshotStore<B> {
             out.push((keys::decode_rel_key(&k)?, records::decode_rel(&v)?));
         }
         Ok(out)
-    }
-
-    /// Records garbage-collection progress (opaque bytes) durably.
-    pub fn put_gc_progress(&self, progress: &[u8]) -> Result<()> {
-        let mut batch = WriteBatch::new();
-        batch.put(Cf::Catalog, keys::GC_PROGRESS_KEY, progress);
-        self.backend.write(&batch, true)
-    }
-
-    /// The last recorded garbage-collection progress.
-    pub fn gc_progress(&self) -> Result<Option<Vec<u8>>> {
-        self.backend.get(Cf::Catalog, keys::GC_PROGRESS_KEY)
     }
 }

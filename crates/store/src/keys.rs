@@ -146,8 +146,14 @@ pub const TAG_ROW_TYPE: u8 = b'T';
 pub const TAG_GROUP_META: u8 = b'G';
 /// `catalog`: `'P'` -> GC progress (opaque bytes).
 pub const GC_PROGRESS_KEY: &[u8] = b"P";
+/// `catalog`: `'Z' image` -> empty: an image whose count reached zero while a capture was
+/// open that maps it (kept for it, `reclaim.rs`).
+pub const TAG_KEPT_IMAGE: u8 = b'Z';
+/// `catalog`: `'W' toast` -> empty: a TOAST value whose count reached zero while a capture
+/// was open (which may have reused it: kept until the capture ends, `refs.rs`).
+pub const TAG_KEPT_TOAST: u8 = b'W';
 
-fn tagged_u64(tag: u8, n: u64) -> [u8; 9] {
+pub(crate) fn tagged_u64(tag: u8, n: u64) -> [u8; 9] {
     let mut k = [0; 9];
     k[0] = tag;
     k[1..].copy_from_slice(&n.to_be_bytes());
@@ -417,6 +423,8 @@ mod tests {
             TAG_REL,
             TAG_ROW_TYPE,
             TAG_GROUP_META,
+            TAG_KEPT_IMAGE,
+            TAG_KEPT_TOAST,
         ];
         let mut sorted = tags.to_vec();
         sorted.sort();

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::backend::{KvBackend, Scan, WriteBatch};
 use crate::codec::{Dec, Enc};
 use crate::error::{Result, StoreError};
-use crate::ids::{ImageId, PageKey, SnapId};
+use crate::ids::{ImageId, PageKey, SnapId, ToastId};
 use crate::keys::{self, Cf};
 use crate::records::{self, SnapshotState, RECORD_VERSION};
 use crate::refs::Freed;
@@ -112,15 +112,9 @@ fn decode_progress(v: &[u8]) -> Result<Progress> {
     Ok(p)
 }
 
-/// `catalog`: `'Z' image` -> empty: an image whose count reached zero while the capture in
-/// progress mapped it (kept for it); freed later unless that capture's commit counted it.
-const TAG_ZERO: u8 = b'Z';
-
+/// An image kept with count zero for the capture in progress (`keys::TAG_KEPT_IMAGE`).
 fn zero_key(id: ImageId) -> [u8; 9] {
-    let mut k = [0; 9];
-    k[0] = TAG_ZERO;
-    k[1..].copy_from_slice(&id.0.to_be_bytes());
-    k
+    keys::tagged_u64(keys::TAG_KEPT_IMAGE, id.0)
 }
 
 impl<B: KvBackend> SnapshotStore<B> {
@@ -141,6 +135,11 @@ impl<B: KvBackend> SnapshotStore<B> {
             .find(|(_, s)| s.state.in_log())
             .map(|(id, _)| *id);
         (r, newest)
+    }
+
+    /// The snapshots of the log not reclaimed yet (committed and deleted), oldest first.
+    pub fn unreclaimed_snapshots(&self) -> Vec<SnapId> {
+        self.unreclaimed().0
     }
 
     /// The deleted snapshots whose space is not reclaimed yet, oldest first.
@@ -231,6 +230,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             .collect();
         let mut batch = WriteBatch::new();
         let mut freed = Freed::default();
+        let mut freed_ids = Vec::new();
         let mut toast_decrements = HashMap::new();
         for (id, key, count) in self.counts(&items)? {
             let left = count.saturating_sub(decrements[&id]);
@@ -242,15 +242,17 @@ impl<B: KvBackend> SnapshotStore<B> {
             } else {
                 let f = self.free_image(id, &mut batch, &mut toast_decrements)?;
                 if f.images > 0 {
-                    job.note_freed(id);
+                    freed_ids.push(id);
                 }
                 freed.add(f);
             }
         }
         freed.add(self.release_toasts(toast_decrements, &mut batch)?);
-        job.done = end;
-        job.freed.add(freed);
-        let complete = job.done == job.dead.len();
+        // The job changes only once the batch is written: a step whose write failed is done
+        // again in full by a retry.
+        let mut total = job.freed;
+        total.add(freed);
+        let complete = end == job.dead.len();
         if complete {
             let mut info = self.snapshot(job.snap)?;
             info.state = SnapshotState::Reclaimed;
@@ -273,29 +275,86 @@ impl<B: KvBackend> SnapshotStore<B> {
                 snap: job.snap,
                 prev: job.prev,
                 next: job.next,
-                done: job.done as u64,
-                freed: job.freed,
+                done: end as u64,
+                freed: total,
             };
             batch.put(Cf::Catalog, keys::GC_PROGRESS_KEY, &encode_progress(&p));
             self.backend.write(&batch, false)?;
         }
+        job.done = end;
+        job.freed = total;
+        for id in freed_ids {
+            job.note_freed(id);
+        }
         Ok(complete)
     }
 
+    /// What reclaiming snapshot `d` would free if it were deleted now (or, deleted, if it
+    /// were reclaimed next), the other snapshots staying as they are: the images only its
+    /// dead mappings name and the TOAST values only those images name. Exact against the
+    /// store as it is; reclaiming several snapshots frees at least the sum (content shared
+    /// only among them goes too). None for the newest snapshot of the log (never reclaimed
+    /// while it is the newest) and for snapshots that are not in it (failed, reclaimed,
+    /// capturing). Reads the log from d's retained neighbours; writes nothing.
+    pub fn would_free(&self, d: SnapId) -> Result<Option<Freed>> {
+        let (r, newest) = self.unreclaimed();
+        if Some(d) == newest || r.binary_search(&d).is_err() {
+            return Ok(None);
+        }
+        let prev = r.iter().rev().find(|&&s| s < d).copied();
+        let Some(next) = r.iter().find(|&&s| s > d).copied() else {
+            return Ok(None);
+        };
+        let job = self.job(d, prev, next)?;
+        let mut named: HashMap<ImageId, u64> = HashMap::new();
+        for (_, image) in &job.dead {
+            *named.entry(*image).or_default() += 1;
+        }
+        let items: Vec<(ImageId, [u8; 9])> = named
+            .keys()
+            .map(|&i| (i, keys::image_refs_key(i)))
+            .collect();
+        // The removals go into a batch that is never written: the same code as a real step.
+        let mut scratch = WriteBatch::new();
+        let mut toast_decrements = HashMap::new();
+        let mut freed = Freed::default();
+        for (image, _, count) in self.counts(&items)? {
+            if count <= named[&image] {
+                freed.add(self.free_image(image, &mut scratch, &mut toast_decrements)?);
+            }
+        }
+        freed.add(self.release_toasts(toast_decrements, &mut scratch)?);
+        Ok(Some(freed))
+    }
+
     /// Frees the images kept with count zero for a capture (see [`Self::reclaim_step`]) whose
-    /// count is still zero and that `keep` no longer names. Returns what was freed.
+    /// count is still zero and that `keep` no longer names, and the TOAST values kept with
+    /// count zero while a capture was open (`refs.rs`) whose count is still zero. Does
+    /// nothing while a capture is open. Returns what was freed.
     pub fn release_kept(&self, keep: &dyn Fn(ImageId) -> bool) -> Result<Freed> {
+        if self.catalog().active.is_some() {
+            return Ok(Freed::default());
+        }
         let mut batch = WriteBatch::new();
         let mut freed = Freed::default();
         let mut toast_decrements = HashMap::new();
-        for entry in Scan::prefix(&self.backend, Cf::Catalog, &[TAG_ZERO])? {
+        for entry in Scan::prefix(&self.backend, Cf::Catalog, &[keys::TAG_KEPT_IMAGE])? {
             let (k, _) = entry?;
-            let id = ImageId(keys::decode_tagged_u64(&k, TAG_ZERO)?);
+            let id = ImageId(keys::decode_tagged_u64(&k, keys::TAG_KEPT_IMAGE)?);
             if keep(id) {
                 continue;
             }
             if self.image_refs(id)?.unwrap_or(0) == 0 {
                 freed.add(self.free_image(id, &mut batch, &mut toast_decrements)?);
+            }
+            batch.delete(Cf::Catalog, &k);
+        }
+        for entry in Scan::prefix(&self.backend, Cf::Catalog, &[keys::TAG_KEPT_TOAST])? {
+            let (k, _) = entry?;
+            let id = ToastId(keys::decode_tagged_u64(&k, keys::TAG_KEPT_TOAST)?);
+            // Not named by a decrement of this batch: those are counted just below.
+            if self.toast_refs(id)?.unwrap_or(0) == 0 && !toast_decrements.contains_key(&id) {
+                freed.add(self.free_toast(id, &mut batch)?);
             }
             batch.delete(Cf::Catalog, &k);
         }

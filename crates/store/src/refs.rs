@@ -161,7 +161,10 @@ impl<B: KvBackend> SnapshotStore<B> {
     }
 
     /// Takes `toast_decrements` off the TOAST values' counts (into `batch`), freeing those
-    /// that reach zero.
+    /// that reach zero. While a capture is open, one that reaches zero is kept instead (count
+    /// zero, listed under `keys::TAG_KEPT_TOAST`): the capture may have reused it by content,
+    /// and its commit counts the reuse only then. `release_kept` frees it after the capture if
+    /// its count is still zero.
     pub(crate) fn release_toasts(
         &self,
         toast_decrements: HashMap<ToastId, u64>,
@@ -172,9 +175,18 @@ impl<B: KvBackend> SnapshotStore<B> {
             .map(|&t| (t, keys::toast_refs_key(t)))
             .collect();
         let mut freed = Freed::default();
+        let capture_open = self.catalog().active.is_some();
         for (t, key, count) in self.counts(&items)? {
             let dec = toast_decrements[&t];
             match count.checked_sub(dec) {
+                Some(0) | None if capture_open => {
+                    batch.put(Cf::Refs, &key, &0u64.to_be_bytes());
+                    batch.put(
+                        Cf::Catalog,
+                        &keys::tagged_u64(keys::TAG_KEPT_TOAST, t.0),
+                        &[],
+                    );
+                }
                 Some(0) | None => freed.add(self.free_toast(t, batch)?),
                 Some(left) => batch.put(Cf::Refs, &key, &left.to_be_bytes()),
             }

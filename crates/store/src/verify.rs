@@ -16,7 +16,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::backend::{KvBackend, Scan, WriteBatch};
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::ids::{ImageId, PageKey, Rank, SnapId, ToastId};
 use crate::keys::{self, Cf};
 use crate::records::{self, SnapshotState};
@@ -64,8 +64,17 @@ pub struct SpaceReport {
 
 impl<B: KvBackend> SnapshotStore<B> {
     /// Recounts every reference (see the module comment); with `repair`, frees leaked content
-    /// and fixes wrong counts, except images `keep` names.
+    /// and fixes wrong counts, except images `keep` names. Refused (InvalidArgument) while a
+    /// capture is open: its new content is counted only by its commit, so it would look
+    /// leaked.
     pub fn verify(&self, repair: bool, keep: &dyn Fn(ImageId) -> bool) -> Result<VerifyReport> {
+        if let Some(snap) = self.catalog().active {
+            return Err(StoreError::invalid(format!(
+                "the store cannot be verified while the capture of snapshot {} is open (its \
+                 content is counted when it commits)",
+                snap.0
+            )));
+        }
         let mut report = VerifyReport {
             repaired: repair,
             ..Default::default()

@@ -139,10 +139,14 @@ proptest! {
             let snap = cap.snapshot();
             let mut mine = BTreeMap::new();
             for (r, b, c) in &st.mappings {
+                let page = page_key(rels[*r as usize], *b);
+                if mine.contains_key(&page) {
+                    // A page is mapped at most once per capture (a second mapping is refused).
+                    continue;
+                }
                 let id = cap.put_image(&content(*c), &[]).unwrap();
                 // Dedup: one content, one image id, across all captures (aborted ones too).
                 prop_assert_eq!(*model.image_of.entry(*c).or_insert(id), id);
-                let page = page_key(rels[*r as usize], *b);
                 cap.add_mapping(page, id).unwrap();
                 mine.insert(page, *c);
             }

@@ -267,7 +267,6 @@ fn index_data_and_deletion_survive_reopen() {
         next_page_budget: 100,
     };
     store.put_group(&meta, b"body").unwrap();
-    store.put_gc_progress(b"gc").unwrap();
     drop(store);
     let store = open(&path).unwrap();
     assert_eq!(store.snapshot(s).unwrap().state, SnapshotState::Deleted);
@@ -276,7 +275,6 @@ fn index_data_and_deletion_survive_reopen() {
         Some(&b"body"[..])
     );
     assert_eq!(store.group_metas().unwrap(), vec![meta]);
-    assert_eq!(store.gc_progress().unwrap().as_deref(), Some(&b"gc"[..]));
 }
 
 #[test]
