@@ -179,11 +179,28 @@ pub fn retention_preview(policy: Option<String>) -> Vec<DecisionRow> {
 }
 
 /// The reference verification's report (with `repair`, after repairing).
+/// Waits (cancellably, with a NOTICE) while a capture is in progress: a capture's content is
+/// counted when it commits, so the store is verified between captures.
 pub fn verify(repair: bool) -> Vec<ReportRow> {
-    listing(
-        Request::Verify { repair, offset: 0 },
-        listing::decode_report,
-    )
+    let kind = Kind::Verify;
+    let mut told = false;
+    loop {
+        match paged(Request::Verify { repair, offset: 0 }) {
+            Ok(Paged::Listing(bytes)) => {
+                return listing::decode_report(&bytes)
+                    .unwrap_or_else(|e| transport::bad_answer(kind, e))
+            }
+            Ok(Paged::Instead(reply)) => unexpected(kind, reply),
+            Err(e) if e.code == ErrorCode::Capturing => {
+                if !told {
+                    pgrx::notice!("gsnap_verify waits for the capture in progress to end");
+                    told = true;
+                }
+                wait_latch(std::time::Duration::from_millis(20));
+            }
+            Err(e) => raise(e),
+        }
+    }
 }
 
 /// The store's space report.

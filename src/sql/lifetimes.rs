@@ -152,15 +152,34 @@ fn delete(mut snaps: Vec<SnapId>, force: bool) -> i64 {
     snaps.dedup();
     let listed = ipc::snapshots();
     let mut deleting = 0;
+    let mut firsts = Vec::new();
     for s in &snaps {
-        match listed.iter().find(|r| r.id == *s).map(|r| r.state) {
-            Some(SnapshotState::Deleted | SnapshotState::Reclaimed) => {
+        match listed.iter().find(|r| r.id == *s) {
+            Some(r) if matches!(r.state, SnapshotState::Deleted | SnapshotState::Reclaimed) => {
                 pgrx::notice!("snapshot {} is already deleted, skipping", s.0)
             }
-            _ => deleting += 1,
+            Some(r) => {
+                deleting += 1;
+                if r.state == SnapshotState::Committed && r.rank > 0 {
+                    firsts.push((s.0, r.rank));
+                }
+            }
+            None => deleting += 1,
         }
     }
     ipc::done(Request::Delete { snaps, force });
+    // Ranks are given at declaration: a period whose first snapshot is deleted by hand keeps
+    // no member at that level (crates/lifetimes/README.md). Say so when a policy counts them.
+    if !crate::gucs::retention().trim().is_empty() {
+        for (snap, rank) in firsts {
+            pgrx::notice!(
+                "snapshot {snap} was the first of its {} period; gsnap.retention keeps no \
+                 snapshot for that period at that level now unless another one is given the \
+                 rank (gsnap_set_rank)",
+                rank_name(rank)
+            );
+        }
+    }
     deleting
 }
 
@@ -250,8 +269,8 @@ fn gsnap_verify(
 }
 
 /// The store's space: the bytes its content takes, its size on disk, what it holds, the
-/// deleted snapshots still waiting for reclamation, and what reclamation freed since the
-/// worker started.
+/// deleted snapshots still waiting for reclamation and (at least) what reclaiming them frees,
+/// and what reclamation freed since the worker started.
 #[pg_extern(volatile, parallel_safe)]
 #[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
 fn gsnap_store_stats() -> TableIterator<
@@ -262,6 +281,7 @@ fn gsnap_store_stats() -> TableIterator<
         name!(images, i64),
         name!(toast_values, i64),
         name!(deleted_unreclaimed, i64),
+        name!(deleted_bytes, i64),
         name!(reclaimed_bytes, i64),
         name!(reclaimed_images, i64),
     ),
@@ -274,6 +294,7 @@ fn gsnap_store_stats() -> TableIterator<
         value(&r, "images"),
         value(&r, "toast_values"),
         value(&r, "deleted_unreclaimed"),
+        value(&r, "deleted_bytes"),
         value(&r, "reclaimed_bytes"),
         value(&r, "reclaimed_images"),
     ))

@@ -120,6 +120,7 @@ fn gsnap_snapshots_raw() -> TableIterator<
         name!(new_images, i64),
         name!(bytes_stored, i64),
         name!(carried_pages, i64),
+        name!(frees_bytes, Option<i64>),
         name!(failure, Option<String>),
         name!(rank, String),
         name!(label, Option<String>),
@@ -146,6 +147,7 @@ fn gsnap_snapshots_raw() -> TableIterator<
             r.new_images as i64,
             r.bytes_stored as i64,
             r.carried_pages as i64,
+            r.frees_bytes.map(|b| b as i64),
             r.failure,
             super::lifetimes::rank_name(r.rank.max(r.explicit_rank)),
             r.label,
@@ -273,10 +275,10 @@ CREATE FUNCTION gsnap_snapshots()
 RETURNS TABLE (snap_id bigint, taken_at timestamptz, lsn pg_lsn, state text, tables int,
                pages_captured bigint, new_images bigint, bytes_stored bigint,
                carried_pages bigint, failure text, rank text, label text,
-               pinned_by text[], deleted_at timestamptz)
+               pinned_by text[], deleted_at timestamptz, frees_bytes bigint)
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT snap_id, taken_at, lsn::pg_lsn, state, tables, pages_captured, new_images,
-           bytes_stored, carried_pages, failure, rank, label, pinned_by, deleted_at
+           bytes_stored, carried_pages, failure, rank, label, pinned_by, deleted_at, frees_bytes
     FROM gsnap_snapshots_raw()
 $$;
 COMMENT ON FUNCTION gsnap_snapshots() IS 'every snapshot: when, at which WAL position, its state, size, rank, label, pins';

@@ -145,6 +145,12 @@ impl Worker {
                 })
             }
             Request::Verify { repair, offset } => {
+                if offset == 0 && self.job.is_some() {
+                    return Err(WorkerError::new(
+                        ErrorCode::Capturing,
+                        "a capture is in progress; the store is verified between captures",
+                    ));
+                }
                 if repair && offset == 0 {
                     self.catalog_changed();
                 }
@@ -153,7 +159,7 @@ impl Worker {
                 })
             }
             Request::StoreStats { offset } => self.report_page(Kind::StoreStats, offset, |w| {
-                space(store, w.reclaimed_total)
+                space(store, w.reclaimed_total, w.deleted_bytes(store))
             }),
             _ => unreachable!("serve.rs hands only the requests of lifetimes here"),
         }
@@ -440,6 +446,53 @@ impl Worker {
         }
     }
 
+    /// Brings the estimates of what deleting each snapshot would free (`would_free`) up to
+    /// date, a few milliseconds per call, between captures; the snapshot listing shows them.
+    pub(super) fn refresh_frees(&mut self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        if self.job.is_some() || self.reclaim_job.is_some() {
+            return;
+        }
+        let generation = self.frees_generation;
+        let deadline = Instant::now() + Duration::from_millis(10);
+        let mut changed = false;
+        for snap in store.unreclaimed_snapshots() {
+            if self.frees.get(&snap.0).is_some_and(|e| e.0 == generation) {
+                continue;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            let bytes = store.would_free(snap).ok().flatten().map(|f| f.bytes);
+            self.frees.insert(snap.0, (generation, bytes));
+            changed = true;
+        }
+        if changed {
+            self.answers
+                .remove(&super::serve::answer_key(Kind::Snapshots, 0));
+        }
+    }
+
+    /// The estimates known (possibly from before the last change: refreshed in the background).
+    pub(super) fn frees_known(&self) -> std::collections::HashMap<u64, u64> {
+        self.frees
+            .iter()
+            .filter_map(|(&s, &(_, b))| b.map(|b| (s, b)))
+            .collect()
+    }
+
+    /// What reclaiming the deleted snapshots will free, at least (each alone, summed).
+    fn deleted_bytes(&self, store: &Store) -> u64 {
+        let known = self.frees_known();
+        store
+            .deleted_unreclaimed()
+            .iter()
+            .filter_map(|s| known.get(&s.0))
+            .sum()
+    }
+
     /// Removes replaced index groups from the group cache once no reader pins them.
     pub(super) fn retire_replaced_groups(&mut self) {
         if self.replaced_groups.is_empty() {
@@ -576,7 +629,11 @@ fn verify(
     ])
 }
 
-fn space(store: &Store, freed: gsnap_store::Freed) -> Result<Vec<u8>, WorkerError> {
+fn space(
+    store: &Store,
+    freed: gsnap_store::Freed,
+    deleted_bytes: u64,
+) -> Result<Vec<u8>, WorkerError> {
     let s = store.space().map_err(store_error)?;
     report(&[
         ("content_bytes", s.content_bytes as i64),
@@ -584,6 +641,7 @@ fn space(store: &Store, freed: gsnap_store::Freed) -> Result<Vec<u8>, WorkerErro
         ("images", s.images as i64),
         ("toast_values", s.toast_values as i64),
         ("deleted_unreclaimed", s.deleted_unreclaimed as i64),
+        ("deleted_bytes", deleted_bytes as i64),
         ("reclaimed_bytes", freed.bytes as i64),
         ("reclaimed_images", freed.images as i64),
     ])

@@ -195,6 +195,12 @@ pub(crate) struct Worker {
     next_reclaim_at: std::time::Instant,
     /// What reclamation freed since the worker started.
     reclaimed_total: gsnap_store::Freed,
+    /// What deleting each snapshot would free (bytes; None: nothing can be said), with the
+    /// `frees_generation` it was computed at (`lifetimes.rs`, `refresh_frees`).
+    frees: HashMap<u64, (u64, Option<u64>)>,
+    /// Bumped whenever the catalog changes: every estimate is computed again, in the
+    /// background.
+    frees_generation: u64,
     /// A capture ended: the images reclamation kept for it may be freed.
     release_kept: bool,
     /// Cache keys of index groups replaced (rebuilt without deleted snapshots, merged) not
@@ -234,6 +240,8 @@ impl Worker {
             reclaim_job: None,
             next_reclaim_at: std::time::Instant::now(),
             reclaimed_total: gsnap_store::Freed::default(),
+            frees: HashMap::new(),
+            frees_generation: 1,
             release_kept: true,
             replaced_groups: Vec::new(),
             group_spans: HashMap::new(),
@@ -258,6 +266,9 @@ impl Worker {
             let mut busy = self.capture_step();
             self.apply_retention(Instant::now(), false);
             busy |= self.reclaim();
+            if !busy {
+                self.refresh_frees();
+            }
             self.close_broken_store();
             self.release_transaction_if_idle();
             let timeout = if busy || !self.pending.is_empty() && self.store.is_some() {
@@ -459,6 +470,7 @@ impl Worker {
     /// Invalidates cached catalog answers (a snapshot was declared, committed or failed).
     fn catalog_changed(&mut self) {
         self.answers.clear();
+        self.frees_generation += 1;
     }
 }
 

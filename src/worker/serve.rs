@@ -17,6 +17,7 @@ use gsnap_protocol::{
 };
 use gsnap_shmem::cache::{CacheError, CacheKey};
 use gsnap_store::{ErrorKind, ImageId, SnapId, SnapshotState, StoreError, ToastId};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 fn fail(e: StoreError) -> WorkerError {
@@ -122,7 +123,9 @@ impl Worker {
             })?;
         match request {
             Request::Snapshots { offset } => {
-                let blob = self.cached(answer_key(Kind::Snapshots, 0), || listing(store))?;
+                let frees = self.frees_known();
+                let blob =
+                    self.cached(answer_key(Kind::Snapshots, 0), || listing(store, &frees))?;
                 page(&blob, offset)
             }
             Request::SnapshotTables { snap, offset } => {
@@ -206,14 +209,14 @@ pub(super) fn page(blob: &[u8], offset: u64) -> Result<Reply, WorkerError> {
     })
 }
 
-fn listing(store: &Store) -> Result<Vec<u8>, WorkerError> {
+fn listing(store: &Store, frees: &HashMap<u64, u64>) -> Result<Vec<u8>, WorkerError> {
     let rows: Vec<SnapshotRow> = store
         .snapshots()
         .map_err(fail)?
         .into_iter()
         .map(|s| SnapshotRow {
             id: s.id,
-            state: listed_state(s.state),
+            state: listed_state(s.state, s.deleted_at_us.is_some()),
             taken_at_us: s.decl.declared_at_us,
             lsn: s.decl.wal_lsn,
             rank: s.decl.rank.0,
@@ -226,6 +229,9 @@ fn listing(store: &Store) -> Result<Vec<u8>, WorkerError> {
             new_images: s.stats.new_images,
             bytes_stored: s.stats.bytes_stored(),
             carried_pages: s.stats.carried_pages,
+            frees_bytes: matches!(s.state, SnapshotState::Committed | SnapshotState::Deleted)
+                .then(|| frees.get(&s.id.0).copied())
+                .flatten(),
             failure: s.failure_reason,
         })
         .collect();
@@ -233,8 +239,11 @@ fn listing(store: &Store) -> Result<Vec<u8>, WorkerError> {
 }
 
 /// A store snapshot state as the listing carries it.
-fn listed_state(state: SnapshotState) -> listing::SnapshotState {
+/// A store snapshot state as the listing carries it; a deleted failed snapshot (which had
+/// nothing in the log to reclaim) is listed as reclaimed.
+fn listed_state(state: SnapshotState, deleted: bool) -> listing::SnapshotState {
     match state {
+        SnapshotState::Failed if deleted => listing::SnapshotState::Reclaimed,
         SnapshotState::Capturing => listing::SnapshotState::Capturing,
         SnapshotState::Committed => listing::SnapshotState::Committed,
         SnapshotState::Failed => listing::SnapshotState::Failed,
