@@ -341,6 +341,9 @@ impl Worker {
                 Ok(Some(job)) => self.reclaim_job = Some(job),
                 Ok(None) => {
                     shmem::progress().reclaim_idle();
+                    if self.tidy_due {
+                        self.tidy_after_reclaim(&store);
+                    }
                     return false;
                 }
                 Err(e) => {
@@ -373,7 +376,14 @@ impl Worker {
         match result {
             Ok(true) => {
                 self.reclaimed_total.add(job.freed);
-                self.after_reclaim(&store, &job);
+                for (from, to) in job.freed_ranges() {
+                    let e = self
+                        .freed_ranges
+                        .entry(gsnap_store::keys::image_rank(from).0)
+                        .or_insert((from, to));
+                    *e = (e.0.min(from), e.1.max(to));
+                }
+                self.tidy_due = true;
                 self.catalog_changed();
                 true
             }
@@ -419,10 +429,12 @@ impl Worker {
         Ok(Some(job))
     }
 
-    /// After a snapshot is reclaimed: its images' key ranges compacted, index groups holding
-    /// deleted snapshots rebuilt or merged.
-    fn after_reclaim(&mut self, store: &Store, job: &ReclaimJob) {
-        for (from, to) in job.freed_ranges() {
+    /// Once no reclamation is left to do now (not after each snapshot: a batch of deletions
+    /// costs one pass): the key ranges of the freed images compacted (per rank), index groups
+    /// holding deleted snapshots rebuilt or merged.
+    fn tidy_after_reclaim(&mut self, store: &Store) {
+        self.tidy_due = false;
+        for (_, (from, to)) in std::mem::take(&mut self.freed_ranges) {
             if let Err(e) = store.compact_images(from, to) {
                 pgrx::warning!("gsnap: compacting freed images failed: {}", e.message());
             }
@@ -447,22 +459,26 @@ impl Worker {
     }
 
     /// Brings the estimates of what deleting each snapshot would free (`would_free`) up to
-    /// date, a few milliseconds per call, between captures; the snapshot listing shows them.
-    pub(super) fn refresh_frees(&mut self) {
+    /// date, a millisecond or two per call (requests are served between calls), between
+    /// captures; the snapshot listing shows them. Returns true while some are left to do.
+    pub(super) fn refresh_frees(&mut self) -> bool {
         let Some(store) = self.store.clone() else {
-            return;
+            return false;
         };
-        if self.job.is_some() || self.reclaim_job.is_some() {
-            return;
+        if self.job.is_some() || self.reclaim_job.is_some() || Instant::now() < self.frees_quiet_at
+        {
+            return false;
         }
         let generation = self.frees_generation;
-        let deadline = Instant::now() + Duration::from_millis(10);
+        let deadline = Instant::now() + Duration::from_millis(2);
         let mut changed = false;
+        let mut more = false;
         for snap in store.unreclaimed_snapshots() {
             if self.frees.get(&snap.0).is_some_and(|e| e.0 == generation) {
                 continue;
             }
             if Instant::now() >= deadline {
+                more = true;
                 break;
             }
             let bytes = store.would_free(snap).ok().flatten().map(|f| f.bytes);
@@ -473,6 +489,7 @@ impl Worker {
             self.answers
                 .remove(&super::serve::answer_key(Kind::Snapshots, 0));
         }
+        more
     }
 
     /// The estimates known (possibly from before the last change: refreshed in the background).

@@ -191,6 +191,10 @@ pub(crate) struct Worker {
     cap_warned: bool,
     /// The reclamation in progress.
     reclaim_job: Option<gsnap_store::ReclaimJob>,
+    /// Per rank, the range of image ids freed since the last tidying, and whether one is due
+    /// (`lifetimes.rs`, `tidy_after_reclaim`).
+    freed_ranges: std::collections::BTreeMap<u8, (gsnap_store::ImageId, gsnap_store::ImageId)>,
+    tidy_due: bool,
     /// When the next reclamation step may run (test hook `gsnap.debug_reclaim_pause_ms`).
     next_reclaim_at: std::time::Instant,
     /// What reclamation freed since the worker started.
@@ -201,6 +205,8 @@ pub(crate) struct Worker {
     /// Bumped whenever the catalog changes: every estimate is computed again, in the
     /// background.
     frees_generation: u64,
+    /// Not before this time (see `catalog_changed`).
+    frees_quiet_at: Instant,
     /// A capture ended: the images reclamation kept for it may be freed.
     release_kept: bool,
     /// Cache keys of index groups replaced (rebuilt without deleted snapshots, merged) not
@@ -239,9 +245,12 @@ impl Worker {
             cap_warned: false,
             reclaim_job: None,
             next_reclaim_at: std::time::Instant::now(),
+            freed_ranges: std::collections::BTreeMap::new(),
+            tidy_due: false,
             reclaimed_total: gsnap_store::Freed::default(),
             frees: HashMap::new(),
             frees_generation: 1,
+            frees_quiet_at: Instant::now(),
             release_kept: true,
             replaced_groups: Vec::new(),
             group_spans: HashMap::new(),
@@ -267,7 +276,7 @@ impl Worker {
             self.apply_retention(Instant::now(), false);
             busy |= self.reclaim();
             if !busy {
-                self.refresh_frees();
+                busy = self.refresh_frees();
             }
             self.close_broken_store();
             self.release_transaction_if_idle();
@@ -471,6 +480,9 @@ impl Worker {
     fn catalog_changed(&mut self) {
         self.answers.clear();
         self.frees_generation += 1;
+        // The estimates are refreshed once the catalog has been quiet for a moment, so that a
+        // series of requests (deletions, pins) does not wait behind them.
+        self.frees_quiet_at = Instant::now() + Duration::from_secs(1);
     }
 }
 
