@@ -1,7 +1,8 @@
-"""Helpers shared by the PostgreSQL-level benchmarks (bench/sets, bench/snapshots).
+"""Helpers shared by the PostgreSQL-level benchmarks (bench/lifetimes, bench/sets,
+bench/snapshots).
 
 Their bench.py scripts put this directory on sys.path and import from here: printing and
-writing results (log, write_csv, md_table), CPU time from /proc, which gsnap build is
+writing results (log, write_csv, md_table, pct), CPU time from /proc, which gsnap build is
 measured, the gsnap worker's pid, and BenchBase (the clusters of a run and its summary.json).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from cluster import PGBIN, Cluster  # noqa: E402
 
-__all__ = ["ROOT", "PGBIN", "Cluster", "log", "write_csv", "md_table", "proc_stat", "cpu_ms", "installed_gsnap",
+__all__ = ["ROOT", "PGBIN", "Cluster", "log", "write_csv", "md_table", "pct", "proc_stat", "cpu_ms", "installed_gsnap",
            "version_line", "worker_pid", "perf_report", "stale_gsnap_mapping", "arg_parser", "BenchBase"]
 
 
@@ -46,6 +47,17 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def pct(values, p):
+    """The p-th percentile (0-100) of values, by linear interpolation."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    k = (len(v) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def proc_stat(pid: int) -> tuple[float, int]:

@@ -24,7 +24,7 @@ import pytest
 from cluster import Cluster
 from workload import (TABLES, GroundTruth, Workload, contents, create_tables, describe_diff,
                       digest, located_contents, progress, set_settings, snapshots, wait_until,
-                      wait_worker_ready)
+                      wait_worker_ready, worker_restarted)
 
 
 def crash_and_restart(c: Cluster, settings_after: dict[str, str | None]) -> None:
@@ -79,15 +79,6 @@ def assert_snapshot_equals_live(conn, tables: list[str], what: str) -> int:
         if got != live:
             pytest.fail(f"{what}: snapshot {snap} of {t} vs the live table:\n" + describe_diff(live, got, where))
     return snap
-
-
-def worker_restarted(c: Cluster, old_pid: int) -> bool:
-    try:
-        with c.connect() as conn:
-            p = progress(conn)
-            return p["worker"] == "ready" and p["worker_pid"] not in (None, old_pid)
-    except psycopg.OperationalError:
-        return False
 
 
 def test_committed_snapshots_survive_crashes_under_load():

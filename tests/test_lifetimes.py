@@ -8,7 +8,6 @@ reclaiming, and when a query was reading a snapshot while it was deleted."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import signal
@@ -19,6 +18,7 @@ import psycopg
 import pytest
 
 from cluster import PGBIN, Cluster
+from workload import worker_restarted
 from ops_helpers import (asof, configure, digest, progress, snapshot_row, snapshots, val,
                          wait_until)
 
@@ -148,19 +148,8 @@ def test_sparse_deletions_leave_every_retained_snapshot_reading_the_same(lt):
         gone = sorted(s for s in deleted if s > min(kept))
         s = gone[0]
         expected = max(k for k in kept if k < s)
-        got = digest(conn, f"gsnap_asof(NULL::lt_sparse, %s::timestamptz)" % (
-            "'" + listed[s]["taken_at"].isoformat() + "'"))
+        got = digest(conn, f"gsnap_asof(NULL::lt_sparse, '{listed[s]['taken_at'].isoformat()}'::timestamptz)")
         assert got == recorded[("asof", expected)]
-
-
-def worker_replaced(c: Cluster, old_pid: int) -> bool:
-    """Whether a new worker (not `old_pid`) is ready; False while the server restarts."""
-    try:
-        with c.connect() as conn:
-            p = progress(conn)
-            return p["worker"] == "ready" and p["worker_pid"] not in (None, old_pid)
-    except psycopg.Error:
-        return False
 
 
 def test_killing_the_server_while_it_reclaims_loses_nothing_and_leaks_nothing(lt):
@@ -198,7 +187,7 @@ def test_killing_the_server_while_it_reclaims_loses_nothing_and_leaks_nothing(lt
         else:
             os.kill(pid, signal.SIGKILL)  # the worker alone: the postmaster restarts everything
         kills += 1
-        wait_until(lambda: worker_replaced(lt, pid), 60, "the server to restart after the kill",
+        wait_until(lambda: worker_restarted(lt, pid), 60, "the server to restart after the kill",
                    interval=0.2)
     assert kills == 20, f"reclamation finished after only {kills} kills: make it slower"
     assert len(seen_steps) >= 10, f"the kills hit too few distinct points: {seen_steps}"

@@ -152,6 +152,16 @@ def progress(conn: psycopg.Connection) -> dict:
     return dict(zip(names, cur.fetchone()))
 
 
+def worker_restarted(cluster, old_pid: int) -> bool:
+    """Whether a new gsnap worker (not `old_pid`) is ready; False while the server restarts."""
+    try:
+        with cluster.connect() as conn:
+            p = progress(conn)
+            return p["worker"] == "ready" and p["worker_pid"] not in (None, old_pid)
+    except psycopg.OperationalError:
+        return False
+
+
 def wait_worker_ready(cluster, timeout: float = 60) -> None:
     """Waits until the gsnap worker runs and its store is open."""
     def ready():

@@ -30,21 +30,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import (PGBIN, BenchBase, Cluster, arg_parser, log, md_table,  # noqa: E402
-                    worker_pid, write_csv)
+                    pct, worker_pid, write_csv)
 
 GSNAP_AM = {"PGOPTIONS": "-c default_table_access_method=gsnap"}
 BENCHMARKS = ["steady", "reclaim", "delete"]
 PROGRESS = re.compile(r"progress: ([\d.]+) s, ([\d.]+) tps")
-
-
-def quantile(values, p):
-    """The p-th percentile (0-100) of values, by linear interpolation."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    k = (len(v) - 1) * p / 100.0
-    lo = int(k)
-    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (k - lo)
 
 
 def rss_kb(pid: int) -> int:
@@ -278,7 +268,7 @@ def bench_delete(b: Bench):
     res = {}
     for phase in ("idle", "pgbench"):
         ms = [r["ms"] for r in rows if r["phase"] == phase]
-        res[phase] = {"n": len(ms), "p50_ms": quantile(ms, 50), "p95_ms": quantile(ms, 95), "max_ms": max(ms)}
+        res[phase] = {"n": len(ms), "p50_ms": pct(ms, 50), "p95_ms": pct(ms, 95), "max_ms": max(ms)}
         log(f"   gsnap_delete {phase}: p50 {res[phase]['p50_ms']:.2f} ms, p95 {res[phase]['p95_ms']:.2f} ms, "
             f"max {res[phase]['max_ms']:.2f} ms")
     b.summary["delete"] = res

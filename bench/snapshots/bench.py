@@ -30,22 +30,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import (PGBIN, BenchBase, Cluster, arg_parser, cpu_ms, log, md_table,  # noqa: E402
-                    perf_report, worker_pid, write_csv)
+                    pct, perf_report, worker_pid, write_csv)
 
 GSNAP_AM = {"PGOPTIONS": "-c default_table_access_method=gsnap"}
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def pct(values, p):
-    """The p-th percentile (0-100) of values, by linear interpolation."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    k = (len(v) - 1) * p / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def dir_size(path: Path, by_kind: dict | None = None) -> tuple[int, int]:
