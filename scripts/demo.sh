@@ -64,6 +64,12 @@ psql -c "SELECT change, count(*) FROM gsnap_diff(NULL::pgbench_accounts,
                 (SELECT max(snap_id) FROM gsnap_snapshots()
                  WHERE state = 'committed' AND snap_id < $last), $last)
          GROUP BY change ORDER BY change"
+log "lifetimes: what a policy would keep (gsnap.retention), and what deleting each snapshot frees"
+psql -c "SELECT p.snap_id, p.rank, p.action, p.rule, pg_size_pretty(s.frees_bytes) AS deleting_frees
+         FROM gsnap_retention_preview('within=20s minutely=1') p JOIN gsnap_snapshots() s USING (snap_id)
+         WHERE p.snap_id >= $first ORDER BY p.snap_id"
+psql -c "SELECT pg_size_pretty(content_bytes) AS live_content, pg_size_pretty(disk_bytes) AS on_disk
+         FROM gsnap_store_stats()"
 psql -c "SELECT worker, phase, last_durable, last_durable_at FROM gsnap_progress()"
 
 log "the cluster is still running: psql -h $DEMO_DIR/data -p $PORT -U postgres"
