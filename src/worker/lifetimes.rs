@@ -273,7 +273,7 @@ impl Worker {
         let t = now_us();
         let result = decisions(&store, &policy, t).and_then(|(live, mut decided)| {
             if cap > 0 {
-                let disk = store.space().map_err(store_error)?.disk_bytes;
+                let disk = store.disk_bytes().map_err(store_error)?;
                 let freed_of = |d: &Decision| {
                     live.iter()
                         .find(|s| s.id.0 == d.id)

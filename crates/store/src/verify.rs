@@ -208,7 +208,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// What the store takes in space (a scan of the content's keys).
     pub fn space(&self) -> Result<SpaceReport> {
         let mut s = SpaceReport {
-            disk_bytes: self.backend.disk_bytes()?,
+            disk_bytes: self.disk_bytes()?,
             deleted_unreclaimed: self.deleted_unreclaimed().len() as u64,
             ..Default::default()
         };
@@ -227,6 +227,12 @@ impl<B: KvBackend> SnapshotStore<B> {
             s.content_bytes += v.len() as u64;
         }
         Ok(s)
+    }
+
+    /// The store's size on disk as the backend reports it, without reading any content (what
+    /// [`Self::space`] adds to it reads every image).
+    pub fn disk_bytes(&self) -> Result<u64> {
+        self.backend.disk_bytes()
     }
 
     /// Compacts the key range of images `from..=to` of one rank (after reclamation freed
