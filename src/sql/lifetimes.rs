@@ -268,9 +268,11 @@ fn gsnap_verify(
     ))
 }
 
-/// The store's space: the bytes its content takes, its size on disk, what it holds, the
-/// deleted snapshots still waiting for reclamation and (at least) what reclaiming them frees,
-/// and what reclamation freed since the worker started.
+/// The store's space: the bytes its content takes and the images it holds (RocksDB's
+/// estimates, read without touching the content: exact once compaction has dropped what was
+/// freed; `gsnap_verify()` counts exactly), its whole size on disk (write-ahead log
+/// included), the deleted snapshots still waiting for reclamation and (at least) what
+/// reclaiming them frees, and what reclamation freed since the worker started.
 #[pg_extern(volatile, parallel_safe)]
 #[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
 fn gsnap_store_stats() -> TableIterator<
@@ -279,7 +281,6 @@ fn gsnap_store_stats() -> TableIterator<
         name!(content_bytes, i64),
         name!(disk_bytes, i64),
         name!(images, i64),
-        name!(toast_values, i64),
         name!(deleted_unreclaimed, i64),
         name!(deleted_bytes, i64),
         name!(reclaimed_bytes, i64),
@@ -292,7 +293,6 @@ fn gsnap_store_stats() -> TableIterator<
         value(&r, "content_bytes"),
         value(&r, "disk_bytes"),
         value(&r, "images"),
-        value(&r, "toast_values"),
         value(&r, "deleted_unreclaimed"),
         value(&r, "deleted_bytes"),
         value(&r, "reclaimed_bytes"),

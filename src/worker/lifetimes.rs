@@ -13,10 +13,13 @@
 //!   pins an index group that holds it: queries that were reading it when it was deleted
 //!   finish with their images in place (their pins are their lease). Images the capture in
 //!   progress maps are never freed under it.
-//! - Each reclaimed snapshot's image key range is compacted, so space returns to the file
-//!   system, and index groups holding deleted snapshots are rebuilt without them, or merged
-//!   (GSnap 4.5-4.6, `index.rs`).
+//! - Once a batch of deletions is reclaimed, the freed image key ranges are compacted on a
+//!   thread (`background.rs`), so space returns to the file system, and index groups holding
+//!   deleted snapshots are rebuilt without them, or merged (GSnap 4.5-4.6, `index.rs`).
+//! - What deleting each snapshot would free is estimated on a thread too, once the catalog is
+//!   quiet and no capture or reclamation runs.
 
+use super::background::{CompactionThread, FreesThread};
 use super::{Store, Worker};
 use crate::gucs;
 use crate::shmem::{self, groups};
@@ -430,15 +433,12 @@ impl Worker {
     }
 
     /// Once no reclamation is left to do now (not after each snapshot: a batch of deletions
-    /// costs one pass): the key ranges of the freed images compacted (per rank), index groups
-    /// holding deleted snapshots rebuilt or merged.
+    /// costs one pass): the key ranges of the freed images compacted (per rank, on a thread:
+    /// `background.rs`), index groups holding deleted snapshots rebuilt or merged.
     fn tidy_after_reclaim(&mut self, store: &Store) {
         self.tidy_due = false;
-        for (_, (from, to)) in std::mem::take(&mut self.freed_ranges) {
-            if let Err(e) = store.compact_images(from, to) {
-                pgrx::warning!("gsnap: compacting freed images failed: {}", e.message());
-            }
-        }
+        self.compact_due = true;
+        self.poll_compaction();
         if let Some(index) = self.index.as_mut() {
             let deleted = |s: SnapId| {
                 matches!(
@@ -458,38 +458,84 @@ impl Worker {
         }
     }
 
-    /// Brings the estimates of what deleting each snapshot would free (`would_free`) up to
-    /// date, a millisecond or two per call (requests are served between calls), between
-    /// captures; the snapshot listing shows them. Returns true while some are left to do.
-    pub(super) fn refresh_frees(&mut self) -> bool {
+    /// Reports the compaction thread's end, and starts the next one when ranges freed since
+    /// wait for it (one at a time).
+    pub(super) fn poll_compaction(&mut self) {
+        if let Some(thread) = self.compaction.take_if(|t| t.finished()) {
+            for e in thread.join() {
+                pgrx::warning!("gsnap: compacting freed images failed: {e}");
+            }
+        }
+        if self.compaction.is_some() || !self.compact_due || self.freed_ranges.is_empty() {
+            return;
+        }
         let Some(store) = self.store.clone() else {
-            return false;
+            return;
         };
-        if self.job.is_some() || self.reclaim_job.is_some() || Instant::now() < self.frees_quiet_at
-        {
-            return false;
+        let ranges = std::mem::take(&mut self.freed_ranges);
+        match CompactionThread::start(store, ranges.clone()) {
+            Ok(thread) => {
+                self.compaction = Some(thread);
+                self.compact_due = false;
+            }
+            // No thread now (resources): tried again on the next iteration.
+            Err(e) => {
+                self.freed_ranges = ranges;
+                pgrx::log!("gsnap: cannot start the compaction thread yet: {e}");
+            }
+        }
+    }
+
+    /// Brings the estimates of what deleting each snapshot would free (`would_free`) up to
+    /// date on a thread (`background.rs`), between captures and reclamations once the catalog
+    /// has been quiet for a moment; the snapshot listing shows them. The thread is stopped
+    /// when a capture or a reclamation starts or the catalog changes again.
+    pub(super) fn refresh_frees(&mut self) {
+        let quiet = self.job.is_none()
+            && self.reclaim_job.is_none()
+            && Instant::now() >= self.frees_quiet_at;
+        if let Some(thread) = &self.frees_thread {
+            if !quiet || thread.generation != self.frees_generation {
+                thread.cancel();
+            }
+            if !thread.finished() {
+                return;
+            }
+            let thread = self.frees_thread.take().expect("checked above");
+            let generation = thread.generation;
+            let found = thread.join();
+            if generation == self.frees_generation && !found.is_empty() {
+                for (snap, bytes) in found {
+                    self.frees.insert(snap, (generation, bytes));
+                }
+                self.answers
+                    .remove(&super::serve::answer_key(Kind::Snapshots, 0));
+            }
+        }
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        if !quiet {
+            return;
         }
         let generation = self.frees_generation;
-        let deadline = Instant::now() + Duration::from_millis(2);
-        let mut changed = false;
-        let mut more = false;
-        for snap in store.unreclaimed_snapshots() {
-            if self.frees.get(&snap.0).is_some_and(|e| e.0 == generation) {
-                continue;
-            }
-            if Instant::now() >= deadline {
-                more = true;
-                break;
-            }
-            let bytes = store.would_free(snap).ok().flatten().map(|f| f.bytes);
-            self.frees.insert(snap.0, (generation, bytes));
-            changed = true;
+        let todo: Vec<SnapId> = store
+            .unreclaimed_snapshots()
+            .into_iter()
+            .filter(|s| self.frees.get(&s.0).is_none_or(|e| e.0 != generation))
+            .collect();
+        if todo.is_empty() {
+            return;
         }
-        if changed {
-            self.answers
-                .remove(&super::serve::answer_key(Kind::Snapshots, 0));
+        match FreesThread::start(store, generation, todo) {
+            Ok(thread) => self.frees_thread = Some(thread),
+            Err(e) => pgrx::log!("gsnap: cannot start the estimates' thread yet: {e}"),
         }
-        more
+    }
+
+    /// True while a thread works for the worker (it is polled soon).
+    pub(super) fn threads_running(&self) -> bool {
+        self.frees_thread.is_some() || self.compaction.is_some()
     }
 
     /// The estimates known (possibly from before the last change: refreshed in the background).
@@ -656,7 +702,6 @@ fn space(
         ("content_bytes", s.content_bytes as i64),
         ("disk_bytes", s.disk_bytes as i64),
         ("images", s.images as i64),
-        ("toast_values", s.toast_values as i64),
         ("deleted_unreclaimed", s.deleted_unreclaimed as i64),
         ("deleted_bytes", deleted_bytes as i64),
         ("reclaimed_bytes", freed.bytes as i64),

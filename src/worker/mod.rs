@@ -6,6 +6,7 @@
 //! batches between looks at the request slots, and every unit of PostgreSQL work runs in a
 //! subtransaction so an ERROR fails one snapshot, not the worker.
 
+mod background;
 mod capture;
 mod catalog;
 mod declare;
@@ -205,6 +206,12 @@ pub(crate) struct Worker {
     /// Bumped whenever the catalog changes: every estimate is computed again, in the
     /// background.
     frees_generation: u64,
+    /// The thread computing estimates, if one runs (`background.rs`).
+    frees_thread: Option<background::FreesThread>,
+    /// The thread compacting freed image ranges, if one runs, and whether the ranges freed
+    /// since are due for the next one.
+    compaction: Option<background::CompactionThread>,
+    compact_due: bool,
     /// Not before this time (see `catalog_changed`).
     frees_quiet_at: Instant,
     /// A capture ended: the images reclamation kept for it may be freed.
@@ -250,6 +257,9 @@ impl Worker {
             reclaimed_total: gsnap_store::Freed::default(),
             frees: HashMap::new(),
             frees_generation: 1,
+            frees_thread: None,
+            compaction: None,
+            compact_due: false,
             frees_quiet_at: Instant::now(),
             release_kept: true,
             replaced_groups: Vec::new(),
@@ -275,9 +285,8 @@ impl Worker {
             let mut busy = self.capture_step();
             self.apply_retention(Instant::now(), false);
             busy |= self.reclaim();
-            if !busy {
-                busy = self.refresh_frees();
-            }
+            self.refresh_frees();
+            self.poll_compaction();
             self.close_broken_store();
             self.release_transaction_if_idle();
             let timeout = if busy || !self.pending.is_empty() && self.store.is_some() {
@@ -297,6 +306,9 @@ impl Worker {
         }
         if let Some(due) = self.next_periodic {
             t = t.min(due.saturating_duration_since(Instant::now()));
+        }
+        if self.threads_running() {
+            t = t.min(Duration::from_millis(50));
         }
         t
     }
@@ -415,7 +427,13 @@ impl Worker {
         }
         shmem::progress().set_queued(0);
         // The store closes with its last handle: the index and the capture job held the
-        // others and are gone; requests are answered within one loop iteration.
+        // others and are gone, the estimates' thread stops after its snapshot (a compaction
+        // in flight holds one until it ends: reopening waits for it); requests are answered
+        // within one loop iteration.
+        if let Some(thread) = self.frees_thread.take() {
+            thread.cancel();
+        }
+        self.compaction = None;
         self.index = None;
         self.store = None;
         self.catalog_changed();

@@ -137,10 +137,34 @@ pub trait KvBackend: Send + Sync {
         Ok(())
     }
 
-    /// Bytes the backend takes on disk (or in memory). Default: unknown, 0.
+    /// Bytes the backend takes on disk (or in memory), everything included (a write-ahead
+    /// log too). Default: unknown, 0.
     fn disk_bytes(&self) -> Result<u64> {
         Ok(0)
     }
+
+    /// How many entries `cf` holds and the bytes of their values, without reading them where
+    /// the backend can tell (RocksDB estimates both from its files' properties and memtables,
+    /// keys included; its estimates become exact once compaction has dropped deleted
+    /// entries). Default: counted by a scan, exact.
+    fn estimate(&self, cf: Cf) -> Result<CfEstimate> {
+        let mut e = CfEstimate::default();
+        for entry in Scan::prefix(self, cf, &[])? {
+            let (_, v) = entry?;
+            e.entries += 1;
+            e.bytes += v.len() as u64;
+        }
+        Ok(e)
+    }
+}
+
+/// What [`KvBackend::estimate`] says of a column family.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CfEstimate {
+    /// Entries (keys).
+    pub entries: u64,
+    /// Bytes of their values (RocksDB: of keys and values, as stored).
+    pub bytes: u64,
 }
 
 /// An iterator over the entries of one column family with keys in `[start, end)`, in key
@@ -249,5 +273,9 @@ impl<T: KvBackend + ?Sized> KvBackend for std::sync::Arc<T> {
 
     fn disk_bytes(&self) -> Result<u64> {
         (**self).disk_bytes()
+    }
+
+    fn estimate(&self, cf: Cf) -> Result<CfEstimate> {
+        (**self).estimate(cf)
     }
 }

@@ -137,6 +137,10 @@ impl<B: KvBackend> KvBackend for FaultyBackend<B> {
         self.inner.disk_bytes()
     }
 
+    fn estimate(&self, cf: Cf) -> Result<crate::backend::CfEstimate> {
+        self.inner.estimate(cf)
+    }
+
     fn write(&self, batch: &WriteBatch, sync: bool) -> Result<()> {
         // The state lock is held across the inner write so that the disk model sees batches
         // in the same order as the inner backend.

@@ -18,11 +18,11 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType,
-    DBRawIterator, DBRecoveryMode, Options, WriteOptions, DB,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, CompactOptions,
+    DBCompressionType, DBRawIterator, DBRecoveryMode, Options, WriteOptions, DB,
 };
 
-use crate::backend::{KvBackend, KvCursor, WriteBatch};
+use crate::backend::{CfEstimate, KvBackend, KvCursor, WriteBatch};
 use crate::error::{ErrorKind, Result, StoreError};
 use crate::keys::Cf;
 
@@ -164,7 +164,9 @@ impl RocksBackend {
         db_opts.set_paranoid_checks(true);
         db_opts.set_compression_type(DBCompressionType::None);
         db_opts.set_db_write_buffer_size(config.total_write_buffer_bytes);
-        db_opts.set_max_total_wal_size(4 * config.total_write_buffer_bytes as u64);
+        // The log is kept to the size of the memtables: a column family written rarely is flushed
+        // instead of holding old log files (the store's size on disk counts the log).
+        db_opts.set_max_total_wal_size(config.total_write_buffer_bytes as u64);
         db_opts.set_max_background_jobs(config.background_jobs);
         db_opts.set_max_open_files(config.max_open_files);
         db_opts.set_keep_log_file_num(4);
@@ -458,26 +460,49 @@ impl KvBackend for RocksBackend {
     }
 
     fn compact_range(&self, cf: Cf, start: &[u8], end: &[u8]) -> Result<()> {
+        // Not exclusive: RocksDB's own compactions go on meanwhile, so writers never stall
+        // behind this one (it runs on a thread of its own: `src/worker/lifetimes.rs`).
+        let mut opts = CompactOptions::default();
+        opts.set_exclusive_manual_compaction(false);
         self.db
-            .compact_range_cf(self.handle(cf)?, Some(start), Some(end));
+            .compact_range_cf_opt(self.handle(cf)?, Some(start), Some(end), &opts);
         Ok(())
     }
 
     fn disk_bytes(&self) -> Result<u64> {
+        // The whole directory: table files, the write-ahead log, the manifest and the logs.
         let mut total = 0;
-        for cf in Cf::all() {
-            for property in [
-                "rocksdb.total-sst-files-size",
-                "rocksdb.cur-size-all-mem-tables",
-            ] {
-                total += self
-                    .db
-                    .property_int_value_cf(self.handle(cf)?, property)
-                    .map_err(|e| self.err("reading a property", &e))?
-                    .unwrap_or(0);
+        let entries = std::fs::read_dir(&self.path).map_err(|e| {
+            StoreError::new(
+                ErrorKind::Io,
+                format!("listing the store directory {}: {e}", self.path.display()),
+            )
+        })?;
+        for entry in entries {
+            // A file removed between the listing and its metadata (compaction) counts 0.
+            if let Ok(meta) = entry.and_then(|e| e.metadata()) {
+                if meta.is_file() {
+                    total += meta.len();
+                }
             }
         }
         Ok(total)
+    }
+
+    fn estimate(&self, cf: Cf) -> Result<CfEstimate> {
+        let handle = self.handle(cf)?;
+        let property = |name: &str| -> Result<u64> {
+            Ok(self
+                .db
+                .property_int_value_cf(handle, name)
+                .map_err(|e| self.err("reading a property", &e))?
+                .unwrap_or(0))
+        };
+        Ok(CfEstimate {
+            entries: property("rocksdb.estimate-num-keys")?,
+            bytes: property("rocksdb.estimate-live-data-size")?
+                + property("rocksdb.cur-size-all-mem-tables")?,
+        })
     }
 }
 

@@ -48,15 +48,16 @@ pub struct VerifyReport {
     pub repaired: bool,
 }
 
-/// What the store takes in space.
+/// What the store takes in space, without reading its content: the backend's estimates
+/// (exact for the in-memory backend; for RocksDB, exact once compaction has dropped deleted
+/// entries). [`SnapshotStore::verify`] counts exactly.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpaceReport {
     /// Bytes of stored images and TOAST values (as stored, compressed).
     pub content_bytes: u64,
-    /// Images and TOAST values stored.
+    /// Images stored.
     pub images: u64,
-    pub toast_values: u64,
-    /// Bytes the backend takes on disk (0 if it cannot say).
+    /// Bytes the backend takes on disk, everything included (0 if it cannot say).
     pub disk_bytes: u64,
     /// Snapshots deleted whose space is not reclaimed yet.
     pub deleted_unreclaimed: u64,
@@ -205,7 +206,7 @@ impl<B: KvBackend> SnapshotStore<B> {
         Ok(counts)
     }
 
-    /// What the store takes in space (a scan of the content's keys).
+    /// What the store takes in space, from the backend's estimates (see [`SpaceReport`]).
     pub fn space(&self) -> Result<SpaceReport> {
         let mut s = SpaceReport {
             disk_bytes: self.disk_bytes()?,
@@ -213,24 +214,15 @@ impl<B: KvBackend> SnapshotStore<B> {
             ..Default::default()
         };
         for r in 0..keys::IMAGE_RANKS {
-            for entry in Scan::prefix(&self.backend, Cf::Images(Rank(r)), &[])? {
-                let (_, v) = entry?;
-                s.images += 1;
-                s.content_bytes += v.len() as u64;
-            }
+            let e = self.backend.estimate(Cf::Images(Rank(r)))?;
+            s.images += e.entries;
+            s.content_bytes += e.bytes;
         }
-        for entry in Scan::prefix(&self.backend, Cf::Toast, &[])? {
-            let (k, v) = entry?;
-            if k.len() == 8 {
-                s.toast_values += 1;
-            }
-            s.content_bytes += v.len() as u64;
-        }
+        s.content_bytes += self.backend.estimate(Cf::Toast)?.bytes;
         Ok(s)
     }
 
-    /// The store's size on disk as the backend reports it, without reading any content (what
-    /// [`Self::space`] adds to it reads every image).
+    /// The store's size on disk as the backend reports it.
     pub fn disk_bytes(&self) -> Result<u64> {
         self.backend.disk_bytes()
     }

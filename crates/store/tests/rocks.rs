@@ -360,3 +360,54 @@ fn a_format_1_store_is_refused_untouched() {
         .unwrap()
         .is_some());
 }
+
+#[test]
+fn space_is_estimated_without_reading_and_counts_the_whole_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gsnap");
+    let store = open(&path).unwrap();
+    let (rels, decl) = setup(&store, 1, 400);
+    let mut cap = store.declare_and_begin(decl).unwrap();
+    for b in 0..400u32 {
+        let id = cap.put_image(&view(u64::from(b), 8192), &[]).unwrap();
+        cap.add_mapping(page_key(rels[0], b), id).unwrap();
+    }
+    cap.commit().unwrap();
+    let stored: u64 = Scan::range(store.backend(), Cf::Images(Rank(0)), &[], None)
+        .unwrap()
+        .map(|e| e.unwrap().1.len() as u64)
+        .sum();
+    let space = store.space().unwrap();
+    // RocksDB's estimates (memtables and table properties), not a count: near the truth.
+    assert!(
+        (360..=440).contains(&space.images),
+        "images estimated at {}, 400 stored",
+        space.images
+    );
+    assert!(
+        space.content_bytes >= stored / 2 && space.content_bytes <= stored * 3,
+        "content estimated at {} bytes, {stored} stored",
+        space.content_bytes
+    );
+    // The size on disk is the whole directory: the write-ahead log holds these images until
+    // a flush, and it is counted.
+    let files: u64 = fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    let wal: u64 = fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(wal >= stored, "the images are in the log: {wal} < {stored}");
+    assert!(space.disk_bytes >= wal, "{} < {wal}", space.disk_bytes);
+    assert!(
+        space.disk_bytes <= files + (1 << 20),
+        "{} > {files}",
+        space.disk_bytes
+    );
+}

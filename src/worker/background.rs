@@ -1,0 +1,97 @@
+//! Work the worker hands to threads of its own so that its loop (declarations, captures,
+//! requests) never waits for it: the estimates of what deleting each snapshot would free
+//! (`would_free` reads a snapshot's mapping log and its images: up to a second for a large
+//! one) and the compaction of the key ranges reclamation freed (RocksDB rewrites files).
+//!
+//! The threads only read the store (estimates) or ask RocksDB to compact (a manual compaction
+//! that is not exclusive: RocksDB's own go on, writers never stall). They never call
+//! PostgreSQL. The worker polls them once per loop iteration; a thread that panicked counts as
+//! one that found nothing (the estimates are computed again after the next change).
+
+use super::Store;
+use gsnap_store::{ImageId, SnapId};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Estimates of `would_free` being computed on a thread, for one catalog generation.
+pub(super) struct FreesThread {
+    pub generation: u64,
+    cancel: Arc<AtomicBool>,
+    handle: JoinHandle<Vec<(u64, Option<u64>)>>,
+}
+
+impl FreesThread {
+    /// Starts computing what deleting each of `snaps` would free (bytes), in order.
+    pub fn start(store: Store, generation: u64, snaps: Vec<SnapId>) -> std::io::Result<Self> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&cancel);
+        let handle = std::thread::Builder::new()
+            .name("gsnap-frees".into())
+            .spawn(move || {
+                let mut found = Vec::with_capacity(snaps.len());
+                for snap in snaps {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let bytes = store.would_free(snap).ok().flatten().map(|f| f.bytes);
+                    found.push((snap.0, bytes));
+                }
+                found
+            })?;
+        Ok(FreesThread {
+            generation,
+            cancel,
+            handle,
+        })
+    }
+
+    /// Asks the thread to stop after the snapshot it is on.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// True once the thread has ended.
+    pub fn finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// The estimates of an ended thread (what it computed before it was cancelled, if it was).
+    pub fn join(self) -> Vec<(u64, Option<u64>)> {
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+/// The compaction of freed image ranges, one rank after the other, on a thread.
+pub(super) struct CompactionThread {
+    handle: JoinHandle<Vec<String>>,
+}
+
+impl CompactionThread {
+    /// Starts compacting `ranges` (per rank, the ids of the freed images).
+    pub fn start(store: Store, ranges: BTreeMap<u8, (ImageId, ImageId)>) -> std::io::Result<Self> {
+        let handle = std::thread::Builder::new()
+            .name("gsnap-compact".into())
+            .spawn(move || {
+                ranges
+                    .into_values()
+                    .filter_map(|(from, to)| store.compact_images(from, to).err())
+                    .map(|e| e.message().to_string())
+                    .collect()
+            })?;
+        Ok(CompactionThread { handle })
+    }
+
+    /// True once the thread has ended.
+    pub fn finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// The errors of an ended thread.
+    pub fn join(self) -> Vec<String> {
+        self.handle
+            .join()
+            .unwrap_or_else(|_| vec!["the compaction thread panicked".into()])
+    }
+}
