@@ -14,6 +14,11 @@
             the captures wrote, the worker's peak memory, and the time for reclamation to go
             on after a kill -9 of the server in the middle of it.
 3. delete   gsnap_delete() latency (one snapshot per call), idle and under pgbench, p50/p95/max.
+4. busy     the worker's answers while it is busy with lifetimes, under pgbench: the latency of
+            gsnap_snapshots(), gsnap_store_stats(), gsnap_delete() and of declaring a snapshot
+            (gsnap_snapshot(wait => false)), first while nothing is reclaimed (baseline), then
+            while a batch of deletions is reclaimed, compacted and re-estimated (until 10 s
+            after the last is reclaimed); pgbench's median TPS in both phases.
 
 Results: CSV and summary.json under --out, plots by plot.py. Times vary with the machine's
 load: the two steady-state clusters run side by side, so both see the same noise.
@@ -33,7 +38,7 @@ from common import (PGBIN, BenchBase, Cluster, arg_parser, log, md_table,  # noq
                     pct, worker_pid, write_csv)
 
 GSNAP_AM = {"PGOPTIONS": "-c default_table_access_method=gsnap"}
-BENCHMARKS = ["steady", "reclaim", "delete"]
+BENCHMARKS = ["steady", "reclaim", "delete", "busy"]
 PROGRESS = re.compile(r"progress: ([\d.]+) s, ([\d.]+) tps")
 
 
@@ -176,7 +181,6 @@ def bench_reclaim(b: Bench):
     time.sleep(3)  # let the worker compute what each deletion frees (gsnap_snapshots().frees_bytes)
     predicted = conn.execute("SELECT sum(frees_bytes)::bigint FROM gsnap_snapshots() WHERE snap_id = ANY(%s)",
                              (victims,)).fetchone()[0]
-    before = stats(conn)
     conn.execute("SELECT gsnap_delete(%s::bigint[])", (victims,))
     pid = worker_pid(conn)
     conn.execute("ALTER SYSTEM SET gsnap.reclaim_delay = 0")
@@ -185,6 +189,7 @@ def bench_reclaim(b: Bench):
     peak_rss = rss_kb(pid)
     samples = []
     crashed = False
+    before_crash = {"reclaimed_bytes": 0, "reclaimed_images": 0}
     resumed_after = 0.0
     while True:
         s = stats(conn)
@@ -196,6 +201,7 @@ def bench_reclaim(b: Bench):
         if not crashed and s["deleted_unreclaimed"] <= len(victims) // 2:
             # kill -9 of the server in the middle: how long until reclamation goes on?
             crashed = True
+            before_crash = s  # reclaimed_* count since the worker started: summed over both
             left = s["deleted_unreclaimed"]
             t_crash = time.monotonic()
             conn.close()
@@ -212,13 +218,15 @@ def bench_reclaim(b: Bench):
     after = stats(conn)
     verify = conn.execute("SELECT leaked_images + missing_images FROM gsnap_verify()").fetchone()[0]
     write_csv(b.out / "reclaim.csv", samples)
-    freed_content = before["content_bytes"] - after["content_bytes"]
+    # What the reclamation jobs freed, exactly (the content estimates of gsnap_store_stats() follow
+    # RocksDB's compactions).
+    freed_content = before_crash["reclaimed_bytes"] + after["reclaimed_bytes"]
+    freed_images = before_crash["reclaimed_images"] + after["reclaimed_images"]
     res = {
         "snapshots": len(snaps), "deleted": len(victims), "reclaim_s": reclaim_s,
         "bytes_written_by_captures": written, "capture_bytes_per_s": written / capture_s,
         "predicted_frees_bytes": predicted,
-        "images_freed": before["images"] - after["images"],
-        "images_per_s": (before["images"] - after["images"]) / reclaim_s,
+        "images_freed": freed_images, "images_per_s": freed_images / reclaim_s,
         "content_bytes_freed": freed_content, "content_bytes_per_s": freed_content / reclaim_s,
         "worker_rss_peak_kb": peak_rss, "resume_after_crash_s": resumed_after if crashed else None,
         "verify_damage": verify,
@@ -276,6 +284,98 @@ def bench_delete(b: Bench):
     b.drop(c)
 
 
+# -- 4. the worker's answers while it reclaims ------------------------------------------------------
+
+
+def probe_round(conn, spare: list[int], heavy: bool) -> list[dict]:
+    """One round of probes, each request timed (ms): the listing and the store summary, and
+    with `heavy` a declaration and a deletion (of one of `spare`) too."""
+    probes = [("listing", "SELECT count(*) FROM gsnap_snapshots()", None),
+              ("stats", "SELECT * FROM gsnap_store_stats()", None)]
+    if heavy:
+        probes.append(("declare", "SELECT gsnap_snapshot(wait => false)", None))
+        if spare:
+            probes.append(("delete", "SELECT gsnap_delete(%s)", (spare.pop(0),)))
+    out = []
+    for what, sql, args in probes:
+        t = time.perf_counter()
+        conn.execute(sql, args).fetchall()
+        out.append({"what": what, "ms": (time.perf_counter() - t) * 1000})
+    return out
+
+
+def bench_busy(b: Bench):
+    a = b.args
+    log(f"== 4. the worker's answers while it reclaims: {a.reclaim_snapshots} snapshots under pgbench, "
+        "then half deleted at once")
+    c = b.cluster("lt-busy", ["gsnap.reclaim_delay = 3600"])
+    conn = c.connect()
+    seconds = int(4 * a.reclaim_snapshots * a.reclaim_gap + 120)
+    load = pgbench(c, seconds, a.clients)
+    rows = []
+    t0 = time.monotonic()
+    try:
+        snaps = []
+        for _ in range(a.reclaim_snapshots):
+            time.sleep(a.reclaim_gap)
+            snaps.append(conn.execute("SELECT gsnap_snapshot()").fetchone()[0])
+        victims, spare = snaps[:-1:2], snaps[1:-1:2]
+        # Baseline: the same probes under the same load while nothing is reclaimed (the snapshots
+        # probed with gsnap_delete wait for the delay of an hour).
+        t_base = time.monotonic()
+        base_spare = spare[: len(spare) // 2]
+        n = 0
+        while time.monotonic() - t_base < 20:
+            rows += [{**r, "phase": "baseline", "t": round(time.monotonic() - t0, 2)}
+                     for r in probe_round(conn, base_spare, n % 5 == 0)]
+            n += 1
+            time.sleep(0.2)
+        conn.execute("SELECT gsnap_delete(%s::bigint[])", (victims,))
+        conn.execute("ALTER SYSTEM SET gsnap.reclaim_delay = 0")
+        conn.execute("SELECT pg_reload_conf()")
+        t_busy = time.monotonic()
+        busy_spare = spare[len(spare) // 2:]
+        reclaimed_at = None
+        # Until everything is reclaimed, then 10 s more: the compaction and the estimates follow.
+        while reclaimed_at is None or time.monotonic() - reclaimed_at < 10:
+            rows += [{**r, "phase": "reclaiming", "t": round(time.monotonic() - t0, 2)}
+                     for r in probe_round(conn, busy_spare, n % 5 == 0)]
+            n += 1
+            if reclaimed_at is None and (stats(conn)["deleted_unreclaimed"] == 0
+                                         or time.monotonic() - t_busy > 300):
+                reclaimed_at = time.monotonic()
+            time.sleep(0.2)
+        reclaim_s = reclaimed_at - t_busy
+        busy_s = time.monotonic() - t_busy
+    finally:
+        load.terminate()
+        _, err = load.communicate()
+    tps = per_second_tps(err)
+    write_csv(b.out / "busy.csv", rows)
+    base_tps = tps[int(t_base - t0):int(t_busy - t0)]
+    busy_tps = tps[int(t_busy - t0):int(t_busy - t0 + busy_s) + 1]
+    res = {"reclaim_s": reclaim_s, "deleted": len(victims),
+           "tps_median_baseline": statistics.median(base_tps) if base_tps else None,
+           "tps_median_reclaiming": statistics.median(busy_tps) if busy_tps else None}
+    table = []
+    for what in ("listing", "stats", "declare", "delete"):
+        for phase in ("baseline", "reclaiming"):
+            ms = [r["ms"] for r in rows if r["what"] == what and r["phase"] == phase]
+            if not ms:
+                continue
+            res[f"{what}_{phase}"] = {"n": len(ms), "p50_ms": pct(ms, 50), "p95_ms": pct(ms, 95),
+                                      "max_ms": max(ms)}
+            table.append([what, phase, len(ms), f"{pct(ms, 50):.1f}", f"{pct(ms, 95):.1f}", f"{max(ms):.1f}"])
+    if res["tps_median_baseline"] and res["tps_median_reclaiming"]:
+        res["tps_reclaiming_over_baseline"] = res["tps_median_reclaiming"] / res["tps_median_baseline"]
+    b.summary["busy"] = res
+    log(md_table(["request", "phase", "n", "p50 ms", "p95 ms", "max ms"], table))
+    log(f"   reclaimed {len(victims)} snapshots in {reclaim_s:.1f} s; pgbench median TPS "
+        f"{res['tps_median_baseline'] or 0:.0f} before, {res['tps_median_reclaiming'] or 0:.0f} while reclaiming")
+    conn.close()
+    b.drop(c)
+
+
 def main() -> int:
     ap = arg_parser(__doc__, BENCHMARKS, HERE / "results", "a smoke run of about a minute")
     ap.add_argument("--minutes", type=float, default=30.0, help="length of the steady-state run")
@@ -295,7 +395,8 @@ def main() -> int:
     b = Bench(a)
     only = set(a.only.split(","))
     b.keep_earlier(BENCHMARKS, only)
-    return b.run([("steady", bench_steady), ("reclaim", bench_reclaim), ("delete", bench_delete)], only)
+    return b.run([("steady", bench_steady), ("reclaim", bench_reclaim), ("delete", bench_delete),
+                  ("busy", bench_busy)], only)
 
 
 if __name__ == "__main__":
