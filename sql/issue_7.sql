@@ -69,8 +69,10 @@ FROM gsnap_retention_preview('within=1h') WHERE snap_id >= :s1 ORDER BY 1;
 SELECT gsnap_set_rank(:s2, 'yearly');
 SELECT snap_id - :s1 AS n, action, regexp_replace(rule, '\(.*\)', '(this year)') AS rule
 FROM gsnap_retention_preview('yearly=1') WHERE snap_id >= :s1 ORDER BY 1;
-SELECT DISTINCT action, rule FROM gsnap_retention_preview('yearly=1')
-WHERE rule NOT LIKE 'yearly%' AND rule NOT LIKE 'newest%' ORDER BY 1;
+-- (over every snapshot of the database, whatever earlier tests took)
+SELECT count(*) FILTER (WHERE rule NOT LIKE 'yearly%' AND rule NOT LIKE 'newest%'
+                          AND (rule, action) <> ('not selected', 'delete')) AS other_rules
+FROM gsnap_retention_preview('yearly=1');
 SELECT sqlstate_of($$SELECT * FROM gsnap_retention_preview('hourly=0')$$);
 SELECT count(*) = (SELECT count(*) FROM gsnap_snapshots() WHERE state = 'committed') AS all_listed
 FROM gsnap_retention_preview('');
