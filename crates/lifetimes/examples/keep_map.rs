@@ -28,17 +28,7 @@ fn main() {
         .map(|h| start + h * HOUR_US)
         .filter(|t| !down.contains(t))
         .collect();
-    let snapshots: Vec<SnapshotInfo> = eager_ranks(&times)
-        .into_iter()
-        .zip(&times)
-        .enumerate()
-        .map(|(i, (rank, &taken_at_us))| SnapshotInfo {
-            id: i as u64 + 1,
-            taken_at_us,
-            rank,
-            pinned: false,
-        })
-        .collect();
+    let snapshots = SnapshotInfo::timeline(&times);
     println!("# policy: {policy_text}");
     println!("age_days,rank,keep,rule");
     for d in decide(&snapshots, &policy, 1) {

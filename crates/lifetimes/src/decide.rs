@@ -44,6 +44,23 @@ pub struct SnapshotInfo {
     pub pinned: bool,
 }
 
+impl SnapshotInfo {
+    /// Snapshots taken at `times` (in order), ids from 1, with their eager ranks, unpinned.
+    pub fn timeline(times: &[i64]) -> Vec<SnapshotInfo> {
+        crate::level::eager_ranks(times)
+            .into_iter()
+            .zip(times)
+            .enumerate()
+            .map(|(i, (rank, &taken_at_us))| SnapshotInfo {
+                id: i as u64 + 1,
+                taken_at_us,
+                rank,
+                pinned: false,
+            })
+            .collect()
+    }
+}
+
 /// Why a snapshot is kept or deleted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Rule {
@@ -189,20 +206,9 @@ fn kept_buckets(snapshots: &[SnapshotInfo], policy: &Policy) -> Vec<Option<(Buck
 mod tests {
     use super::*;
     use crate::calendar::{utc_timestamp_us, US_PER_HOUR};
-    use crate::level::eager_ranks;
 
     fn timeline(times: &[i64]) -> Vec<SnapshotInfo> {
-        eager_ranks(times)
-            .into_iter()
-            .zip(times)
-            .enumerate()
-            .map(|(i, (rank, &taken_at_us))| SnapshotInfo {
-                id: i as u64 + 1,
-                taken_at_us,
-                rank,
-                pinned: false,
-            })
-            .collect()
+        SnapshotInfo::timeline(times)
     }
 
     fn rules(snapshots: &[SnapshotInfo], policy: &str, min: usize) -> Vec<String> {

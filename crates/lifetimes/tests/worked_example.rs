@@ -56,17 +56,8 @@ fn worked_example() {
         .iter()
         .map(|&(mo, d, h, mi, s)| utc_timestamp_us(2024, mo, d, h, mi, s).unwrap())
         .collect();
-    let snapshots: Vec<SnapshotInfo> = eager_ranks(&times)
-        .into_iter()
-        .zip(&times)
-        .enumerate()
-        .map(|(i, (rank, &taken_at_us))| SnapshotInfo {
-            id: i as u64 + 1,
-            taken_at_us,
-            rank,
-            pinned: i + 1 == 5,
-        })
-        .collect();
+    let mut snapshots = SnapshotInfo::timeline(&times);
+    snapshots[4].pinned = true; // snapshot 5
     let policy = Policy::parse("within=1h hourly=3 daily=3 weekly=2 monthly=2").unwrap();
     let decisions = decide(&snapshots, &policy, 1);
     let rows: Vec<String> = decisions
