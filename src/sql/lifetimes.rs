@@ -231,7 +231,7 @@ fn value(report: &[ReportRow], name: &str) -> i64 {
 }
 
 /// Recounts every reference in the store (mapping log, images, TOAST values) and reports
-/// leaked content (stored, referenced by nothing) and missing content (referenced, not
+/// the bytes of the content the retained (and not yet reclaimed) snapshots need, leaked content (stored, referenced by nothing) and missing content (referenced, not
 /// stored: damage). With `repair`, leaked content is freed and wrong counts are fixed.
 #[pg_extern(volatile, parallel_unsafe)]
 #[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
@@ -243,6 +243,7 @@ fn gsnap_verify(
         name!(images, i64),
         name!(toast_values, i64),
         name!(live_mappings, i64),
+        name!(content_bytes, i64),
         name!(leaked_images, i64),
         name!(leaked_toast_values, i64),
         name!(leaked_bytes, i64),
@@ -258,6 +259,7 @@ fn gsnap_verify(
         value(&r, "images"),
         value(&r, "toast_values"),
         value(&r, "live_mappings"),
+        value(&r, "content_bytes"),
         value(&r, "leaked_images"),
         value(&r, "leaked_toast_values"),
         value(&r, "leaked_bytes"),

@@ -681,6 +681,7 @@ fn verify(
     report(&[
         ("images", r.images as i64),
         ("toast_values", r.toast_values as i64),
+        ("content_bytes", r.content_bytes as i64),
         ("live_mappings", r.live_mappings as i64),
         ("leaked_images", r.leaked_images as i64),
         ("leaked_toast_values", r.leaked_toast_values as i64),

@@ -32,6 +32,9 @@ pub struct VerifyReport {
     pub toast_values: u64,
     /// Live mappings in the log.
     pub live_mappings: u64,
+    /// Bytes of the content live mappings name (images and their TOAST values, as stored):
+    /// what the retained and not yet reclaimed snapshots need.
+    pub content_bytes: u64,
     /// Stored images nothing live names (freed with repair).
     pub leaked_images: u64,
     /// Stored TOAST values no live image names (freed with repair).
@@ -101,6 +104,7 @@ impl<B: KvBackend> SnapshotStore<B> {
                     continue;
                 }
                 live_images.insert(id);
+                report.content_bytes += v.len() as u64;
                 if have != Some(want) && want > 0 {
                     report.wrong_counts += 1;
                     if repair {
@@ -142,7 +146,10 @@ impl<B: KvBackend> SnapshotStore<B> {
                     freed.add(self.free_toast(id, &mut batch)?);
                     self.flush_if_full(&mut batch)?;
                 }
-            } else if self.toast_refs(id)? != Some(want) {
+                continue;
+            }
+            report.content_bytes += v.len() as u64 + records::decode_toast_header(&v)?.len;
+            if self.toast_refs(id)? != Some(want) {
                 report.wrong_counts += 1;
                 if repair {
                     batch.put(Cf::Refs, &keys::toast_refs_key(id), &want.to_be_bytes());

@@ -382,7 +382,7 @@ fn reclaiming_a_deleted_snapshot_frees_exactly_what_only_it_used() {
     store.delete_snapshots(&[s2], 1000).unwrap();
     assert_eq!(store.deleted_unreclaimed(), vec![s2]);
     assert_eq!(store.space().unwrap().deleted_unreclaimed, 1);
-    assert_clean(&store, &keep_none, "deleted, not reclaimed");
+    let needed_before = assert_clean(&store, &keep_none, "deleted, not reclaimed").content_bytes;
     let before = store.space().unwrap();
     let mut job = store
         .reclaim_next(&every)
@@ -403,6 +403,12 @@ fn reclaiming_a_deleted_snapshot_frees_exactly_what_only_it_used() {
     );
     assert!(job.freed.bytes > 0);
     let after = store.space().unwrap();
+    let needed_after = assert_clean(&store, &keep_none, "s2 reclaimed").content_bytes;
+    assert_eq!(
+        needed_after,
+        needed_before - job.freed.bytes,
+        "what verify counts as needed"
+    );
     assert_eq!(after.images, before.images - 2);
     assert_eq!(after.content_bytes, before.content_bytes - job.freed.bytes);
     assert_eq!(after.deleted_unreclaimed, 0);
