@@ -12,6 +12,7 @@
 use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
 use super::page::capture_page;
+use super::restart::Resumed;
 use super::xact::{self, BulkRead, RegisteredSnapshot};
 use super::{code_of, Worker};
 use crate::shmem::{self, Phase};
@@ -47,6 +48,8 @@ struct Item {
     rel: RelId,
     fresh: bool,
     blocks: Blocks,
+    /// The first capture after a start: what it may skip (`restart.rs`).
+    resumed: Option<Resumed>,
 }
 
 /// A capture in progress.
@@ -61,6 +64,8 @@ pub(crate) struct CaptureJob {
     /// What this capture covers, handed on if it fails.
     covered: CarryForward,
     pages_done: u64,
+    /// Blocks not examined: unchanged by their page LSN (`restart.rs`).
+    pages_unchanged: u64,
     strategy: BulkRead,
     /// Test hook (gsnap.debug_capture_pause_ms): no batch before this time.
     pub(super) next_batch_at: std::time::Instant,
@@ -107,6 +112,7 @@ impl Worker {
                     rel: t.rel,
                     fresh,
                     blocks,
+                    resumed: t.resumed.clone(),
                 }
             })
             .collect();
@@ -152,6 +158,7 @@ impl Worker {
             carried: beyond,
             covered,
             pages_done: 0,
+            pages_unchanged: 0,
             strategy: BulkRead::new(),
             next_batch_at: std::time::Instant::now(),
         });
@@ -205,6 +212,11 @@ impl Worker {
 
     fn commit(&mut self, job: CaptureJob) {
         shmem::progress().set_phase(Phase::Committing);
+        let resumed_from = job
+            .items
+            .iter()
+            .any(|i| i.resumed.is_some())
+            .then_some((job.pages_done, job.pages_unchanged));
         let CaptureJob {
             decl,
             capture,
@@ -215,6 +227,17 @@ impl Worker {
         self.release_kept = true;
         match capture.commit() {
             Ok(info) => {
+                if let Some((blocks, unchanged)) = resumed_from {
+                    pgrx::log!(
+                        "gsnap: snapshot {} is the first since the worker started: it read {} \
+                         of {} blocks, the others unchanged since the previous snapshot by their \
+                         page LSN; {} pages changed",
+                        decl.snap,
+                        blocks - unchanged,
+                        blocks,
+                        info.stats.pages_captured
+                    );
+                }
                 self.index_snapshot(decl.snap);
                 self.retention_due = std::time::Instant::now();
                 declare::release(&decl.locked, Some(decl.mvcc));
@@ -345,6 +368,7 @@ impl CaptureJob {
                 pg_sys::relation_open(pg_sys::Oid::from(item.relid), pg_sys::NoLock as i32)
             };
             let end = (self.cursor + budget - done).min(item.blocks.len());
+            let unchanged = &mut self.pages_unchanged;
             let result = (self.cursor..end).try_for_each(|i| {
                 let block = item.blocks.get(i);
                 // SAFETY: the relation is open, the block below the size recorded at
@@ -361,6 +385,7 @@ impl CaptureJob {
                         &mut self.carried,
                     )
                 }
+                .map(|examined| *unchanged += u64::from(!examined))
             });
             // SAFETY: opened above.
             unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
@@ -395,16 +420,33 @@ unsafe fn capture_one(
     item: &Item,
     block: u32,
     carried: &mut Vec<(u32, u32)>,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     // The TOAST values the page's visible tuples name, stored first.
     let mut toasts = Vec::new();
+    // After a start: a block that may be skipped when its LSN says it is unchanged.
+    let unchanged_at_or_before = item.resumed.as_ref().and_then(|r| {
+        r.lsn_floor
+            .filter(|_| block < r.prev_nblocks && !r.carried.contains(&block))
+    });
     // SAFETY: the caller's promise; the snapshot is registered and the strategy alive.
     let view = unsafe {
-        capture_page(rel, block, mvcc.as_ptr(), strategy.as_ptr(), &mut |bytes| {
-            let id = capture.put_toast(bytes)?;
-            toasts.push(id);
-            Ok::<u64, StoreError>(id.0)
-        })?
+        capture_page(
+            rel,
+            block,
+            mvcc.as_ptr(),
+            strategy.as_ptr(),
+            unchanged_at_or_before,
+            &mut |bytes| {
+                let id = capture.put_toast(bytes)?;
+                toasts.push(id);
+                Ok::<u64, StoreError>(id.0)
+            },
+        )?
+    };
+    let Some(view) = view else {
+        // Unchanged since the snapshot the first capture after a start compares against:
+        // its mapping there stands (`restart.rs`).
+        return Ok(false);
     };
     let page = PageKey {
         rel: item.rel,
@@ -429,5 +471,5 @@ unsafe fn capture_one(
         capture.carry(page)?;
         carried.push((item.relid, block));
     }
-    Ok(())
+    Ok(true)
 }

@@ -63,6 +63,8 @@ pub struct TableInfo {
     pub nblocks: u32,
     pub row_type: RowType,
     pub name: String,
+    /// WAL-logged (permanent), so its pages carry LSNs.
+    pub logged: bool,
 }
 
 /// Reads a locked table's identity, size and row type; None if it no longer exists.
@@ -97,6 +99,7 @@ pub unsafe fn table_info(relid: u32) -> Option<TableInfo> {
         // SAFETY: the open relation's descriptor; in a transaction.
         row_type: unsafe { row_type_of(rel.descriptor()) },
         name,
+        logged: class.relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT,
     })
 }
 

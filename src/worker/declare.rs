@@ -13,6 +13,7 @@
 //! queue. Writers never wait for any of this.
 
 use super::catalog::{self, TableInfo};
+use super::restart::{RestartBase, Resumed};
 use super::serve::encode_answer;
 use super::xact::{self, RegisteredSnapshot};
 use super::{Store, Worker};
@@ -88,6 +89,9 @@ pub(crate) struct DeclaredTable {
     pub rel: RelId,
     pub nblocks: u32,
     pub mode: Mode,
+    /// The first capture after a start, resuming the incarnation of the newest durable
+    /// snapshot (`restart.rs`).
+    pub resumed: Option<Resumed>,
 }
 
 /// A declared snapshot waiting for (or in) its capture.
@@ -105,6 +109,7 @@ pub(crate) struct Declared {
 /// The PostgreSQL part of a declaration.
 struct Prepared {
     lsn: u64,
+    timeline: u32,
     declared_at_us: i64,
     tables: Vec<TableInfo>,
 }
@@ -144,6 +149,11 @@ unsafe fn prepare(locked: &mut Vec<u32>, mvcc: &mut Option<RegisteredSnapshot>) 
         });
         *mvcc = Some(RegisteredSnapshot::take_latest());
         let lsn = pg_sys::GetXLogInsertRecPtr();
+        let timeline = if pg_sys::RecoveryInProgress() {
+            0
+        } else {
+            pg_sys::GetWALInsertionTimeLine()
+        };
         let declared_at_us = catalog::now_unix_us();
         let tables = locked
             .iter()
@@ -151,6 +161,7 @@ unsafe fn prepare(locked: &mut Vec<u32>, mvcc: &mut Option<RegisteredSnapshot>) 
             .collect();
         Prepare::Ready(Prepared {
             lsn,
+            timeline,
             declared_at_us,
             tables,
         })
@@ -327,13 +338,30 @@ impl Worker {
         let mut relations = Vec::with_capacity(p.tables.len());
         let mut tables = Vec::with_capacity(p.tables.len());
         let mut known = HashMap::with_capacity(p.tables.len());
+        // The first declaration after a start resumes the newest durable snapshot's tables
+        // (`restart.rs`); without it, every table is a new incarnation captured in full.
+        let base = if self.fresh_start {
+            RestartBase::find(store, p.lsn, p.timeline).unwrap_or_else(|e| {
+                pgrx::log!(
+                    "gsnap: the first capture since the start compares nothing ({}): every \
+                     table is captured in full",
+                    e.message()
+                );
+                None
+            })
+        } else {
+            None
+        };
         for t in &p.tables {
             let previous = self
                 .known
                 .get(&t.relid)
                 .filter(|k| k.relfilenode == t.relfilenode);
-            let (rel, mode) = match previous {
-                Some(k) if !self.fresh_start => {
+            let resumed = base
+                .as_ref()
+                .and_then(|b| b.resume(t.relid, t.relfilenode, t.logged));
+            let (rel, mode) = match (previous, &resumed) {
+                (Some(k), _) if !self.fresh_start => {
                     let mode = if pages.needs_full(t.relid) {
                         Mode::Rescan
                     } else {
@@ -341,6 +369,7 @@ impl Worker {
                     };
                     (k.rel, mode)
                 }
+                (_, Some(r)) => (r.rel, Mode::Rescan),
                 _ => {
                     let rel = store.allocate_rel(&RelIncarnation {
                         pg_relid: t.relid,
@@ -364,6 +393,7 @@ impl Worker {
                 rel,
                 nblocks: t.nblocks,
                 mode,
+                resumed,
             });
             known.insert(
                 t.relid,
@@ -386,6 +416,7 @@ impl Worker {
         let snap = store.declare(SnapshotDecl {
             declared_at_us: p.declared_at_us,
             wal_lsn: p.lsn,
+            timeline: p.timeline,
             rank,
             label,
             relations,

@@ -14,6 +14,7 @@ mod index;
 mod lifetimes;
 mod page;
 mod publish;
+mod restart;
 mod serve;
 mod xact;
 
@@ -166,7 +167,8 @@ pub(crate) struct Worker {
     job: Option<CaptureJob>,
     /// Current incarnation of each gsnap table (by OID).
     known: HashMap<u32, Known>,
-    /// No snapshot declared since the worker started: capture every table completely.
+    /// No snapshot declared since the worker started: the first capture examines every
+    /// block (`restart.rs`).
     fresh_start: bool,
     /// When the newest snapshot (not failed) was declared: the eager rank of the next one
     /// depends on it (the retention buckets it opens).

@@ -115,7 +115,8 @@ unsafe fn tuple_unsettled(header: pg_sys::HeapTupleHeader, snapshot: pg_sys::Sna
 
 /// Reads block `block` of `rel` and returns its view at `snapshot`. `store_toast` stores
 /// one out-of-line value (the bytes of its varlena, possibly compressed) and returns the id
-/// of the stored copy.
+/// of the stored copy. With `unchanged_at_or_before`, a page whose LSN is at or before that
+/// LSN (and not 0) is not examined: None (see `restart.rs` for when that is sound).
 ///
 /// # Safety
 /// `rel` must be open and locked against storage replacement, `block` below its size, and
@@ -125,8 +126,9 @@ pub unsafe fn capture_page<E>(
     block: u32,
     snapshot: pg_sys::Snapshot,
     strategy: pg_sys::BufferAccessStrategy,
+    unchanged_at_or_before: Option<u64>,
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
-) -> Result<PageView, E> {
+) -> Result<Option<PageView>, E> {
     let mut copied = Vec::new();
     // One allocation per page for all its tuples (a page holds at most BLCKSZ bytes of them).
     let mut arena: Vec<u64> = Vec::with_capacity(pg_sys::BLCKSZ as usize / 8 + 64);
@@ -136,6 +138,17 @@ pub unsafe fn capture_page<E>(
     let buffer = unsafe { pg_sys::ReadBufferExtended(rel, main, block, normal, strategy) };
     // SAFETY: the buffer pinned above, share-locked while its tuples are examined and copied.
     unsafe { pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32) };
+    if let Some(floor) = unchanged_at_or_before {
+        // A page that no WAL record ever set (LSN 0: new, or initialized without a record) is
+        // always examined: it may have been truncated away and added again since.
+        // SAFETY: the pinned, share-locked page: its header is stable.
+        let lsn = unsafe { page_lsn(buffer) };
+        if lsn != 0 && lsn <= floor {
+            // SAFETY: releases the lock and the pin taken above.
+            unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
+            return Ok(None);
+        }
+    }
     // SAFETY: the locked buffer of `block` of `rel`, and the caller's registered snapshot.
     let unsettled = unsafe { copy_visible(rel, buffer, block, snapshot, &mut arena, &mut copied) };
     // SAFETY: releases the lock and the pin taken above; nothing points into the page any more.
@@ -151,11 +164,21 @@ pub unsafe fn capture_page<E>(
             .expect("a heap tuple is at least as long as its header");
         builder.push(t.lp, t.bytes(&arena));
     }
-    Ok(PageView {
+    Ok(Some(PageView {
         tuples: builder.len(),
         view: builder.finish(),
         unsettled,
-    })
+    }))
+}
+
+/// The LSN in the header of the page in `buffer`.
+///
+/// # Safety
+/// `buffer` is pinned and at least share-locked by the caller.
+unsafe fn page_lsn(buffer: pg_sys::Buffer) -> u64 {
+    // SAFETY: the caller's pinned, locked buffer; every page starts with its header.
+    let header = unsafe { &*pg_sys::BufferGetPage(buffer).cast::<pg_sys::PageHeaderData>() };
+    (u64::from(header.pd_lsn.xlogid) << 32) | u64::from(header.pd_lsn.xrecoff)
 }
 
 /// Copies the tuples of the page in `buffer` that `snapshot` sees into `arena`, noting each

@@ -52,6 +52,17 @@ impl<B: KvBackend> SnapshotStore<B> {
             .max()
     }
 
+    /// The newest snapshot that did not fail, with its state, if any: the one whose page
+    /// table a new capture compares against when it is committed.
+    pub fn latest_not_failed(&self) -> Option<(SnapId, SnapshotState)> {
+        self.catalog()
+            .snaps
+            .iter()
+            .rev()
+            .find(|(_, s)| s.state != SnapshotState::Failed)
+            .map(|(id, s)| (*id, s.state))
+    }
+
     /// The latest committed snapshot, if any.
     pub fn latest_committed(&self) -> Option<SnapId> {
         let cat = self.catalog();

@@ -106,6 +106,20 @@ impl<'a> Dec<'a> {
         Ok(())
     }
 
+    /// Reads the version byte, one of `accepted`, and returns it.
+    pub fn version_in(&mut self, accepted: std::ops::RangeInclusive<u8>) -> Result<u8> {
+        let v = self.u8()?;
+        if !accepted.contains(&v) {
+            return Err(StoreError::corrupt(format!(
+                "{} record has version {v}, this gsnap build reads versions {} to {}",
+                self.what,
+                accepted.start(),
+                accepted.end()
+            )));
+        }
+        Ok(v)
+    }
+
     /// Reads `n` bytes.
     pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self

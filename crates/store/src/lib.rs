@@ -23,7 +23,7 @@
 //! let rel = store.allocate_rel(&RelIncarnation { pg_relid: 16384, relfilenode: 16384, name: "public.t".into() })?;
 //! let row_type = store.put_row_type(b"opaque row type")?;
 //! let decl = SnapshotDecl {
-//!     declared_at_us: 1, wal_lsn: 0x1000, rank: Rank(0), label: None,
+//!     declared_at_us: 1, wal_lsn: 0x1000, timeline: 1, rank: Rank(0), label: None,
 //!     relations: vec![RelationSnapshot { pg_relid: 16384, rel, relfilenode: 16384, nblocks: 1, row_type, name: "public.t".into() }],
 //! };
 //! let mut capture = store.declare_and_begin(decl)?;

@@ -19,8 +19,10 @@ use gsnap_core::skippy::SkippyConfig;
 /// are version [`SNAPSHOT_RECORD_VERSION`]).
 pub const RECORD_VERSION: u8 = 1;
 
-/// Version byte of snapshot records (2: with label, explicit rank, pins and deletion time).
-pub const SNAPSHOT_RECORD_VERSION: u8 = 2;
+/// Version byte of snapshot records written (2: with label, explicit rank, pins and deletion
+/// time; 3: and the WAL timeline at declaration). Version 2 records are read too (timeline 0,
+/// unknown).
+pub const SNAPSHOT_RECORD_VERSION: u8 = 3;
 
 /// The format version this build reads and writes. A store of another version is refused.
 ///
@@ -147,6 +149,9 @@ pub struct SnapshotDecl {
     pub declared_at_us: i64,
     /// WAL insert LSN at declaration.
     pub wal_lsn: u64,
+    /// The server's WAL timeline at declaration (0: unknown). With the LSN it tells whether
+    /// the pages read later continue the history this snapshot saw (see the worker's restart).
+    pub timeline: u32,
     /// Thresher rank known at declaration (higher ranks live longer).
     pub rank: Rank,
     /// The user's label, if any.
@@ -321,12 +326,13 @@ pub(crate) fn encode_snapshot(s: &SnapshotInfo) -> Vec<u8> {
         e.str(&p.tag).i64(p.until_us);
     }
     e.i64(s.deleted_at_us.unwrap_or(i64::MIN));
+    e.u32(s.decl.timeline);
     e.finish()
 }
 
 pub(crate) fn decode_snapshot(id: SnapId, v: &[u8]) -> Result<SnapshotInfo> {
     let mut d = Dec::new(v, "snapshot");
-    d.version(SNAPSHOT_RECORD_VERSION)?;
+    let version = d.version_in(2..=SNAPSHOT_RECORD_VERSION)?;
     let state = SnapshotState::from_code(d.u8()?)?;
     let declared_at_us = d.i64()?;
     let wal_lsn = d.u64()?;
@@ -365,6 +371,7 @@ pub(crate) fn decode_snapshot(id: SnapId, v: &[u8]) -> Result<SnapshotInfo> {
         });
     }
     let deleted_at_us = Some(d.i64()?).filter(|&t| t != i64::MIN);
+    let timeline = if version >= 3 { d.u32()? } else { 0 };
     d.end()?;
     Ok(SnapshotInfo {
         id,
@@ -372,6 +379,7 @@ pub(crate) fn decode_snapshot(id: SnapId, v: &[u8]) -> Result<SnapshotInfo> {
         decl: SnapshotDecl {
             declared_at_us,
             wal_lsn,
+            timeline,
             rank,
             label: Some(label).filter(|l| !l.is_empty()),
             relations,
@@ -565,4 +573,58 @@ pub(crate) fn decode_capture_marker(v: &[u8]) -> Result<Option<CaptureMarker>> {
     };
     d.end()?;
     Ok(Some(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(timeline: u32) -> SnapshotInfo {
+        SnapshotInfo {
+            id: SnapId(7),
+            state: SnapshotState::Committed,
+            decl: SnapshotDecl {
+                declared_at_us: 1_700_000_000_000_000,
+                wal_lsn: 0x1_6000_0028,
+                timeline,
+                rank: Rank(3),
+                label: Some("before deploy".into()),
+                relations: vec![RelationSnapshot {
+                    pg_relid: 16384,
+                    rel: RelId(2),
+                    relfilenode: 16390,
+                    nblocks: 12,
+                    row_type: RowTypeId(5),
+                    name: "public.t".into(),
+                }],
+            },
+            stats: CaptureStats::default(),
+            failure_reason: None,
+            explicit_rank: Rank(0),
+            pins: vec![Pin {
+                tag: "audit".into(),
+                until_us: i64::MAX,
+            }],
+            deleted_at_us: None,
+        }
+    }
+
+    #[test]
+    fn snapshot_records_keep_the_timeline_and_version_2_reads_as_unknown() {
+        let s = info(4);
+        let bytes = encode_snapshot(&s);
+        assert_eq!(bytes[0], SNAPSHOT_RECORD_VERSION);
+        assert_eq!(decode_snapshot(SnapId(7), &bytes).unwrap(), s);
+        // A version 2 record: the same without the trailing timeline.
+        let mut v2 = bytes[..bytes.len() - 4].to_vec();
+        v2[0] = 2;
+        assert_eq!(decode_snapshot(SnapId(7), &v2).unwrap(), info(0));
+        // Other versions are refused, by name.
+        let mut v9 = bytes.clone();
+        v9[0] = 9;
+        let e = decode_snapshot(SnapId(7), &v9).unwrap_err();
+        assert!(e.message().contains("version 9"), "{}", e.message());
+        // A version 3 record cut short is corrupt, not read with a made-up timeline.
+        assert!(decode_snapshot(SnapId(7), &bytes[..bytes.len() - 2]).is_err());
+    }
 }

@@ -37,6 +37,7 @@ pub fn decl_for(rels: &[RelId], nblocks: u32, row_type: RowTypeId, t: i64) -> Sn
     SnapshotDecl {
         declared_at_us: t,
         wal_lsn: 0x1000 * t as u64,
+        timeline: 1,
         rank: Rank(0),
         label: None,
         relations: rels
