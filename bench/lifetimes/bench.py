@@ -29,6 +29,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,12 +67,32 @@ def retained(conn) -> tuple[int, int]:
         " count(*) FILTER (WHERE state IN ('deleted', 'reclaimed')) FROM gsnap_snapshots()").fetchone()
 
 
-def pgbench(c: Cluster, seconds: int, clients: int) -> subprocess.Popen:
-    """pgbench for `seconds`, reporting TPS every second on stderr (-P 1)."""
-    return subprocess.Popen(
-        [str(PGBIN / "pgbench"), "-n", "-c", str(clients), "-j", str(clients), "-M", "prepared",
-         "-T", str(seconds), "-P", "1"],
-        env={**c.env()}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class Pgbench:
+    """pgbench for `seconds`, reporting TPS every second (-P 1). Its output goes to files, not
+    pipes: a pipe nobody reads fills up after some minutes of progress lines, and pgbench then
+    stalls in the middle of a transaction."""
+
+    def __init__(self, c: Cluster, seconds: int, clients: int):
+        self.out = tempfile.TemporaryFile(mode="w+")
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.p = subprocess.Popen(
+            [str(PGBIN / "pgbench"), "-n", "-c", str(clients), "-j", str(clients), "-M", "prepared",
+             "-T", str(seconds), "-P", "1"],
+            env={**c.env()}, stdout=self.out, stderr=self.err, text=True)
+
+    def running(self) -> bool:
+        return self.p.poll() is None
+
+    def finish(self, stop: bool = False) -> str:
+        """Waits for pgbench (ends it first with `stop`) and returns its progress output."""
+        if stop:
+            self.p.terminate()
+        self.p.wait()
+        self.err.seek(0)
+        text = self.err.read()
+        self.out.close()
+        self.err.close()
+        return text
 
 
 def per_second_tps(stderr: str) -> list[float]:
@@ -102,10 +123,10 @@ def bench_steady(b: Bench):
     }
     conns = {k: c.connect() for k, c in runs.items()}
     pids = {k: worker_pid(conns[k]) for k in runs}
-    procs = {k: pgbench(c, seconds, a.clients) for k, c in runs.items()}
+    procs = {k: Pgbench(c, seconds, a.clients) for k, c in runs.items()}
     samples = []
     t0 = time.monotonic()
-    while any(p.poll() is None for p in procs.values()):
+    while any(p.running() for p in procs.values()):
         t = round(time.monotonic() - t0)
         row = {"t": t}
         for k, conn in conns.items():
@@ -118,8 +139,7 @@ def bench_steady(b: Bench):
         time.sleep(max(0.0, t + 1 - (time.monotonic() - t0)))
     tps = {}
     for k, p in procs.items():
-        _, err = p.communicate()
-        tps[k] = per_second_tps(err)
+        tps[k] = per_second_tps(p.finish())
     for i, row in enumerate(samples):
         for k in tps:
             row[f"{k}_tps"] = tps[k][i] if i < len(tps[k]) else None
@@ -171,7 +191,7 @@ def bench_reclaim(b: Bench):
     log(f"== 2. reclamation: {a.reclaim_snapshots} snapshots under pgbench, every other one deleted")
     c = b.cluster("lt-reclaim", ["gsnap.reclaim_delay = 3600"])
     conn = c.connect()
-    load = pgbench(c, 10_000, a.clients)
+    load = Pgbench(c, 10_000, a.clients)
     snaps = []
     t0 = time.monotonic()
     try:
@@ -179,8 +199,7 @@ def bench_reclaim(b: Bench):
             time.sleep(a.reclaim_gap)
             snaps.append(conn.execute("SELECT gsnap_snapshot()").fetchone()[0])
     finally:
-        load.terminate()
-        load.communicate()
+        load.finish(stop=True)
     capture_s = time.monotonic() - t0
     written = conn.execute("SELECT sum(bytes_stored)::bigint FROM gsnap_snapshots() WHERE snap_id = ANY(%s)",
                            (snaps,)).fetchone()[0]
@@ -268,7 +287,7 @@ def bench_delete(b: Bench):
     snaps = [conn.execute("SELECT gsnap_snapshot()").fetchone()[0] for _ in range(2 * a.deletes + 1)]
     rows = []
     for phase, ids in (("idle", snaps[:a.deletes]), ("pgbench", snaps[a.deletes:-1])):
-        load = pgbench(c, 10_000, a.clients) if phase == "pgbench" else None
+        load = Pgbench(c, 10_000, a.clients) if phase == "pgbench" else None
         try:
             for s in ids:
                 t = time.perf_counter()
@@ -277,8 +296,7 @@ def bench_delete(b: Bench):
                 time.sleep(0.05)
         finally:
             if load is not None:
-                load.terminate()
-                load.communicate()
+                load.finish(stop=True)
     write_csv(b.out / "delete.csv", rows)
     res = {}
     for phase in ("idle", "pgbench"):
@@ -318,7 +336,7 @@ def bench_busy(b: Bench):
     c = b.cluster("lt-busy", ["gsnap.reclaim_delay = 3600"])
     conn = c.connect()
     seconds = int(4 * a.reclaim_snapshots * a.reclaim_gap + 120)
-    load = pgbench(c, seconds, a.clients)
+    load = Pgbench(c, seconds, a.clients)
     rows = []
     t0 = time.monotonic()
     try:
@@ -355,8 +373,7 @@ def bench_busy(b: Bench):
         reclaim_s = reclaimed_at - t_busy
         busy_s = time.monotonic() - t_busy
     finally:
-        load.terminate()
-        _, err = load.communicate()
+        err = load.finish(stop=True)
     tps = per_second_tps(err)
     write_csv(b.out / "busy.csv", rows)
     base_tps = tps[int(t_base - t0):int(t_busy - t0)]
