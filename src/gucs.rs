@@ -54,7 +54,7 @@ pub static MAX_STORE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static RECLAIM_DELAY: GucSetting<i32> = GucSetting::<i32>::new(10);
 
 /// Dead mappings reclaimed per step (one store batch between two looks at requests).
-pub static RECLAIM_BATCH: GucSetting<i32> = GucSetting::<i32>::new(2048);
+pub static RECLAIM_BATCH: GucSetting<i32> = GucSetting::<i32>::new(512);
 
 /// Test hook: milliseconds the worker pauses between taking a declaration's MVCC snapshot
 /// and switching dirty sets (widens the window the first capture ordering is about).
