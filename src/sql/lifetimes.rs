@@ -231,8 +231,9 @@ fn value(report: &[ReportRow], name: &str) -> i64 {
 }
 
 /// Recounts every reference in the store (mapping log, images, TOAST values) and reports
-/// the bytes of the content the retained (and not yet reclaimed) snapshots need, leaked content (stored, referenced by nothing) and missing content (referenced, not
-/// stored: damage). With `repair`, leaked content is freed and wrong counts are fixed.
+/// the bytes of the content the retained (and not yet reclaimed) snapshots need, leaked
+/// content (stored, referenced by nothing) and missing content (referenced, not stored:
+/// damage). With `repair`, leaked content is freed and wrong counts are fixed.
 #[pg_extern(volatile, parallel_unsafe)]
 #[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
 fn gsnap_verify(

@@ -437,7 +437,6 @@ impl Worker {
     /// `background.rs`), index groups holding deleted snapshots rebuilt or merged.
     fn tidy_after_reclaim(&mut self, store: &Store) {
         self.tidy_due = false;
-        self.compact_due = true;
         self.poll_compaction();
         if let Some(index) = self.index.as_mut() {
             let deleted = |s: SnapId| {
@@ -458,15 +457,15 @@ impl Worker {
         }
     }
 
-    /// Reports the compaction thread's end, and starts the next one when ranges freed since
-    /// wait for it (one at a time).
+    /// Reports the compaction thread's end, and starts the next one when ranges freed by a
+    /// batch of deletions whose reclamation has ended (tidied) wait for it (one at a time).
     pub(super) fn poll_compaction(&mut self) {
         if let Some(thread) = self.compaction.take_if(|t| t.finished()) {
             for e in thread.join() {
                 pgrx::warning!("gsnap: compacting freed images failed: {e}");
             }
         }
-        if self.compaction.is_some() || !self.compact_due || self.freed_ranges.is_empty() {
+        if self.compaction.is_some() || self.tidy_due || self.freed_ranges.is_empty() {
             return;
         }
         let Some(store) = self.store.clone() else {
@@ -474,10 +473,7 @@ impl Worker {
         };
         let ranges = std::mem::take(&mut self.freed_ranges);
         match CompactionThread::start(store, ranges.clone()) {
-            Ok(thread) => {
-                self.compaction = Some(thread);
-                self.compact_due = false;
-            }
+            Ok(thread) => self.compaction = Some(thread),
             // No thread now (resources): tried again on the next iteration.
             Err(e) => {
                 self.freed_ranges = ranges;

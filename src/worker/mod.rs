@@ -210,10 +210,8 @@ pub(crate) struct Worker {
     frees_generation: u64,
     /// The thread computing estimates, if one runs (`background.rs`).
     frees_thread: Option<background::FreesThread>,
-    /// The thread compacting freed image ranges, if one runs, and whether the ranges freed
-    /// since are due for the next one.
+    /// The thread compacting freed image ranges, if one runs.
     compaction: Option<background::CompactionThread>,
-    compact_due: bool,
     /// Not before this time (see `catalog_changed`).
     frees_quiet_at: Instant,
     /// A capture ended: the images reclamation kept for it may be freed.
@@ -261,7 +259,6 @@ impl Worker {
             frees_generation: 1,
             frees_thread: None,
             compaction: None,
-            compact_due: false,
             frees_quiet_at: Instant::now(),
             release_kept: true,
             replaced_groups: Vec::new(),

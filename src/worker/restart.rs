@@ -20,7 +20,7 @@
 //! compared block by block too.
 
 use super::Store;
-use gsnap_store::{RelId, SnapId, SnapshotState, StoreError};
+use gsnap_store::{RelId, SnapshotState, StoreError};
 use std::collections::{HashMap, HashSet};
 
 /// What the first capture after a start compares against: snapshot S's tables.
@@ -62,7 +62,7 @@ impl RestartBase {
             .map(|r| (r.pg_relid, (r.rel, r.relfilenode, r.nblocks)))
             .collect();
         let carried = store
-            .carried_pages(SnapId(snap.0))?
+            .carried_pages(snap)?
             .into_iter()
             .map(|p| (p.rel, p.block))
             .collect();
