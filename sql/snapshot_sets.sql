@@ -117,4 +117,20 @@ SELECT count(*) FROM gsnap_range(NULL::sm, (SELECT :m1::bigint), :m2);
 SELECT x, (SELECT count(*) FROM gsnap_range(NULL::sm, :m1, :m2) r WHERE (r.rec).id = x)
 FROM (VALUES (15), (16), (17), (9999)) v(x) ORDER BY x;
 
+-- gsnap_versions: each distinct row version once, with its run of snapshots (15 and 16
+-- changed between m1 and m2; 20 was updated to the same value, which is a new version too;
+-- 14 did not change)
+SELECT first_snap - :m1 AS first, last_snap - :m1 AS last, (rec).id, (rec).v
+FROM gsnap_versions(NULL::sm, :m1, :m2) WHERE (rec).id IN (14, 15, 16, 20) ORDER BY 3, 1;
+EXPLAIN (COSTS OFF)
+SELECT * FROM gsnap_versions(NULL::sm, :m1, :m2) WHERE (rec).id = 15 AND first_snap > 0;
+SELECT count(*) AS mismatches FROM (
+    (SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::sm, :m1, :m2)
+     EXCEPT ALL SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::sm, :m1, :m2)
+     WITH ORDINALITY)
+    UNION ALL
+    (SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::sm, :m1, :m2)
+     WITH ORDINALITY
+     EXCEPT ALL SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::sm, :m1, :m2))) d;
+
 DROP TABLE ss, ss_new, sm;

@@ -142,6 +142,7 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
     for fn, rest, types in (("gsnap_asof", [good_id], ["bigint"]),
                             ("gsnap_asof", [good_t], ["timestamptz"]),
                             ("gsnap_range", [str(ctx.s1), str(ctx.s3)], ["bigint", "bigint"]),
+                            ("gsnap_versions", [str(ctx.s1), str(ctx.s3)], ["bigint", "bigint"]),
                             ("gsnap_diff", [str(ctx.s1), str(ctx.s3)], ["bigint", "bigint"])):
         for rel in REL_ARGS:
             out.append((fn, [rel, *rest], types))
@@ -164,6 +165,7 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
     # the untyped NULL second argument is ambiguous between the two gsnap_asof
     out.append(("gsnap_asof", [good_rel, "NULL"], ["unknown"]))
     out.append(("gsnap_range", [good_rel, "NULL", "NULL"], ["unknown", "unknown"]))
+    out.append(("gsnap_versions", [good_rel, "NULL", "NULL"], ["unknown", "unknown"]))
     for i in ids:
         out.append(("gsnap_snapshot_tables", [i], []))
     for r in ctx.regclasses():
@@ -183,7 +185,7 @@ def statements(fn: str, args: list[str], types: list[str]) -> list[tuple[str, li
     if fn == "gsnap_asof" and (args[0].startswith("ROW(") or args[0] == "NULL::record"):
         # a record needs a column definition list in FROM
         out.append(("from", [f"SELECT * FROM {call} AS x(a int, b text)"]))
-    if types and fn in ("gsnap_asof", "gsnap_range", "gsnap_diff"):
+    if types and fn in ("gsnap_asof", "gsnap_range", "gsnap_versions", "gsnap_diff"):
         # the snapshot arguments as parameters of a generic plan (values known at run time)
         params = [f"${i + 1}" for i in range(len(types))]
         decl = ", ".join(t if t != "unknown" else "bigint" for t in types)
@@ -307,6 +309,9 @@ def answers(cluster: Cluster, ctx: Ctx) -> list[str]:
         same("a range of one snapshot is that snapshot",
              f"SELECT snap_id, rec::text FROM gsnap_range({t}, {ctx.s2}, {ctx.s2})",
              f"SELECT {ctx.s2}::bigint, x::text FROM gsnap_asof({t}, {ctx.s2}) x")
+        same("the versions of one snapshot are its rows",
+             f"SELECT first_snap, last_snap, rec::text FROM gsnap_versions({t}, {ctx.s2}, {ctx.s2})",
+             f"SELECT {ctx.s2}::bigint, {ctx.s2}::bigint, x::text FROM gsnap_asof({t}, {ctx.s2}) x")
     return out
 
 
@@ -396,6 +401,7 @@ def smith_views(s1: int, s2: int, s3: int, ts2: str) -> list[str]:
         f"CREATE VIEW smith.v_asof_u AS SELECT * FROM gsnap_asof(NULL::smith.sm_u, {s3})",
         f"CREATE VIEW smith.v_range AS SELECT snap_id, (rec).* FROM gsnap_range(NULL::smith.sm_a, {s1}, {s3})",
         f"CREATE VIEW smith.v_range_b AS SELECT snap_id, rec FROM gsnap_range(NULL::smith.sm_b, {s1}, {s3})",
+        f"CREATE VIEW smith.v_versions AS SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::smith.sm_a, {s1}, {s3})",
         f"CREATE VIEW smith.v_diff AS SELECT change, (rec).* FROM gsnap_diff(NULL::smith.sm_a, {s1}, {s3})",
         "CREATE VIEW smith.v_snapshots AS SELECT * FROM gsnap_snapshots()",
         f"CREATE VIEW smith.v_snapshot_tables AS SELECT * FROM gsnap_snapshot_tables({s2})",

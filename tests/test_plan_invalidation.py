@@ -98,6 +98,7 @@ READERS = {
     "asof_id": ("SELECT * FROM gsnap_asof(NULL::{t}, {a})", ("s1",)),
     "asof_time": ("SELECT * FROM gsnap_asof(NULL::{t}, {a}::timestamptz)", ("ts1",)),
     "range": ("SELECT * FROM gsnap_range(NULL::{t}, {a}, {b})", ("s1", "s2")),
+    "versions": ("SELECT * FROM gsnap_versions(NULL::{t}, {a}, {b})", ("s1", "s2")),
     "diff": ("SELECT change, (rec).* FROM gsnap_diff(NULL::{t}, {a}, {b})", ("s1", "s2")),
     "fn_select": ("SELECT gsnap_asof(NULL::{t}, {a})", ("s1",)),
     "fn_lateral": ("SELECT r.* FROM (VALUES ({a}::bigint), ({b}::bigint)) v(s),"
@@ -111,6 +112,7 @@ READERS = {
 # CURSOR WITH HOLD FOR SELECT t FROM t`), not something gsnap can change.
 HELD_READERS = {
     "range": "SELECT snap_id, (rec).* FROM gsnap_range(NULL::{t}, {a}, {b})",
+    "versions": "SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::{t}, {a}, {b})",
     "fn_select": "SELECT (r).* FROM (SELECT gsnap_asof(NULL::{t}, {a}) AS r OFFSET 0) x",
 }
 

@@ -1,6 +1,7 @@
 //! The executor side of gsnap's custom scans: the "gsnap AS OF" node (`asof_scan.rs`) fills
-//! scan slots from [`crate::read::asof::AsofRows`], the "gsnap range" node (`range_scan.rs`)
-//! from [`crate::read::range::RangeCursor`].
+//! scan slots from [`crate::read::asof::AsofRows`], the "gsnap range" and "gsnap versions"
+//! nodes (`range_scan.rs`) from [`crate::read::range::RangeCursor`] and
+//! [`crate::read::versions::VersionsCursor`].
 //!
 //! What both nodes do the same way is here: at executor start the table is opened and locked
 //! ACCESS SHARE (the lock stays until the transaction ends, the relation stays open while the
@@ -33,6 +34,8 @@ pub unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> 
     let plan = unsafe { ScanPlan::decode((*cscan).custom_private) };
     if plan.kind == ScanKind::Range {
         node::create_state(&range_scan::METHODS)
+    } else if plan.kind == ScanKind::Versions {
+        node::create_state(&range_scan::VERSIONS_METHODS)
     } else {
         node::create_state(&asof_scan::METHODS)
     }
@@ -124,6 +127,8 @@ impl ScanTable {
             (ScanKind::AsofTime, _) => "the time of gsnap_asof",
             (ScanKind::Range, 0) => "the first snapshot of gsnap_range",
             (ScanKind::Range, _) => "the last snapshot of gsnap_range",
+            (ScanKind::Versions, 0) => "the first snapshot of gsnap_versions",
+            (ScanKind::Versions, _) => "the last snapshot of gsnap_versions",
         };
         let Some(value) = value else {
             null_argument(what)

@@ -4,12 +4,17 @@
 //! (EXPLAIN's "Row Filter") are checked once per row version, in the cursor's `keep`
 //! callback, and the versions they refuse are skipped for all their snapshots; the other
 //! conditions (on `snap_id`, or volatile) are the plan's Filter, checked per result row.
+//!
+//! The "gsnap versions" node (`FROM gsnap_versions(NULL::t, from, to)`) is the same node
+//! over the versions cursor: one `(first_snap, last_snap, rec)` row per run of a version.
 
 use super::node::{self, ExecMethods, ScanNode};
 use super::ScanTable;
 use crate::ffi::tuple::{self, row_type_copy};
 use crate::ffi::{expr, list};
+use crate::plan::nodes::ScanKind;
 use crate::read::range::RangeCursor;
+use crate::read::versions::VersionsCursor;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -21,15 +26,26 @@ pub(super) struct RangeScan {
     /// The table's current row type, for the cursor's `rec` datums.
     row_desc: pg_sys::TupleDesc,
     /// The open cursor (opened at the first fetch, again after a rescan).
-    cursor: Option<RangeCursor>,
+    cursor: Option<Cursor>,
     /// The current row version and its snapshots left to hand out.
     rec: pg_sys::Datum,
     snaps: Vec<u64>,
     next_snap: usize,
 }
 
+/// The cursor of a range (row versions, each repeated per snapshot) or of its versions (one
+/// row per run).
+enum Cursor {
+    Range(Box<RangeCursor>),
+    Versions(Box<VersionsCursor>),
+}
+
 /// The node's methods.
 pub(super) static METHODS: ExecMethods<RangeScan> = node::methods(c"gsnap range", Some(explain));
+
+/// The methods of the versions node.
+pub(super) static VERSIONS_METHODS: ExecMethods<RangeScan> =
+    node::methods(c"gsnap versions", Some(explain));
 
 /// The conditions on `rec` alone (a List of conditions, NIL for none), after the snapshot
 /// arguments in the plan's expressions (plan/nodes.rs).
@@ -90,15 +106,20 @@ fn rel_type_id(relid: pg_sys::Oid) -> pg_sys::Oid {
     unsafe { pg_sys::get_rel_type_id(relid) }
 }
 
-/// Stores `(snap, rec)` in the virtual slot `slot`.
+/// Stores `(snaps..., rec)` in the virtual slot `slot`: `(snap_id, rec)` for a range,
+/// `(first_snap, last_snap, rec)` for versions.
 ///
 /// # Safety
-/// `slot` is a virtual slot of two columns (bigint, the table's row type), and `rec` a
+/// `slot` is a virtual slot of those columns (bigints, the table's row type), and `rec` a
 /// datum of that row type valid while the slot holds it.
-unsafe fn store(slot: *mut pg_sys::TupleTableSlot, snap: u64, rec: pg_sys::Datum) {
-    let columns = [(pg_sys::Datum::from(snap as i64), false), (rec, false)];
+unsafe fn store(slot: *mut pg_sys::TupleTableSlot, snaps: &[u64], rec: pg_sys::Datum) {
+    let mut columns = [(rec, false); 3];
+    for (c, &s) in columns.iter_mut().zip(snaps) {
+        *c = (pg_sys::Datum::from(s as i64), false);
+    }
+    columns[snaps.len()] = (rec, false);
     // SAFETY: the caller's promise.
-    unsafe { tuple::store_virtual(slot, columns.into_iter()) };
+    unsafe { tuple::store_virtual(slot, columns[..=snaps.len()].iter().copied()) };
 }
 
 impl RangeScan {
@@ -120,24 +141,43 @@ impl RangeScan {
                 )
             };
             // SAFETY: the table's current row type, copied at begin, lives with the query.
-            let cursor = unsafe { RangeCursor::open(self.table.relid, from, to, self.row_desc) };
-            self.cursor = Some(cursor);
+            let range = unsafe { RangeCursor::open(self.table.relid, from, to, self.row_desc) };
+            self.cursor = Some(if self.table.kind == ScanKind::Versions {
+                Cursor::Versions(Box::new(VersionsCursor::new(range)))
+            } else {
+                Cursor::Range(Box::new(range))
+            });
         }
         if self.next_snap >= self.snaps.len() {
             // SAFETY: our node's expression context, set up by ExecInitCustomScan.
             let econtext = unsafe { (*css).ss.ps.ps_ExprContext };
             let filter = self.row_filter;
+            let versions = matches!(self.cursor, Some(Cursor::Versions(_)));
             // SAFETY: the row filter was prepared for this node and reads its scan slot, given
             // a row of that type; `rec` is the cursor's until its next row.
             let mut keep = |rec: pg_sys::Datum, snap: u64| unsafe {
                 filter.is_null() || {
-                    store(slot, snap, rec);
+                    let snaps = [snap, snap];
+                    store(slot, &snaps[..if versions { 2 } else { 1 }], rec);
                     expr::qual_holds(filter, econtext, slot)
                 }
             };
-            let cursor = self.cursor.as_mut().expect("opened above");
-            let Some((snaps, rec)) = cursor.next_row(&mut keep) else {
-                return false;
+            let (snaps, rec) = match self.cursor.as_mut().expect("opened above") {
+                Cursor::Range(range) => {
+                    let Some((snaps, rec)) = range.next_row(&mut keep) else {
+                        return false;
+                    };
+                    (snaps, rec)
+                }
+                Cursor::Versions(cursor) => {
+                    let Some((first, last, rec)) = cursor.next_run(&mut keep) else {
+                        return false;
+                    };
+                    // SAFETY: our virtual slot; the version is the cursor's until its next
+                    // run.
+                    unsafe { store(slot, &[first, last], rec) };
+                    return true;
+                }
             };
             self.rec = rec;
             self.snaps.clear();
@@ -145,7 +185,7 @@ impl RangeScan {
             self.next_snap = 0;
         }
         // SAFETY: our virtual slot; the row version is the cursor's until its next row.
-        unsafe { store(slot, self.snaps[self.next_snap], self.rec) };
+        unsafe { store(slot, &[self.snaps[self.next_snap]], self.rec) };
         self.next_snap += 1;
         true
     }

@@ -45,6 +45,8 @@ pub enum Reader {
     Range,
     /// `gsnap_diff(anyelement, bigint, bigint)`.
     Diff,
+    /// `gsnap_versions(anyelement, bigint, bigint)`.
+    Versions,
 }
 
 thread_local! {
@@ -102,6 +104,10 @@ pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
         (
             crate::sql::diff::gsnap_diff as *const () as usize,
             Reader::Diff,
+        ),
+        (
+            crate::sql::versions::gsnap_versions as *const () as usize,
+            Reader::Versions,
         ),
     ];
     let kind = readers

@@ -1,11 +1,12 @@
-//! The custom scan plan nodes: "gsnap AS OF" (`FROM gsnap_asof(NULL::t, id or time)`) and
-//! "gsnap range" (`FROM gsnap_range(NULL::t, from, to)`), built from the paths of
-//! `paths.rs`, and the one place that knows the layout of their private lists.
+//! The custom scan plan nodes: "gsnap AS OF" (`FROM gsnap_asof(NULL::t, id or time)`),
+//! "gsnap range" (`FROM gsnap_range(NULL::t, from, to)`) and "gsnap versions" (`FROM
+//! gsnap_versions(NULL::t, from, to)`), built from the paths of `paths.rs`, and the one place
+//! that knows the layout of their private lists.
 //!
 //! A path's `custom_private` is [`PathPlan`]: the table, the kind of scan, and the call's
 //! snapshot arguments. A node's `custom_private` is [`ScanPlan`]: the table, the kind of
 //! scan, and the table's row type as planned (checked again at executor start). Its
-//! `custom_exprs` are the snapshot arguments and, for a range, the conditions on `rec` alone
+//! `custom_exprs` are the snapshot arguments and, for a range or versions, the conditions on `rec` alone
 //! (its Row Filter).
 
 use crate::ffi::catalog::name_of;
@@ -26,6 +27,8 @@ pub enum ScanKind {
     AsofTime = 1,
     /// `gsnap_range(NULL::t, from, to)`.
     Range = 2,
+    /// `gsnap_versions(NULL::t, from, to)`.
+    Versions = 3,
 }
 
 impl ScanKind {
@@ -33,23 +36,30 @@ impl ScanKind {
         match v {
             0 => ScanKind::AsofId,
             1 => ScanKind::AsofTime,
-            _ => ScanKind::Range,
+            2 => ScanKind::Range,
+            _ => ScanKind::Versions,
         }
     }
 
     /// The snapshot arguments (after the table's `NULL::t`).
     pub fn snapshot_args(self) -> usize {
-        if self == ScanKind::Range {
+        if self.over_a_range() {
             2
         } else {
             1
         }
     }
 
+    /// True for the scans of a range of snapshots (range and versions).
+    pub fn over_a_range(self) -> bool {
+        matches!(self, ScanKind::Range | ScanKind::Versions)
+    }
+
     /// The name EXPLAIN shows.
     const fn name(self) -> &'static CStr {
         match self {
             ScanKind::Range => c"gsnap range",
+            ScanKind::Versions => c"gsnap versions",
             ScanKind::AsofId | ScanKind::AsofTime => c"gsnap AS OF",
         }
     }
@@ -182,10 +192,12 @@ impl Methods {
 
 static ASOF_METHODS: Methods = Methods::of(ScanKind::AsofId);
 static RANGE_METHODS: Methods = Methods::of(ScanKind::Range);
+static VERSIONS_METHODS: Methods = Methods::of(ScanKind::Versions);
 
 fn methods(kind: ScanKind) -> &'static Methods {
     match kind {
         ScanKind::Range => &RANGE_METHODS,
+        ScanKind::Versions => &VERSIONS_METHODS,
         ScanKind::AsofId | ScanKind::AsofTime => &ASOF_METHODS,
     }
 }
@@ -197,7 +209,7 @@ pub fn path_methods(kind: ScanKind) -> &'static pg_sys::CustomPathMethods {
 
 /// Registers the scan methods (so plans can be copied and read back by name).
 pub fn register() {
-    for kind in [ScanKind::AsofId, ScanKind::Range] {
+    for kind in [ScanKind::AsofId, ScanKind::Range, ScanKind::Versions] {
         // SAFETY: _PG_init; the methods live for the process.
         unsafe { pg_sys::RegisterCustomScanMethods(&methods(kind).scan) };
     }
@@ -247,14 +259,29 @@ fn snap_id_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
     ])
 }
 
-/// The conditions of a range scan on `rec` alone, checked once per row version, and the
-/// others (on `snap_id`, or volatile), checked once per result row.
+/// The scan tuple of a versions scan: `(first_snap bigint, last_snap bigint, rec)`, `rec` of
+/// the table's row type.
+fn run_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
+    let no_collation = pg_sys::InvalidOid;
+    let snap = (pg_sys::INT8OID, -1, no_collation);
+    let rec = (relation_row_type(relid), -1, no_collation);
+    list_of(&[
+        var_entry(rti, 1, snap, 1, c"first_snap"),
+        var_entry(rti, 2, snap, 2, c"last_snap"),
+        var_entry(rti, 3, rec, 3, c"rec"),
+    ])
+}
+
+/// The conditions of a range or versions scan on `rec` (column `rec_attno`) alone, checked
+/// once per row version, and the others (on the snapshot columns, or volatile), checked once
+/// per result row.
 ///
 /// # Safety
 /// `quals` is a List of the scan's condition expressions, over range-table entry `rti`.
 unsafe fn split_range_conditions(
     quals: *mut pg_sys::List,
     rti: i32,
+    rec_attno: i32,
 ) -> (Vec<*mut c_void>, Vec<*mut c_void>) {
     let (mut per_version, mut per_row) = (Vec::new(), Vec::new());
     // SAFETY: the caller's promise.
@@ -265,7 +292,7 @@ unsafe fn split_range_conditions(
             attrs.add(q.cast());
             pg_sys::contain_volatile_functions(q.cast())
         };
-        if attrs.contains(1) || volatile {
+        if (1..rec_attno).any(|a| attrs.contains(a)) || volatile {
             per_row.push(q);
         } else {
             per_version.push(q);
@@ -297,11 +324,16 @@ unsafe extern "C-unwind" fn plan_path(
     let quals = unsafe { pg_sys::extract_actual_clauses(clauses, false) };
     let table = OpenRelation::open(path.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
         .expect("the planner holds a lock on the table it plans");
-    let (qual, exprs, scan_tlist) = if path.kind == ScanKind::Range {
+    let (qual, exprs, scan_tlist) = if path.kind.over_a_range() {
+        let (rec_attno, scan_tlist) = if path.kind == ScanKind::Range {
+            (2, snap_id_and_rec(path.relid, rti))
+        } else {
+            (3, run_and_rec(path.relid, rti))
+        };
         // SAFETY: the scan's conditions, over its range-table entry.
-        let (per_version, per_row) = unsafe { split_range_conditions(quals, rti) };
+        let (per_version, per_row) = unsafe { split_range_conditions(quals, rti, rec_attno) };
         let exprs = list_of(&[path.args[0], path.args[1], list_of(&per_version).cast()]);
-        (list_of(&per_row), exprs, snap_id_and_rec(path.relid, rti))
+        (list_of(&per_row), exprs, scan_tlist)
     } else {
         (quals, list_of(&path.args), live_columns(&table, rti))
     };

@@ -2,7 +2,7 @@
 //!
 //! A set-returning function in FROM is a function scan, which materializes all its rows in a
 //! tuplestore before the first one reaches the executor. A `set_rel_pathlist_hook`
-//! recognizes a function RTE calling `gsnap_asof` or `gsnap_range` (by the C function behind
+//! recognizes a function RTE calling `gsnap_asof`, `gsnap_range` or `gsnap_versions` (by the C function behind
 //! it, whatever its schema) and replaces the function scan with a streaming custom scan.
 //! Cases it does not handle keep the function scan, which returns the same rows: WITH
 //! ORDINALITY, several functions in one RTE (ROWS FROM), LATERAL references, whole-row
@@ -33,6 +33,7 @@ fn scan_kind(funcid: pg_sys::Oid) -> Option<ScanKind> {
         Reader::AsofId => Some(ScanKind::AsofId),
         Reader::AsofTime => Some(ScanKind::AsofTime),
         Reader::Range => Some(ScanKind::Range),
+        Reader::Versions => Some(ScanKind::Versions),
         Reader::Diff => None,
     }
 }
@@ -122,8 +123,13 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let Some(table) = OpenRelation::open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) else {
         return;
     };
-    // Estimate the rows from the table's current size (a range: as if of 10 snapshots).
-    let per_table = if kind == ScanKind::Range { 10.0 } else { 1.0 };
+    // Estimate the rows from the table's current size (a range: as if of 10 snapshots; its
+    // versions: as if a tenth of the rows changed in each).
+    let per_table = match kind {
+        ScanKind::Range => 10.0,
+        ScanKind::Versions => 2.0,
+        ScanKind::AsofId | ScanKind::AsofTime => 1.0,
+    };
     let tuples = per_table * f64::from(table.class().reltuples).max(1.0);
     let pages = f64::from(table.class().relpages.max(1));
     drop(table);

@@ -57,9 +57,32 @@ struct Kept {
     keep: bool,
 }
 
+/// A row version as the cursor hands it out, valid until its next call.
+pub struct Version<'a> {
+    /// The snapshots of the current image that hold it (ascending).
+    pub snaps: &'a [u64],
+    /// Their positions among the range's snapshots that hold the table (consecutive
+    /// positions: no such snapshot between them).
+    pub positions: &'a [usize],
+    /// The row, of the table's current row type.
+    pub rec: pg_sys::Datum,
+    /// Where it is: the table's incarnation (segment) and block.
+    pub block: (usize, u32),
+    /// The image it was read from (a number that grows from image to image).
+    pub image: u64,
+    /// Its line pointer.
+    pub lp: u16,
+    /// True if the block's previous image held the same version (same line pointer, same
+    /// bytes) and the cursor handed it out from there too.
+    pub continued: bool,
+    /// True if the block's next image can continue it (its versions are matched with this
+    /// image's); false when the image's snapshots have several row types.
+    pub continuable: bool,
+}
+
 /// The snapshots of the current image that hold its block, grouped by row type: (snapshot
-/// ids, the decoder of their row type).
-type Holders = Vec<(Vec<u64>, usize)>;
+/// ids, their positions, the decoder of their row type).
+type Holders = Vec<(Vec<u64>, Vec<usize>, usize)>;
 
 /// Reads a table at every readable snapshot of `from..=to`, one row version at a time, each
 /// with the run of snapshots that hold it.
@@ -85,6 +108,8 @@ pub struct RangeCursor {
     /// image is matched with them; the (segment, block, decoder) they belong to.
     matcher: VersionMatcher<Owned<Kept>>,
     matching: bool,
+    /// Images begun so far (numbers the current one).
+    image: u64,
     versions_of: Option<(usize, u32, usize)>,
     decoders: Decoders,
     /// The decoder of each snapshot's row type (by position in `snaps`).
@@ -159,6 +184,7 @@ impl RangeCursor {
             next_tuple: 0,
             matcher: VersionMatcher::new(),
             matching: false,
+            image: 0,
             versions_of: None,
             decoders,
             decoder_of,
@@ -175,6 +201,20 @@ impl RangeCursor {
         &mut self,
         keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
     ) -> Option<(&[u64], pg_sys::Datum)> {
+        self.next_version(keep).map(|v| (v.snaps, v.rec))
+    }
+
+    /// The snapshot at `position` (see [`Version::positions`]).
+    pub fn snap_at(&self, position: usize) -> u64 {
+        self.snaps[position].0
+    }
+
+    /// [`RangeCursor::next_row`], with where the version is and whether it continues one
+    /// this cursor handed out for the block's previous image.
+    pub fn next_version(
+        &mut self,
+        keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
+    ) -> Option<Version<'_>> {
         loop {
             if self.holder < self.holders.len() {
                 let page = self
@@ -194,7 +234,7 @@ impl RangeCursor {
                         None
                     };
                     let kept = known.unwrap_or_else(|| {
-                        let (snaps, decoder) = &self.holders[self.holder];
+                        let (snaps, _, decoder) = &self.holders[self.holder];
                         let decoder = &mut self.decoders.list[*decoder];
                         let rec = self.block_cx.run(|| {
                             let (values, nulls) = decoder.decode_tuple(run.block, lp, bytes);
@@ -214,7 +254,16 @@ impl RangeCursor {
                         });
                     }
                     if kept.keep {
-                        return Some((&self.holders[self.holder].0, kept.rec));
+                        return Some(Version {
+                            snaps: &self.holders[self.holder].0,
+                            positions: &self.holders[self.holder].1,
+                            rec: kept.rec,
+                            block: (self.next_segment, run.block),
+                            image: self.image,
+                            lp,
+                            continued: known.is_some(),
+                            continuable: self.matching,
+                        });
                     }
                 }
                 if self.matching {
@@ -261,6 +310,7 @@ impl RangeCursor {
     /// whether its tuples are matched with the block's previous image.
     fn begin_image(&mut self, run: ImageRun) {
         self.run = Some(run);
+        self.image += 1;
         // The snapshots of this run that hold the block (it may be beyond a snapshot's size,
         // after the table shrank), grouped by row type.
         self.holders.clear();
@@ -275,6 +325,7 @@ impl RangeCursor {
         for same in holding.chunk_by(|&a, &b| self.decoder_of[a] == self.decoder_of[b]) {
             self.holders.push((
                 same.iter().map(|&i| self.snaps[i].0).collect(),
+                same.to_vec(),
                 self.decoder_of[same[0]],
             ));
         }
@@ -289,7 +340,7 @@ impl RangeCursor {
         }
         // Versions are matched with the block's previous image when all the snapshots of
         // this image that hold the block have the row type of that image.
-        let decoder = self.holders.first().map(|h| h.1);
+        let decoder = self.holders.first().map(|h| h.2);
         self.matching = self.holders.len() == 1;
         if !(same_block && self.matching && self.versions_of.map(|v| v.2) == decoder) {
             self.matcher.forget();

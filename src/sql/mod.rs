@@ -6,6 +6,8 @@
 //! | `gsnap_asof` elsewhere | (function scan) | `sql::asof` | `read::asof` |
 //! | `gsnap_range` in FROM | `plan::paths`, `plan::nodes` | `exec::range_scan` | `read::range` |
 //! | `gsnap_range` elsewhere | (function scan) | `sql::range` | `read::range` |
+//! | `gsnap_versions` in FROM | `plan::paths`, `plan::nodes` | `exec::range_scan` | `read::versions` |
+//! | `gsnap_versions` elsewhere | (function scan) | `sql::versions` | `read::versions` |
 //! | `gsnap_diff` | (function scan) | `sql::diff` | `read::diff` |
 //! | `gsnap_snapshot`, listings | | `sql::snapshots` | the worker (`ipc`) |
 //! | `gsnap_written_blocks`, `gsnap_full_capture_pending` | | `sql::spans` | the dirty sets |
@@ -20,6 +22,7 @@ pub mod lifetimes;
 pub mod range;
 mod snapshots;
 mod spans;
+pub mod versions;
 
 use crate::error::{error, no_such_snapshot, null_argument};
 use crate::ffi::fcinfo::Call;

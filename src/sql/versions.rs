@@ -1,0 +1,71 @@
+//! `gsnap_versions(NULL::t, from, to)` as a set-returning function: `(first_snap, last_snap,
+//! rec)` for every distinct row version of the table over the readable snapshots of the
+//! range, once per run of consecutive snapshots holding it. (In FROM it is planned as the
+//! "gsnap versions" custom scan instead, `exec::range_scan`.)
+
+use super::{reader_table, snapshot_argument};
+use crate::error::error;
+use crate::ffi::fcinfo::Call;
+use crate::ffi::memcx::OwnedContext;
+use crate::ffi::tuple;
+use crate::read::range::RangeCursor;
+use crate::read::versions::VersionsCursor;
+use crate::v1_function_info;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+
+v1_function_info!(pg_finfo_gsnap_versions);
+
+/// `gsnap_versions(anyelement, from_snap bigint, to_snap bigint)`.
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn gsnap_versions(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: PostgreSQL calls this with the call info of this function.
+    let call = unsafe { Call::new(fcinfo) };
+    let relid = reader_table(call, "gsnap_versions");
+    let from = snapshot_argument(call, 1, "the first snapshot of gsnap_versions");
+    let to = snapshot_argument(call, 2, "the last snapshot of gsnap_versions");
+    let result = call.materialize();
+    // SAFETY: the result's descriptor, valid during the call.
+    let attrs = unsafe { tuple::attributes(result.desc) };
+    if attrs.len() != 3 || attrs[..2].iter().any(|a| a.atttypid != pg_sys::INT8OID) {
+        error(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            "gsnap_versions must return (first_snap bigint, last_snap bigint, rec)",
+        )
+        .raise();
+    }
+    // The descriptor of `rec` (the third column): the table's current row type.
+    let rec_type = attrs[2].atttypid;
+    let row_desc = tuple::row_type_copy(rec_type);
+    // SAFETY: `row_desc` is the table's current row type, kept for the cursor.
+    let range = unsafe { RangeCursor::open(relid, from, to, row_desc) };
+    let mut cursor = VersionsCursor::new(range);
+    let rows = OwnedContext::new("gsnap_versions rows");
+    while let Some((first, last, rec)) = cursor.next_run(&mut |_, _| true) {
+        let values = [
+            pg_sys::Datum::from(first as i64),
+            pg_sys::Datum::from(last as i64),
+            rec,
+        ];
+        // SAFETY: the rows are (bigint, bigint, rec), `rec` of the table's row type; the
+        // tuplestore copies them.
+        rows.run(|| unsafe { result.put_values(&values, &[false; 3]) });
+        // SAFETY: the tuplestore copied the row formed in the context.
+        unsafe { rows.reset() };
+    }
+    pg_sys::Datum::from(0usize)
+}
+
+extension_sql!(
+    r#"
+CREATE FUNCTION gsnap_versions(rel anyelement, from_snap bigint, to_snap bigint)
+    RETURNS TABLE (first_snap bigint, last_snap bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION gsnap_versions(anyelement, bigint, bigint) IS
+    'every distinct row version of a range of snapshots once, with the run of snapshots holding it: SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::t, 1, 100)';
+"#,
+    name = "gsnap_versions",
+    requires = ["gsnap_preload_check_call"],
+);
