@@ -55,6 +55,20 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def store_files(c: Cluster) -> dict:
+    """Bytes of the store directory by kind of file: RocksDB's table files (sst), its write-ahead
+    log (wal) and the rest (manifest, options, RocksDB's own info logs)."""
+    out = {"sst": 0, "wal": 0, "other": 0}
+    for f in (c.data / "gsnap").iterdir():
+        try:
+            size = f.stat().st_size
+        except FileNotFoundError:  # removed by a compaction meanwhile
+            continue
+        kind = "sst" if f.suffix == ".sst" else "wal" if f.suffix == ".log" else "other"
+        out[kind] += size
+    return out
+
+
 def stats(conn) -> dict:
     cur = conn.execute("SELECT * FROM gsnap_store_stats()")
     return dict(zip([d.name for d in cur.description], cur.fetchone()))
@@ -134,7 +148,11 @@ def bench_steady(b: Bench):
             kept, gone = retained(conn)
             row.update({f"{k}_disk": s["disk_bytes"], f"{k}_content": s["content_bytes"],
                         f"{k}_snapshots": kept, f"{k}_deleted": gone, f"{k}_rss_kb": rss_kb(pids[k])})
-        row["policy_reclaimed"] = stats(conns["policy"])["reclaimed_bytes"]
+            files = store_files(runs[k])
+            row.update({f"{k}_{kind}": n for kind, n in files.items()})
+        policy = stats(conns["policy"])
+        row["policy_reclaimed"] = policy["reclaimed_bytes"]
+        row["policy_deleted_bytes"] = policy["deleted_bytes"]
         samples.append(row)
         time.sleep(max(0.0, t + 1 - (time.monotonic() - t0)))
     tps = {}

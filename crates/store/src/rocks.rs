@@ -27,8 +27,8 @@ use crate::error::{ErrorKind, Result, StoreError};
 use crate::keys::Cf;
 
 /// Memory and file settings of the RocksDB backend. The defaults are modest (about 64 MiB of
-/// block cache and at most 128 MiB of memtables): the worker shares the machine with
-/// PostgreSQL.
+/// block cache, at most 64 MiB of memtables and 32 MiB of write-ahead log): the worker shares
+/// the machine with PostgreSQL, and the store's size on disk counts the log.
 #[derive(Debug, Clone)]
 pub struct RocksConfig {
     /// Shared LRU block cache for all column families, in bytes.
@@ -39,6 +39,9 @@ pub struct RocksConfig {
     pub large_write_buffer_bytes: usize,
     /// Memtable size of the small column families.
     pub small_write_buffer_bytes: usize,
+    /// Upper bound on the write-ahead log: past it, the column families holding its oldest
+    /// file are flushed and the file is removed.
+    pub max_wal_bytes: u64,
     /// Maximum number of open SST files (-1: unlimited).
     pub max_open_files: i32,
     /// Background flush and compaction threads.
@@ -49,9 +52,10 @@ impl Default for RocksConfig {
     fn default() -> Self {
         RocksConfig {
             block_cache_bytes: 64 << 20,
-            total_write_buffer_bytes: 128 << 20,
-            large_write_buffer_bytes: 32 << 20,
+            total_write_buffer_bytes: 64 << 20,
+            large_write_buffer_bytes: 16 << 20,
             small_write_buffer_bytes: 4 << 20,
+            max_wal_bytes: 32 << 20,
             max_open_files: 512,
             background_jobs: 2,
         }
@@ -164,14 +168,19 @@ impl RocksBackend {
         db_opts.set_paranoid_checks(true);
         db_opts.set_compression_type(DBCompressionType::None);
         db_opts.set_db_write_buffer_size(config.total_write_buffer_bytes);
-        // The log is kept to the size of the memtables: a column family written rarely is flushed
-        // instead of holding old log files (the store's size on disk counts the log).
-        db_opts.set_max_total_wal_size(config.total_write_buffer_bytes as u64);
+        // The log is kept small: a column family written rarely is flushed instead of holding
+        // old log files (the store's size on disk counts the log).
+        db_opts.set_max_total_wal_size(config.max_wal_bytes);
         db_opts.set_max_background_jobs(config.background_jobs);
         db_opts.set_max_open_files(config.max_open_files);
-        db_opts.set_keep_log_file_num(4);
-        db_opts.set_max_log_file_size(16 << 20);
+        // RocksDB's own info log: at most about 3 MiB (it counts in the size on disk too).
+        db_opts.set_keep_log_file_num(2);
+        db_opts.set_max_log_file_size(1 << 20);
         db_opts.set_bytes_per_sync(1 << 20);
+        // The log is synced in the background every 512 KiB, so that a synced write (a
+        // declaration, a deletion) flushes at most that much of the unsynced batches written
+        // before it (a capture's, reclamation's) instead of all of them.
+        db_opts.set_wal_bytes_per_sync(512 << 10);
 
         let mut descriptors: Vec<ColumnFamilyDescriptor> = known
             .iter()
@@ -215,7 +224,10 @@ impl RocksBackend {
 }
 
 /// Options of one column family: no compression, the shared block cache, a Bloom filter where
-/// point lookups are frequent and usually miss (the dedup index).
+/// point lookups are frequent and usually miss (the dedup index). Where reclamation deletes,
+/// a table file in which deletions pile up is marked for compaction, so that the deletions
+/// meet the values they delete and both leave the disk (without it, deleted images stay in
+/// the lower levels until new data happens to push compactions there).
 fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(cache);
@@ -225,9 +237,13 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
     opts.set_compression_type(DBCompressionType::None);
     match cf {
         // Values of kilobytes (images, chunks) to tens of kilobytes (log nodes), read whole.
+        // Table files of 16 MiB, compacted at most 128 MiB at a time: a compaction writes its
+        // output before it deletes its input, so its size is how far the disk use swings.
         Cf::Images(_) | Cf::Toast | Cf::MapLog => {
             table.set_block_size(16 << 10);
             opts.set_write_buffer_size(config.large_write_buffer_bytes);
+            opts.set_target_file_size_base(16 << 20);
+            opts.set_max_compaction_bytes(128 << 20);
         }
         // Point lookups that often miss: dedup entries, and reference counts of new images.
         Cf::Dedup | Cf::Refs => {
@@ -237,6 +253,13 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
         Cf::Meta | Cf::Catalog | Cf::Groups => {
             opts.set_write_buffer_size(config.small_write_buffer_bytes)
         }
+    }
+    if matches!(
+        cf,
+        Cf::Images(_) | Cf::Toast | Cf::MapLog | Cf::Dedup | Cf::Refs
+    ) {
+        // Half of any 256 consecutive entries, or half of the file, being deletions.
+        opts.add_compact_on_deletion_collector_factory(256, 128, 0.5);
     }
     opts.set_block_based_table_factory(&table);
     opts

@@ -1,0 +1,39 @@
+//! What each column family of a gsnap store holds on disk, for finding where the space goes:
+//! `cargo run --release -p gsnap-store --example cf_sizes -- STORE_DIR` (read-only; the server
+//! may be running or stopped). Per column family: the table files' size, RocksDB's estimate of
+//! its live data, its keys, and its files per level.
+
+use rocksdb::{Options, DB};
+
+fn main() {
+    let Some(path) = std::env::args().nth(1) else {
+        eprintln!("usage: cf_sizes STORE_DIR");
+        std::process::exit(2);
+    };
+    let names = DB::list_cf(&Options::default(), &path).expect("a RocksDB database");
+    let db = DB::open_cf_for_read_only(&Options::default(), &path, &names, false)
+        .expect("opened read-only");
+    println!(
+        "{:<12} {:>10} {:>10} {:>10} {:>6}  levels (files, MiB)",
+        "cf", "sst MiB", "live MiB", "keys", "amp"
+    );
+    for name in &names {
+        let cf = db.cf_handle(name).expect("listed");
+        let int = |p: &str| db.property_int_value_cf(&cf, p).ok().flatten().unwrap_or(0);
+        let sst = int("rocksdb.total-sst-files-size") as f64 / 1048576.0;
+        let live = int("rocksdb.estimate-live-data-size") as f64 / 1048576.0;
+        let keys = int("rocksdb.estimate-num-keys");
+        let mut levels = Vec::new();
+        for level in 0..7 {
+            let files = int(&format!("rocksdb.num-files-at-level{level}"));
+            if files > 0 {
+                levels.push(format!("L{level}:{files}"));
+            }
+        }
+        let amp = if live > 0.0 { sst / live } else { 0.0 };
+        println!(
+            "{name:<12} {sst:>10.1} {live:>10.1} {keys:>10} {amp:>6.2}  {}",
+            levels.join(" ")
+        );
+    }
+}
