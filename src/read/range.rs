@@ -16,7 +16,7 @@ use super::table::{self, TableAtSnapshot};
 use crate::error::{corrupt_index, error};
 use crate::ffi::memcx::OwnedContext;
 use gsnap_core::{ImageRun, RelId, SnapId};
-use gsnap_format::versions::{Owned, VersionMatcher};
+use gsnap_format::versions::ImageMatcher;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 use std::collections::HashMap;
@@ -106,7 +106,7 @@ pub struct RangeCursor {
     next_tuple: usize,
     /// Versions of the block's previous image (when comparable), and whether the current
     /// image is matched with them; the (segment, block, decoder) they belong to.
-    matcher: VersionMatcher<Owned<Kept>>,
+    matcher: ImageMatcher<Kept>,
     matching: bool,
     /// Images begun so far (numbers the current one).
     image: u64,
@@ -182,7 +182,7 @@ impl RangeCursor {
             holders: Vec::new(),
             holder: 0,
             next_tuple: 0,
-            matcher: VersionMatcher::new(),
+            matcher: ImageMatcher::new(),
             matching: false,
             image: 0,
             versions_of: None,
@@ -202,6 +202,11 @@ impl RangeCursor {
         keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
     ) -> Option<(&[u64], pg_sys::Datum)> {
         self.next_version(keep).map(|v| (v.snaps, v.rec))
+    }
+
+    /// How many snapshots of the range hold the table (positions `0..len`).
+    pub fn len(&self) -> usize {
+        self.snaps.len()
     }
 
     /// The snapshot at `position` (see [`Version::positions`]).
@@ -229,7 +234,7 @@ impl RangeCursor {
                     self.next_tuple += 1;
                     let bytes = &page[offset..offset + len];
                     let known = if self.matching {
-                        self.matcher.same_as_before(lp, bytes).map(|v| v.value)
+                        self.matcher.same_as_before(lp, bytes).copied()
                     } else {
                         None
                     };
@@ -247,11 +252,7 @@ impl RangeCursor {
                         }
                     });
                     if self.matching {
-                        self.matcher.keep(Owned {
-                            lp,
-                            bytes: bytes.to_vec(),
-                            value: kept,
-                        });
+                        self.matcher.keep(lp, bytes, kept);
                     }
                     if kept.keep {
                         return Some(Version {

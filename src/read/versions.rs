@@ -68,11 +68,20 @@ impl VersionsCursor {
         &mut self,
         keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
     ) -> Option<(u64, u64, pg_sys::Datum)> {
+        let (first, last, rec) = self.next_run_at(keep)?;
+        Some((self.range.snap_at(first), self.range.snap_at(last), rec))
+    }
+
+    /// [`VersionsCursor::next_run`] with the run's first and last snapshots as positions
+    /// among the range's snapshots that hold the table (`RangeCursor::snap_at`).
+    pub fn next_run_at(
+        &mut self,
+        keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
+    ) -> Option<(usize, usize, pg_sys::Datum)> {
         loop {
             if let Some(r) = self.folder.done().get(self.next_done) {
                 self.next_done += 1;
-                let (first, last) = (self.range.snap_at(r.first), self.range.snap_at(r.last));
-                return Some((first, last, r.value));
+                return Some((r.first, r.last, r.value));
             }
             self.folder.done().clear();
             self.next_done = 0;
@@ -85,49 +94,53 @@ impl VersionsCursor {
             if self.ended {
                 return None;
             }
-            let held = match self.held.take() {
-                Some(h) => h,
-                None => match self.range.next_version(keep) {
-                    Some(v) => Held {
-                        positions: v.positions.to_vec(),
-                        rec: v.rec,
-                        block: v.block,
-                        image: v.image,
-                        lp: v.lp,
-                        continued: v.continued,
-                        continuable: v.continuable,
-                    },
-                    None => {
-                        self.folder.end_block();
-                        self.reset_due = true;
-                        self.ended = true;
-                        continue;
-                    }
-                },
-            };
-            if self.block != Some(held.block) {
-                if self.block.take().is_some() {
-                    // The block before ends: its runs are handed out before this version.
-                    self.folder.end_block();
-                    self.reset_due = true;
-                    self.held = Some(held);
-                    continue;
-                }
-                self.block = Some(held.block);
+            if let Some(h) = self.held.take() {
+                self.block = Some(h.block);
+                let version = (h.image, h.lp, h.continued, h.continuable, h.rec);
+                add(&mut self.folder, &self.block_cx, version, &h.positions);
+                continue;
             }
-            let (cx, rec) = (&self.block_cx, held.rec);
-            self.folder.add(
-                held.image,
-                held.lp,
-                &held.positions,
-                held.continued,
-                held.continuable,
-                // SAFETY: the range cursor's row, valid until its next call; copied into
-                // the block's context.
-                || cx.run(|| unsafe { copy_record(rec) }),
-            );
+            let Some(v) = self.range.next_version(keep) else {
+                self.folder.end_block();
+                self.reset_due = true;
+                self.ended = true;
+                continue;
+            };
+            if self.block != Some(v.block) && self.block.take().is_some() {
+                // The block before ends: its runs are handed out before this version (whose
+                // row stays the range cursor's: it is not called meanwhile).
+                self.folder.end_block();
+                self.reset_due = true;
+                self.held = Some(Held {
+                    positions: v.positions.to_vec(),
+                    rec: v.rec,
+                    block: v.block,
+                    image: v.image,
+                    lp: v.lp,
+                    continued: v.continued,
+                    continuable: v.continuable,
+                });
+                continue;
+            }
+            self.block = Some(v.block);
+            let version = (v.image, v.lp, v.continued, v.continuable, v.rec);
+            add(&mut self.folder, &self.block_cx, version, v.positions);
         }
     }
+}
+
+/// Adds a version (image, line pointer, continued, continuable, row) held at `positions` to
+/// the runs of `folder`; a new run's row is copied into `cx`.
+fn add(
+    folder: &mut RunFolder<pg_sys::Datum>,
+    cx: &OwnedContext,
+    (image, lp, continued, continuable, rec): (u64, u16, bool, bool, pg_sys::Datum),
+    positions: &[usize],
+) {
+    // SAFETY: the range cursor's row, valid until its next call; copied into the block's
+    // context.
+    let copy = || cx.run(|| unsafe { copy_record(rec) });
+    folder.add(image, lp, positions, continued, continuable, copy);
 }
 
 /// A copy of a `rec` datum (a composite value) in the current memory context.

@@ -128,6 +128,75 @@ impl<V: RowVersion> VersionMatcher<V> {
     }
 }
 
+/// [`VersionMatcher`] for readers that keep a value per version (the decoded row) and copy
+/// each image's tuples once into one buffer, instead of one allocation per tuple: it matches
+/// the same way (same line pointer, same bytes as in the previous image).
+#[derive(Debug, Clone)]
+pub struct ImageMatcher<T> {
+    /// The previous image's tuples, by line pointer: (lp, offset, length in `previous_bytes`,
+    /// value); the current image's, being kept.
+    previous: Vec<(u16, u32, u32, T)>,
+    previous_bytes: Vec<u8>,
+    current: Vec<(u16, u32, u32, T)>,
+    current_bytes: Vec<u8>,
+    at: usize,
+}
+
+impl<T> Default for ImageMatcher<T> {
+    fn default() -> Self {
+        ImageMatcher {
+            previous: Vec::new(),
+            previous_bytes: Vec::new(),
+            current: Vec::new(),
+            current_bytes: Vec::new(),
+            at: 0,
+        }
+    }
+}
+
+impl<T> ImageMatcher<T> {
+    /// A matcher with no previous image.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value kept for line pointer `lp` in the previous image if it had these `bytes`.
+    /// Within one image, ask in increasing line pointer order.
+    pub fn same_as_before(&mut self, lp: u16, bytes: &[u8]) -> Option<&T> {
+        while self.previous.get(self.at).is_some_and(|v| v.0 < lp) {
+            self.at += 1;
+        }
+        let (vlp, offset, len, value) = self.previous.get(self.at)?;
+        let (offset, len) = (*offset as usize, *len as usize);
+        (*vlp == lp && &self.previous_bytes[offset..offset + len] == bytes).then_some(value)
+    }
+
+    /// Records a version of the current image (in increasing line pointer order).
+    pub fn keep(&mut self, lp: u16, bytes: &[u8], value: T) {
+        let offset = self.current_bytes.len() as u32;
+        self.current_bytes.extend_from_slice(bytes);
+        self.current.push((lp, offset, bytes.len() as u32, value));
+    }
+
+    /// The current image is complete: its versions become the previous ones.
+    pub fn end_image(&mut self) {
+        std::mem::swap(&mut self.previous, &mut self.current);
+        std::mem::swap(&mut self.previous_bytes, &mut self.current_bytes);
+        self.current.clear();
+        self.current_bytes.clear();
+        self.at = 0;
+    }
+
+    /// Forgets every version: the next image is compared with nothing.
+    pub fn forget(&mut self) {
+        self.previous.clear();
+        self.previous_bytes.clear();
+        self.current.clear();
+        self.current_bytes.clear();
+        self.at = 0;
+    }
+}
+
 /// One image of a block, held by the consecutive snapshots at positions `first..=last` of the
 /// range's snapshots (positions, not ids, so that "consecutive" is plain arithmetic).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -567,6 +636,30 @@ mod tests {
             want.sort();
             got.sort();
             prop_assert_eq!(got, want);
+        }
+
+        /// The buffer-backed matcher answers as the per-tuple one does, image after image.
+        #[test]
+        fn image_matcher_equals_version_matcher(block in arb_block(), forget_at in 0usize..12) {
+            let mut a: VersionMatcher<Owned<usize>> = VersionMatcher::new();
+            let mut b: ImageMatcher<usize> = ImageMatcher::new();
+            let mut n = 0;
+            for (i, image) in block.iter().enumerate() {
+                if i == forget_at {
+                    a.forget();
+                    b.forget();
+                }
+                for (lp, bytes) in image.iter().flatten() {
+                    let va = a.same_as_before(*lp, bytes).map(|v| v.value);
+                    let vb = b.same_as_before(*lp, bytes).copied();
+                    prop_assert_eq!(va, vb);
+                    let value = va.unwrap_or_else(|| { n += 1; n });
+                    a.keep(Owned { lp: *lp, bytes: bytes.clone(), value });
+                    b.keep(*lp, bytes, value);
+                }
+                a.end_image();
+                b.end_image();
+            }
         }
 
         /// Split image runs (one snapshot each) give the same versions as merged ones.
