@@ -401,6 +401,8 @@ def smith_views(s1: int, s2: int, s3: int, ts2: str) -> list[str]:
         f"CREATE VIEW smith.v_asof_u AS SELECT * FROM gsnap_asof(NULL::smith.sm_u, {s3})",
         f"CREATE VIEW smith.v_range AS SELECT snap_id, (rec).* FROM gsnap_range(NULL::smith.sm_a, {s1}, {s3})",
         f"CREATE VIEW smith.v_range_b AS SELECT snap_id, rec FROM gsnap_range(NULL::smith.sm_b, {s1}, {s3})",
+        f"CREATE VIEW smith.v_range_agg AS SELECT snap_id, count(*) AS n FROM gsnap_range(NULL::smith.sm_a, {s1}, {s3})"
+        " GROUP BY snap_id",
         f"CREATE VIEW smith.v_versions AS SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::smith.sm_a, {s1}, {s3})",
         f"CREATE VIEW smith.v_diff AS SELECT change, (rec).* FROM gsnap_diff(NULL::smith.sm_a, {s1}, {s3})",
         "CREATE VIEW smith.v_snapshots AS SELECT * FROM gsnap_snapshots()",

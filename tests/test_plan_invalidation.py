@@ -99,6 +99,7 @@ READERS = {
     "asof_time": ("SELECT * FROM gsnap_asof(NULL::{t}, {a}::timestamptz)", ("ts1",)),
     "range": ("SELECT * FROM gsnap_range(NULL::{t}, {a}, {b})", ("s1", "s2")),
     "versions": ("SELECT * FROM gsnap_versions(NULL::{t}, {a}, {b})", ("s1", "s2")),
+    "range_agg": ("SELECT snap_id, count(*) FROM gsnap_range(NULL::{t}, {a}, {b}) GROUP BY snap_id", ("s1", "s2")),
     "diff": ("SELECT change, (rec).* FROM gsnap_diff(NULL::{t}, {a}, {b})", ("s1", "s2")),
     "fn_select": ("SELECT gsnap_asof(NULL::{t}, {a})", ("s1",)),
     "fn_lateral": ("SELECT r.* FROM (VALUES ({a}::bigint), ({b}::bigint)) v(s),"

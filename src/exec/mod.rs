@@ -13,6 +13,7 @@
 
 mod asof_scan;
 mod node;
+mod range_agg;
 mod range_scan;
 mod tables;
 
@@ -36,6 +37,8 @@ pub unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> 
         node::create_state(&range_scan::METHODS)
     } else if plan.kind == ScanKind::Versions {
         node::create_state(&range_scan::VERSIONS_METHODS)
+    } else if plan.kind == ScanKind::RangeAggregate {
+        node::create_state(&range_agg::METHODS)
     } else {
         node::create_state(&asof_scan::METHODS)
     }
@@ -129,6 +132,8 @@ impl ScanTable {
             (ScanKind::Range, _) => "the last snapshot of gsnap_range",
             (ScanKind::Versions, 0) => "the first snapshot of gsnap_versions",
             (ScanKind::Versions, _) => "the last snapshot of gsnap_versions",
+            (ScanKind::RangeAggregate, 0) => "the first snapshot of gsnap_range",
+            (ScanKind::RangeAggregate, _) => "the last snapshot of gsnap_range",
         };
         let Some(value) = value else {
             null_argument(what)

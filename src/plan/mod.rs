@@ -4,17 +4,22 @@
 //! - `paths`: `FROM gsnap_asof(NULL::t, ...)` and `FROM gsnap_range(...)` become custom scan
 //!   paths instead of function scans;
 //! - `nodes`: the custom scan plan nodes built from those paths, and what their private
-//!   lists hold.
+//!   lists hold;
+//! - `aggregates`: `GROUP BY snap_id` over a range computed from its versions.
 //!
 //! The executor side of the scans is `crate::exec`; what they read, `crate::read`.
 
+mod aggregates;
 pub mod deps;
 pub mod nodes;
 mod paths;
+
+pub use aggregates::AggKind;
 
 /// Installs the planner hooks; called from `_PG_init`.
 pub fn init() {
     deps::init();
     nodes::register();
     paths::init();
+    aggregates::init();
 }

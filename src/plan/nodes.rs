@@ -29,6 +29,8 @@ pub enum ScanKind {
     Range = 2,
     /// `gsnap_versions(NULL::t, from, to)`.
     Versions = 3,
+    /// `GROUP BY snap_id` over `gsnap_range(NULL::t, from, to)` (`aggregates.rs`).
+    RangeAggregate = 4,
 }
 
 impl ScanKind {
@@ -37,7 +39,8 @@ impl ScanKind {
             0 => ScanKind::AsofId,
             1 => ScanKind::AsofTime,
             2 => ScanKind::Range,
-            _ => ScanKind::Versions,
+            3 => ScanKind::Versions,
+            _ => ScanKind::RangeAggregate,
         }
     }
 
@@ -52,7 +55,10 @@ impl ScanKind {
 
     /// True for the scans of a range of snapshots (range and versions).
     pub fn over_a_range(self) -> bool {
-        matches!(self, ScanKind::Range | ScanKind::Versions)
+        matches!(
+            self,
+            ScanKind::Range | ScanKind::Versions | ScanKind::RangeAggregate
+        )
     }
 
     /// The name EXPLAIN shows.
@@ -60,6 +66,7 @@ impl ScanKind {
         match self {
             ScanKind::Range => c"gsnap range",
             ScanKind::Versions => c"gsnap versions",
+            ScanKind::RangeAggregate => c"gsnap range aggregate",
             ScanKind::AsofId | ScanKind::AsofTime => c"gsnap AS OF",
         }
     }
@@ -193,13 +200,20 @@ impl Methods {
 static ASOF_METHODS: Methods = Methods::of(ScanKind::AsofId);
 static RANGE_METHODS: Methods = Methods::of(ScanKind::Range);
 static VERSIONS_METHODS: Methods = Methods::of(ScanKind::Versions);
+static AGGREGATE_METHODS: Methods = Methods::of(ScanKind::RangeAggregate);
 
 fn methods(kind: ScanKind) -> &'static Methods {
     match kind {
         ScanKind::Range => &RANGE_METHODS,
         ScanKind::Versions => &VERSIONS_METHODS,
+        ScanKind::RangeAggregate => &AGGREGATE_METHODS,
         ScanKind::AsofId | ScanKind::AsofTime => &ASOF_METHODS,
     }
+}
+
+/// The plan methods of a scan of `kind`.
+pub fn scan_methods(kind: ScanKind) -> &'static pg_sys::CustomScanMethods {
+    &methods(kind).scan
 }
 
 /// The path methods of a scan of `kind`.
@@ -209,7 +223,13 @@ pub fn path_methods(kind: ScanKind) -> &'static pg_sys::CustomPathMethods {
 
 /// Registers the scan methods (so plans can be copied and read back by name).
 pub fn register() {
-    for kind in [ScanKind::AsofId, ScanKind::Range, ScanKind::Versions] {
+    let kinds = [
+        ScanKind::AsofId,
+        ScanKind::Range,
+        ScanKind::Versions,
+        ScanKind::RangeAggregate,
+    ];
+    for kind in kinds {
         // SAFETY: _PG_init; the methods live for the process.
         unsafe { pg_sys::RegisterCustomScanMethods(&methods(kind).scan) };
     }
@@ -250,13 +270,18 @@ fn live_columns(table: &OpenRelation, rti: i32) -> *mut pg_sys::List {
 
 /// The scan tuple of a range scan: `(snap_id bigint, rec)`, `rec` of the table's row type.
 fn snap_id_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
+    list_of(&snap_id_and_rec_entries(relid, rti))
+}
+
+/// The target entries of [`snap_id_and_rec`].
+pub(super) fn snap_id_and_rec_entries(relid: pg_sys::Oid, rti: i32) -> Vec<*mut c_void> {
     let no_collation = pg_sys::InvalidOid;
     let snap_id = (pg_sys::INT8OID, -1, no_collation);
     let rec = (relation_row_type(relid), -1, no_collation);
-    list_of(&[
+    vec![
         var_entry(rti, 1, snap_id, 1, c"snap_id"),
         var_entry(rti, 2, rec, 2, c"rec"),
-    ])
+    ]
 }
 
 /// The scan tuple of a versions scan: `(first_snap bigint, last_snap bigint, rec)`, `rec` of
@@ -278,7 +303,7 @@ fn run_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
 ///
 /// # Safety
 /// `quals` is a List of the scan's condition expressions, over range-table entry `rti`.
-unsafe fn split_range_conditions(
+pub(super) unsafe fn split_range_conditions(
     quals: *mut pg_sys::List,
     rti: i32,
     rec_attno: i32,
@@ -311,6 +336,17 @@ unsafe extern "C-unwind" fn plan_path(
     clauses: *mut pg_sys::List,
     _custom_plans: *mut pg_sys::List,
 ) -> *mut pg_sys::Plan {
+    // SAFETY: PostgreSQL plans one of our paths; an aggregate path has its own layout.
+    if unsafe { std::ptr::eq((*best_path).methods, path_methods(ScanKind::RangeAggregate)) } {
+        // SAFETY: an aggregate path and its target list.
+        return unsafe {
+            super::aggregates::plan_aggregate(best_path, tlist, |relid| {
+                let table = OpenRelation::open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
+                    .expect("the planner holds a lock on the table it plans");
+                row_type_signature(&table)
+            })
+        };
+    }
     // SAFETY: PostgreSQL plans one of our paths (made by paths.rs, with its private list).
     let (path, flags) = unsafe {
         (

@@ -126,7 +126,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     // Estimate the rows from the table's current size (a range: as if of 10 snapshots; its
     // versions: as if a tenth of the rows changed in each).
     let per_table = match kind {
-        ScanKind::Range => 10.0,
+        ScanKind::Range | ScanKind::RangeAggregate => 10.0,
         ScanKind::Versions => 2.0,
         ScanKind::AsofId | ScanKind::AsofTime => 1.0,
     };
