@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -466,3 +467,54 @@ def test_deleting_the_first_snapshot_of_a_period_says_what_it_means_for_the_poli
                 assert not any("first of its" in n for n in notices), notices
         finally:
             configure(conn, retention=None)
+
+
+@pytest.fixture
+def fresh():
+    """A cluster of its own: what its log holds is only this test's."""
+    c = Cluster("lifetimes-log", conf=["gsnap.reclaim_delay = 0", "autovacuum = off"])
+    try:
+        c.start()
+        with c.connect() as conn:
+            conn.execute("CREATE EXTENSION gsnap")
+        yield c
+    finally:
+        c.destroy()
+
+
+def test_the_mapping_log_drops_what_no_retained_snapshot_needs(fresh):
+    """Reclamation kills mappings; once they are half the log, the worker rewrites the log
+    without them (one atomic batch), so under a policy the log follows the retained
+    snapshots, not every snapshot ever taken. Retained snapshots read the same before and
+    after, and after a restart."""
+    lt = fresh
+    rng = random.Random(11)
+    rewritten = re.compile(r"mapping log rewritten without the mappings no retained snapshot "
+                           r"needs: (\d+) mappings, (\d+) before")
+    with lt.connect() as conn:
+        make(conn, "lt_log", 20000)
+        snaps = []
+        for i in range(16):
+            conn.execute("UPDATE lt_log SET v = v + 1")  # every page gets a new mapping
+            churn(conn, "lt_log", rng, 20000)
+            snaps.append(val(conn, "SELECT gsnap_snapshot()"))
+        recorded = record(conn, "lt_log", snaps)
+        kept = snaps[::5] + ([snaps[-1]] if snaps[-1] not in snaps[::5] else [])
+        doomed = [s for s in snaps if s not in kept]
+        seen = len(rewritten.findall(lt.log()))
+        val(conn, "SELECT gsnap_delete(%s::bigint[])", (doomed,))
+        wait_reclaimed(conn, doomed)
+        wait_until(lambda: len(rewritten.findall(lt.log())) > seen, 60, "the mapping log to be rewritten")
+        after, before = map(int, rewritten.findall(lt.log())[-1])
+        # 16 snapshots of ~700 pages each, 4 kept: well under half of the mappings stay
+        assert after < before / 2, (after, before)
+        check_retained(conn, "lt_log", kept, recorded)
+        assert_clean(conn)
+    lt.restart()
+    with lt.connect() as conn:
+        check_retained(conn, "lt_log", kept, recorded)
+        assert_clean(conn)
+        # the log goes on from the rewritten one
+        conn.execute("UPDATE lt_log SET v = v + 1")
+        s = val(conn, "SELECT gsnap_snapshot()")
+        assert digest(conn, asof("lt_log", s)) == digest(conn, "lt_log")

@@ -1,7 +1,8 @@
 //! Work the worker hands to threads of its own so that its loop (declarations, captures,
 //! requests) never waits for it: the estimates of what deleting each snapshot would free
 //! (`would_free` reads a snapshot's mapping log and its images: up to a second for a large
-//! one) and the compaction of the key ranges reclamation freed (RocksDB rewrites files).
+//! one), the compaction of the key ranges reclamation freed (RocksDB rewrites files), and the
+//! mapping log rewritten without the mappings reclamation killed (it reads the whole log).
 //!
 //! The threads only read the store (estimates) or ask RocksDB to compact (a manual compaction
 //! that is not exclusive: RocksDB's own go on, writers never stall). They never call
@@ -9,7 +10,7 @@
 //! one that found nothing (the estimates are computed again after the next change).
 
 use super::Store;
-use gsnap_store::{ImageId, SnapId};
+use gsnap_store::{ImageId, LogRewrite, SnapId};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -93,5 +94,34 @@ impl CompactionThread {
         self.handle
             .join()
             .unwrap_or_else(|_| vec!["the compaction thread panicked".into()])
+    }
+}
+
+/// The mapping log rewritten without its dead mappings (`SnapshotStore::rewrite_log`), computed
+/// on a thread; the worker applies it (`lifetimes.rs`, `poll_log_rewrite`) if no snapshot
+/// committed meanwhile.
+pub(super) struct LogRewriteThread {
+    handle: JoinHandle<Result<Option<LogRewrite>, String>>,
+}
+
+impl LogRewriteThread {
+    /// Starts computing the rewrite.
+    pub fn start(store: Store) -> std::io::Result<Self> {
+        let handle = std::thread::Builder::new()
+            .name("gsnap-log".into())
+            .spawn(move || store.rewrite_log().map_err(|e| e.message().to_string()))?;
+        Ok(LogRewriteThread { handle })
+    }
+
+    /// True once the thread has ended.
+    pub fn finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// The rewrite an ended thread computed (None: none to make now).
+    pub fn join(self) -> Result<Option<LogRewrite>, String> {
+        self.handle
+            .join()
+            .unwrap_or_else(|_| Err("the log rewrite thread panicked".into()))
     }
 }

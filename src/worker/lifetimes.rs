@@ -19,7 +19,7 @@
 //! - What deleting each snapshot would free is estimated on a thread too, once the catalog is
 //!   quiet and no capture or reclamation runs.
 
-use super::background::{CompactionThread, FreesThread};
+use super::background::{CompactionThread, FreesThread, LogRewriteThread};
 use super::{Store, Worker};
 use crate::gucs;
 use crate::shmem::{self, groups};
@@ -379,6 +379,7 @@ impl Worker {
         match result {
             Ok(true) => {
                 self.reclaimed_total.add(job.freed);
+                self.killed_mappings = self.killed_mappings.saturating_add(job.total() as u64);
                 for (from, to) in job.freed_ranges() {
                     let e = self
                         .freed_ranges
@@ -454,6 +455,58 @@ impl Worker {
                     "gsnap: rebuilding index groups without deleted snapshots failed: {e}"
                 ),
             }
+        }
+    }
+
+    /// Applies the mapping log's rewrite once its thread has computed it (if no snapshot
+    /// committed meanwhile: otherwise it is computed again later), and starts computing one
+    /// when the mappings reclamation killed since the last are half the log, between
+    /// reclamations. The log then holds what the retained snapshots need, not every mapping
+    /// of every snapshot ever taken (`gsnap_store::LogRewrite`).
+    pub(super) fn poll_log_rewrite(&mut self) {
+        if let Some(thread) = self.log_rewrite.take_if(|t| t.finished()) {
+            let Some(store) = self.store.clone() else {
+                return;
+            };
+            match thread.join() {
+                Ok(Some(rewrite)) => match store.apply_log_rewrite(&rewrite) {
+                    Ok(true) => {
+                        self.killed_mappings = 0;
+                        // The estimates read the log: computed again from the new one.
+                        self.catalog_changed();
+                        pgrx::log!(
+                            "gsnap: mapping log rewritten without the mappings no retained \
+                             snapshot needs: {} mappings, {} before",
+                            rewrite.after,
+                            rewrite.before
+                        );
+                    }
+                    Ok(false) => {} // a snapshot committed meanwhile: computed again later
+                    Err(e) => self.note_store_error(&e),
+                },
+                Ok(None) => {}
+                Err(e) => pgrx::warning!("gsnap: rewriting the mapping log failed: {e}"),
+            }
+            return;
+        }
+        if self.log_rewrite.is_some() || self.reclaim_job.is_some() || self.killed_mappings < 4096
+        {
+            return;
+        }
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        match store.log_mappings() {
+            Ok(total) if self.killed_mappings.saturating_mul(2) >= total => {}
+            Ok(_) => return,
+            Err(e) => {
+                self.note_store_error(&e);
+                return;
+            }
+        }
+        match LogRewriteThread::start(store) {
+            Ok(thread) => self.log_rewrite = Some(thread),
+            Err(e) => pgrx::log!("gsnap: cannot start the log rewrite thread yet: {e}"),
         }
     }
 

@@ -212,6 +212,10 @@ pub(crate) struct Worker {
     frees_thread: Option<background::FreesThread>,
     /// The thread compacting freed image ranges, if one runs.
     compaction: Option<background::CompactionThread>,
+    /// The mapping log's rewrite being computed, and the mappings reclamation killed since
+    /// the last one (a rewrite is due once they are half the log; at start, one is due).
+    log_rewrite: Option<background::LogRewriteThread>,
+    killed_mappings: u64,
     /// Not before this time (see `catalog_changed`).
     frees_quiet_at: Instant,
     /// A capture ended: the images reclamation kept for it may be freed.
@@ -259,6 +263,8 @@ impl Worker {
             frees_generation: 1,
             frees_thread: None,
             compaction: None,
+            log_rewrite: None,
+            killed_mappings: u64::MAX,
             frees_quiet_at: Instant::now(),
             release_kept: true,
             replaced_groups: Vec::new(),
@@ -286,6 +292,7 @@ impl Worker {
             busy |= self.reclaim();
             self.refresh_frees();
             self.poll_compaction();
+            self.poll_log_rewrite();
             self.close_broken_store();
             self.release_transaction_if_idle();
             let timeout = if busy || !self.pending.is_empty() && self.store.is_some() {

@@ -34,7 +34,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use gsnap_core::skippy::{LogNode, LogStore, SkippyLog, StopWhen};
+use gsnap_core::skippy::{LogNode, LogStore, MemoryLogStore, SkippyLog, StopWhen};
 use gsnap_core::{GroupBuilder, IndexError, Mapping};
 
 use crate::backend::{KvBackend, WriteBatch};
@@ -92,6 +92,85 @@ impl<B: KvBackend> SnapshotStore<B> {
             }
             Ok(())
         })
+    }
+
+    /// How many mappings the log holds (level 0), live and dead.
+    pub fn log_mappings(&self) -> Result<u64> {
+        self.with_log(|log| Ok(log.level_len(0)))
+    }
+
+    /// The log rewritten without its dead mappings (see [`LogRewrite`]), computed from the log
+    /// and the catalog as they are now; None while a reclamation is in flight (its progress
+    /// counts positions in its own list, which the log's dead mappings do not enter, but
+    /// there is no need to find out). Reads only: the caller applies it with
+    /// [`SnapshotStore::apply_log_rewrite`] (it may run on another thread).
+    pub fn rewrite_log(&self) -> Result<Option<LogRewrite>> {
+        if self.backend.get(Cf::Catalog, keys::GC_PROGRESS_KEY)?.is_some() {
+            return Ok(None);
+        }
+        let (r, _) = self.unreclaimed();
+        let config = self.identity.mapping_log;
+        self.with_log(|log| {
+            let before = log.level_len(0);
+            let last = log.last_snap();
+            let mut new = SkippyLog::open(MemoryLogStore::new(), config)?;
+            let mut window: Vec<Mapping> = Vec::new();
+            let mut window_end: Option<Option<SnapId>> = None;
+            let mut next_r = 0;
+            let count = log.store().node_count(0)?;
+            for number in 0..count {
+                let Some(node) = log.store().read_node(0, number)? else {
+                    return Err(IndexError::Storage(format!("mapping log node {number} is missing")));
+                };
+                for m in &node.entries {
+                    while r.get(next_r).is_some_and(|&s| s < m.snap) {
+                        next_r += 1;
+                    }
+                    // The mapping's window: the snapshots after the member of R before it,
+                    // up to the first member of R at or after it (None: after all of R).
+                    let end = r.get(next_r).copied();
+                    if window_end != Some(end) {
+                        append_live(&mut new, &mut window)?;
+                        window_end = Some(end);
+                    }
+                    window.push(*m);
+                }
+            }
+            append_live(&mut new, &mut window)?;
+            let mut batch = WriteBatch::new();
+            for level in 0..=config.height {
+                for number in 0..log.store().node_count(level)? {
+                    batch.delete(Cf::MapLog, &keys::log_node_key(level, number));
+                }
+            }
+            for node in new.store().nodes() {
+                batch.put(
+                    Cf::MapLog,
+                    &keys::log_node_key(node.level, node.number),
+                    &node.encode(),
+                );
+            }
+            Ok(Some(LogRewrite {
+                last,
+                before,
+                after: new.level_len(0),
+                batch,
+            }))
+        })
+    }
+
+    /// Replaces the log with `rewrite` if the log is still the one it was computed from (no
+    /// snapshot committed since); returns whether it did. One atomic batch: a crash leaves
+    /// the old log or the new one.
+    pub fn apply_log_rewrite(&self, rewrite: &LogRewrite) -> Result<bool> {
+        let same = self.with_log(|log| {
+            Ok(log.level_len(0) == rewrite.before && log.last_snap() == rewrite.last)
+        })?;
+        if !same || self.backend.get(Cf::Catalog, keys::GC_PROGRESS_KEY)?.is_some() {
+            return Ok(false);
+        }
+        self.backend.write(&rewrite.batch, false)?;
+        Ok(true)
     }
 
     /// Runs `f` over the log as stored now. An error of the store under the log is returned
@@ -336,4 +415,43 @@ mod tests {
         assert_eq!(e.kind(), crate::ErrorKind::Corrupt);
         assert!(e.message().contains("node 0 of level 0"), "{e}");
     }
+}
+
+/// The mapping log without its dead mappings, ready to replace it ([`SnapshotStore::rewrite_log`]).
+///
+/// Reclamation kills mappings (it frees their images) but leaves them in the log, which would
+/// otherwise grow with every snapshot ever taken. A mapping of page P made at v is live while a
+/// snapshot of R (the snapshots of the log not reclaimed, see `reclaim.rs`) lies between v and
+/// P's next mapping. With the log cut into windows, each ending at a member of R and starting
+/// after the one before, that is: the mapping is the last of P in its window. The rewrite keeps
+/// exactly those, in log order, so every page table of a member of R, every group built from
+/// the log and every later reclamation (whose dead mappings are all visible at a member of R)
+/// read the same mappings as before.
+pub struct LogRewrite {
+    last: Option<SnapId>,
+    /// Mappings before and after.
+    pub before: u64,
+    pub after: u64,
+    batch: WriteBatch,
+}
+
+/// Appends the live mappings of `window` (the last of each page) to `log`, snapshot by
+/// snapshot, and empties the window.
+fn append_live(
+    log: &mut SkippyLog<MemoryLogStore>,
+    window: &mut Vec<Mapping>,
+) -> Result<(), IndexError> {
+    let mut last_of: std::collections::HashMap<PageKey, usize> = std::collections::HashMap::new();
+    for (i, m) in window.iter().enumerate() {
+        last_of.insert(m.page, i);
+    }
+    let mut live: Vec<Mapping> = last_of.into_values().map(|i| window[i]).collect();
+    live.sort_by_key(|m| (m.snap, m.page));
+    let groups: Vec<(SnapId, &[Mapping])> = live
+        .chunk_by(|a, b| a.snap == b.snap)
+        .map(|g| (g[0].snap, g))
+        .collect();
+    log.append_snapshots(&groups)?;
+    window.clear();
+    Ok(())
 }

@@ -120,7 +120,7 @@ fn zero_key(id: ImageId) -> [u8; 9] {
 impl<B: KvBackend> SnapshotStore<B> {
     /// R (see the module comment): the snapshots of the log not reclaimed yet, in order,
     /// and the newest snapshot of the log.
-    fn unreclaimed(&self) -> (Vec<SnapId>, Option<SnapId>) {
+    pub(crate) fn unreclaimed(&self) -> (Vec<SnapId>, Option<SnapId>) {
         let cat = self.catalog();
         let r: Vec<SnapId> = cat
             .snaps

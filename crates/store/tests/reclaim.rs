@@ -1600,6 +1600,8 @@ struct Coverage {
     failed_deleted: u64,
     failed_captures: u64,
     dedup_hits: u64,
+    log_rewrites: u64,
+    mappings_dropped: u64,
 }
 
 impl Coverage {
@@ -1615,6 +1617,8 @@ impl Coverage {
         self.failed_deleted += o.failed_deleted;
         self.failed_captures += o.failed_captures;
         self.dedup_hits += o.dedup_hits;
+        self.log_rewrites += o.log_rewrites;
+        self.mappings_dropped += o.mappings_dropped;
     }
 }
 
@@ -1629,6 +1633,9 @@ struct World {
     model: Model,
     job: Option<ReclaimJob>,
     rng: Rng,
+    /// Decides the log rewrites, apart from `rng`, so that adding them left the workloads
+    /// the seeds made before unchanged.
+    rewrite_rng: Rng,
     clock: i64,
     round: usize,
 }
@@ -1658,6 +1665,7 @@ impl World {
             model: Model::default(),
             job: None,
             rng: Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xA5A5),
+            rewrite_rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A5A),
             clock: 0,
             round: 0,
         }
@@ -2072,6 +2080,7 @@ impl World {
                 18..=23 => self.delete_some(Some(&open)),
                 24..=26 => self.release(Some(&open)),
                 27..=31 => self.check(true),
+                32..=34 => self.rewrite_log(),
                 _ => {}
             }
         }
@@ -2086,7 +2095,29 @@ impl World {
             let n = 1 + self.rng.below(6);
             self.reclaim_steps(None, n, false);
         }
+        if self.rewrite_rng.chance(25) {
+            self.rewrite_log();
+        }
         self.check(false);
+    }
+
+    /// Rewrites the mapping log without its dead mappings (refused while a reclamation is in
+    /// flight); the checks that follow read every page table from the new log.
+    fn rewrite_log(&mut self) {
+        let before = self.store.log_mappings().unwrap();
+        let Some(rewrite) = self.store.rewrite_log().unwrap() else {
+            assert!(self.job.is_some(), "{}: a rewrite is refused only during a reclamation", self.ctx());
+            return;
+        };
+        assert_eq!(rewrite.before, before);
+        assert!(rewrite.after <= before);
+        assert!(self.store.apply_log_rewrite(&rewrite).unwrap(), "{}", self.ctx());
+        assert_eq!(self.store.log_mappings().unwrap(), rewrite.after);
+        // Rewriting again drops nothing more.
+        let again = self.store.rewrite_log().unwrap().unwrap();
+        assert_eq!(again.after, rewrite.after, "{}: a rewritten log has no dead mapping", self.ctx());
+        self.seen.log_rewrites += 1;
+        self.seen.mappings_dropped += rewrite.before - rewrite.after;
     }
 
     /// Reclaims everything there is to reclaim.
@@ -2193,6 +2224,8 @@ fn random_workloads_with_sparse_deletion_and_reclamation_match_the_model() {
         ("failed snapshots deleted", c.failed_deleted),
         ("failed captures", c.failed_captures),
         ("dedup hits", c.dedup_hits),
+        ("log rewrites", c.log_rewrites),
+        ("dead mappings dropped by a rewrite", c.mappings_dropped),
     ] {
         assert!(n > 0, "the workload never exercised {what}: {c:?}");
     }

@@ -29,6 +29,11 @@ impl MemoryLogStore {
         Self::default()
     }
 
+    /// Every node, level by level, in number order.
+    pub fn nodes(&self) -> impl Iterator<Item = &LogNode> {
+        self.levels.iter().flatten().map(|n| n.as_ref())
+    }
+
     /// Total entries stored over all levels (for space reports).
     pub fn entries(&self) -> usize {
         self.levels.iter().flatten().map(|n| n.entries.len()).sum()
