@@ -489,8 +489,7 @@ impl Worker {
             }
             return;
         }
-        if self.log_rewrite.is_some() || self.reclaim_job.is_some() || self.killed_mappings < 4096
-        {
+        if self.log_rewrite.is_some() || self.reclaim_job.is_some() || self.killed_mappings < 4096 {
             return;
         }
         let Some(store) = self.store.clone() else {

@@ -63,10 +63,10 @@ pub use capture::{Capture, MAX_TOAST_BYTES, MAX_VIEW_BYTES, TOAST_CHUNK_BYTES};
 pub use error::{ErrorKind, Result, StoreError};
 pub use faulty::{Fault, FaultyBackend};
 pub use groups::GroupMeta;
-pub use maplog::LogRewrite;
 pub use gsnap_core::skippy::SkippyConfig;
 pub use gsnap_core::Mapping;
 pub use ids::{Fingerprint, GroupId, ImageId, PageKey, Rank, RelId, RowTypeId, SnapId, ToastId};
+pub use maplog::LogRewrite;
 pub use mem::MemBackend;
 pub use reclaim::ReclaimJob;
 pub use records::{

@@ -105,7 +105,11 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// there is no need to find out). Reads only: the caller applies it with
     /// [`SnapshotStore::apply_log_rewrite`] (it may run on another thread).
     pub fn rewrite_log(&self) -> Result<Option<LogRewrite>> {
-        if self.backend.get(Cf::Catalog, keys::GC_PROGRESS_KEY)?.is_some() {
+        if self
+            .backend
+            .get(Cf::Catalog, keys::GC_PROGRESS_KEY)?
+            .is_some()
+        {
             return Ok(None);
         }
         let (r, _) = self.unreclaimed();
@@ -120,7 +124,9 @@ impl<B: KvBackend> SnapshotStore<B> {
             let count = log.store().node_count(0)?;
             for number in 0..count {
                 let Some(node) = log.store().read_node(0, number)? else {
-                    return Err(IndexError::Storage(format!("mapping log node {number} is missing")));
+                    return Err(IndexError::Storage(format!(
+                        "mapping log node {number} is missing"
+                    )));
                 };
                 for m in &node.entries {
                     while r.get(next_r).is_some_and(|&s| s < m.snap) {
@@ -166,7 +172,12 @@ impl<B: KvBackend> SnapshotStore<B> {
         let same = self.with_log(|log| {
             Ok(log.level_len(0) == rewrite.before && log.last_snap() == rewrite.last)
         })?;
-        if !same || self.backend.get(Cf::Catalog, keys::GC_PROGRESS_KEY)?.is_some() {
+        if !same
+            || self
+                .backend
+                .get(Cf::Catalog, keys::GC_PROGRESS_KEY)?
+                .is_some()
+        {
             return Ok(false);
         }
         self.backend.write(&rewrite.batch, false)?;

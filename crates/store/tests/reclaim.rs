@@ -1636,6 +1636,8 @@ struct World {
     /// Decides the log rewrites, apart from `rng`, so that adding them left the workloads
     /// the seeds made before unchanged.
     rewrite_rng: Rng,
+    /// Draws once more from `rng` after each round: another workload from the same seed.
+    extra_draw: bool,
     clock: i64,
     round: usize,
 }
@@ -1666,6 +1668,7 @@ impl World {
             job: None,
             rng: Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xA5A5),
             rewrite_rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A5A),
+            extra_draw: false,
             clock: 0,
             round: 0,
         }
@@ -2034,9 +2037,22 @@ impl World {
                 *toast_counts.entry(*t).or_default() += 1;
             }
         }
+        // TOAST values whose count reached zero while a capture was open stay, marked, until
+        // release_kept.
+        let kept_toasts: BTreeSet<ToastId> =
+            Scan::prefix(store.backend(), Cf::Catalog, &[keys::TAG_KEPT_TOAST])
+                .unwrap()
+                .map(|e| {
+                    ToastId(keys::decode_tagged_u64(&e.unwrap().0, keys::TAG_KEPT_TOAST).unwrap())
+                })
+                .filter(|t| !toast_counts.contains_key(t))
+                .collect();
+        for t in &kept_toasts {
+            assert_eq!(store.toast_refs(*t).unwrap(), Some(0), "{ctx}: kept {t}");
+        }
         assert_eq!(
             stored_toasts(store),
-            toast_counts.keys().copied().collect(),
+            toast_counts.keys().chain(&kept_toasts).copied().collect(),
             "{ctx}: stored TOAST values"
         );
         for (t, n) in &toast_counts {
@@ -2049,7 +2065,11 @@ impl World {
         let report = assert_clean(store, &|id| kept.contains(&id), &ctx);
         assert_eq!(report.live_mappings, counts.values().sum::<u64>(), "{ctx}");
         assert_eq!(report.images, stored.len() as u64);
-        assert_eq!(report.toast_values, toast_counts.len() as u64, "{ctx}");
+        assert_eq!(
+            report.toast_values,
+            (toast_counts.len() + kept_toasts.len()) as u64,
+            "{ctx}"
+        );
         // The in-memory backend's estimates are exact.
         let space = store.space().unwrap();
         assert_eq!(space.images, stored.len() as u64, "{ctx}");
@@ -2098,6 +2118,9 @@ impl World {
         if self.rewrite_rng.chance(25) {
             self.rewrite_log();
         }
+        if self.extra_draw {
+            self.rng.below(100);
+        }
         self.check(false);
     }
 
@@ -2106,16 +2129,29 @@ impl World {
     fn rewrite_log(&mut self) {
         let before = self.store.log_mappings().unwrap();
         let Some(rewrite) = self.store.rewrite_log().unwrap() else {
-            assert!(self.job.is_some(), "{}: a rewrite is refused only during a reclamation", self.ctx());
+            assert!(
+                self.job.is_some(),
+                "{}: a rewrite is refused only during a reclamation",
+                self.ctx()
+            );
             return;
         };
         assert_eq!(rewrite.before, before);
         assert!(rewrite.after <= before);
-        assert!(self.store.apply_log_rewrite(&rewrite).unwrap(), "{}", self.ctx());
+        assert!(
+            self.store.apply_log_rewrite(&rewrite).unwrap(),
+            "{}",
+            self.ctx()
+        );
         assert_eq!(self.store.log_mappings().unwrap(), rewrite.after);
         // Rewriting again drops nothing more.
         let again = self.store.rewrite_log().unwrap().unwrap();
-        assert_eq!(again.after, rewrite.after, "{}: a rewritten log has no dead mapping", self.ctx());
+        assert_eq!(
+            again.after,
+            rewrite.after,
+            "{}: a rewritten log has no dead mapping",
+            self.ctx()
+        );
         self.seen.log_rewrites += 1;
         self.seen.mappings_dropped += rewrite.before - rewrite.after;
     }
@@ -2154,7 +2190,12 @@ impl World {
 }
 
 fn run_model(seed: u64, rounds: usize) -> (usize, u64, Coverage) {
+    run_model_with(seed, rounds, false)
+}
+
+fn run_model_with(seed: u64, rounds: usize, extra_draw: bool) -> (usize, u64, Coverage) {
     let mut w = World::new(seed);
+    w.extra_draw = extra_draw;
     for r in 0..rounds {
         w.round = r;
         w.round();
@@ -2401,4 +2442,14 @@ fn a_page_is_mapped_at_most_once_per_capture() {
     assert_eq!(store.page_table(snap).unwrap(), vec![(p, first)]);
     assert_eq!(store.image_refs(first).unwrap(), Some(1));
     assert_clean(&store, &keep_none, "after the commit");
+}
+
+/// Was a false alarm of this test and of `verify`: a TOAST value whose count reached zero
+/// while a capture was open stays stored, marked, until `release_kept` (the capture may have
+/// reused it); the model counted it as a leak, and `verify` reported it as one (seed 1 with
+/// one more draw per round, round 62). Both now count it as kept.
+#[test]
+fn a_toast_value_kept_for_a_capture_is_not_a_leak_until_released() {
+    let (reclaimed, _, _) = run_model_with(1, 120, true);
+    assert!(reclaimed >= 10);
 }
