@@ -24,10 +24,9 @@ from ops_helpers import (asof, configure, digest, progress, snapshot_row, snapsh
                          wait_until)
 
 
-@pytest.fixture(scope="module")
-def lt():
-    """A cluster of this module's own: reclamation starts as soon as a snapshot is deleted."""
-    c = Cluster("lifetimes", conf=["gsnap.reclaim_delay = 0", "autovacuum = off"])
+def lifetimes_cluster(name: str):
+    """A cluster where reclamation starts as soon as a snapshot is deleted."""
+    c = Cluster(name, conf=["gsnap.reclaim_delay = 0", "autovacuum = off"])
     try:
         c.start()
         with c.connect() as conn:
@@ -35,6 +34,12 @@ def lt():
         yield c
     finally:
         c.destroy()
+
+
+@pytest.fixture(scope="module")
+def lt():
+    """This module's cluster."""
+    yield from lifetimes_cluster("lifetimes")
 
 
 def stats(conn) -> dict:
@@ -472,14 +477,7 @@ def test_deleting_the_first_snapshot_of_a_period_says_what_it_means_for_the_poli
 @pytest.fixture
 def fresh():
     """A cluster of its own: what its log holds is only this test's."""
-    c = Cluster("lifetimes-log", conf=["gsnap.reclaim_delay = 0", "autovacuum = off"])
-    try:
-        c.start()
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    yield from lifetimes_cluster("lifetimes-log")
 
 
 def test_the_mapping_log_drops_what_no_retained_snapshot_needs(fresh):

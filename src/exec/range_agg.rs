@@ -18,7 +18,6 @@ use crate::plan::AggKind;
 use crate::read::range::RangeCursor;
 use crate::read::versions::VersionsCursor;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
 /// One aggregate: its kind, its argument (prepared; null for `count(*)`) and the argument's
@@ -44,8 +43,9 @@ pub(super) struct RangeAggScan {
 }
 
 /// The node's methods.
+/// EXPLAIN shows the Row Filter as the range's node does (the same place in `custom_exprs`).
 pub(super) static METHODS: ExecMethods<RangeAggScan> =
-    node::methods(c"gsnap range aggregate", Some(explain));
+    node::methods(c"gsnap range aggregate", Some(super::range_scan::explain));
 
 impl ScanNode for RangeAggScan {
     unsafe fn begin(
@@ -284,30 +284,5 @@ fn numeric(v: i128) -> pg_sys::Numeric {
         let scale = pg_sys::int64_to_numeric(E18 as i64);
         let high = pg_sys::numeric_mul_opt_error(numeric(high), scale, std::ptr::null_mut());
         pg_sys::numeric_add_opt_error(high, numeric(low), std::ptr::null_mut())
-    }
-}
-
-/// EXPLAIN: the conditions on `rec` (the Row Filter) and how many aggregates.
-#[pg_guard]
-unsafe extern "C-unwind" fn explain(
-    css: *mut pg_sys::CustomScanState,
-    ancestors: *mut pg_sys::List,
-    es: *mut pg_sys::ExplainState,
-) {
-    // SAFETY: EXPLAIN calls this for our node, whose plan is a "gsnap range aggregate".
-    let cscan = unsafe { node::plan_of(css) };
-    // SAFETY: as above: custom_exprs from, to, the row filter, the arguments.
-    let filter = unsafe { list::nth::<pg_sys::List>(cscan.custom_exprs, 2) };
-    if filter.is_null() {
-        return;
-    }
-    let plan = std::ptr::from_ref(cscan).cast_mut().cast();
-    // SAFETY: deparsing the plan's own conditions in the context of its plan tree, the way
-    // EXPLAIN shows a Filter; `es` is the EXPLAIN in progress.
-    unsafe {
-        let context = pg_sys::set_deparse_context_plan((*es).deparse_cxt, plan, ancestors);
-        let conditions = pg_sys::make_ands_explicit(filter).cast();
-        let text = pg_sys::deparse_expression(conditions, context, (*es).verbose, false);
-        pg_sys::ExplainPropertyText(c"Row Filter".as_ptr(), text, es);
     }
 }

@@ -51,7 +51,7 @@ pub(super) static VERSIONS_METHODS: ExecMethods<RangeScan> =
 /// arguments in the plan's expressions (plan/nodes.rs).
 ///
 /// # Safety
-/// `cscan` is the plan of a "gsnap range" node.
+/// `cscan` is the plan of a "gsnap range", "gsnap versions" or "gsnap range aggregate" node.
 unsafe fn row_filter_of(cscan: &pg_sys::CustomScan) -> *mut pg_sys::List {
     // SAFETY: the caller's promise: its custom_exprs are from, to, the row filter.
     unsafe { list::nth::<pg_sys::List>(cscan.custom_exprs, 2) }
@@ -192,14 +192,16 @@ impl RangeScan {
 }
 
 /// EXPLAIN: the conditions on `rec` alone, checked once per row version ("Row Filter"; the
-/// per-row ones are the plan's Filter).
+/// per-row ones are the plan's Filter). Also the aggregate node's (`range_agg.rs`), whose
+/// `custom_exprs` hold its Row Filter at the same place.
 #[pg_guard]
-unsafe extern "C-unwind" fn explain(
+pub(super) unsafe extern "C-unwind" fn explain(
     css: *mut pg_sys::CustomScanState,
     ancestors: *mut pg_sys::List,
     es: *mut pg_sys::ExplainState,
 ) {
-    // SAFETY: EXPLAIN calls this for our node, whose plan is a "gsnap range" CustomScan.
+    // SAFETY: EXPLAIN calls this for our node, whose plan is a "gsnap range", "gsnap
+    // versions" or "gsnap range aggregate" CustomScan.
     let cscan = unsafe { node::plan_of(css) };
     // SAFETY: as above.
     let filter = unsafe { row_filter_of(cscan) };

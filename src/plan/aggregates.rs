@@ -18,7 +18,7 @@
 //! whose rounding or display scale would depend on the order) keeps PostgreSQL's own
 //! aggregation over the range scan, with the same results.
 
-use super::nodes::{path_methods, split_range_conditions, PathPlan, ScanKind};
+use super::nodes::{new_path, path_methods, split_range_conditions, PathPlan, ScanKind};
 use crate::ffi::list::{self, int_node, list_of};
 use crate::ffi::node::{is_a, palloc_node};
 use pgrx::pg_sys;
@@ -261,21 +261,15 @@ unsafe fn aggregate_path(
         private.push(list_of(&args).cast());
         private.push(int_node(rti as i32));
         // Cheaper than aggregating the range's rows: about the versions, a tenth of them.
-        let rows = 10.0;
         let cost = (*range).path.total_cost * 0.1;
-        let mut path = pg_sys::CustomPath {
-            custom_private: list_of(&private),
-            methods: path_methods(ScanKind::RangeAggregate),
-            ..Default::default()
-        };
-        path.path.type_ = pg_sys::NodeTag::T_CustomPath;
-        path.path.pathtype = pg_sys::NodeTag::T_CustomScan;
-        path.path.parent = output_rel;
-        path.path.pathtarget = target;
-        path.path.rows = rows;
-        path.path.startup_cost = cost;
-        path.path.total_cost = cost;
-        Some(palloc_node(path))
+        Some(new_path(
+            ScanKind::RangeAggregate,
+            list_of(&private),
+            output_rel,
+            target,
+            10.0,
+            (cost, cost),
+        ))
     }
 }
 

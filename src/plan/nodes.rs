@@ -211,6 +211,31 @@ fn methods(kind: ScanKind) -> &'static Methods {
     }
 }
 
+/// A path of `kind` for `parent` (in the current memory context): its private list, what it
+/// returns, its rows, and its startup and total costs.
+pub fn new_path(
+    kind: ScanKind,
+    private: *mut pg_sys::List,
+    parent: *mut pg_sys::RelOptInfo,
+    target: *mut pg_sys::PathTarget,
+    rows: f64,
+    (startup_cost, total_cost): (f64, f64),
+) -> *mut pg_sys::CustomPath {
+    let mut path = pg_sys::CustomPath {
+        custom_private: private,
+        methods: path_methods(kind),
+        ..Default::default()
+    };
+    path.path.type_ = pg_sys::NodeTag::T_CustomPath;
+    path.path.pathtype = pg_sys::NodeTag::T_CustomScan;
+    path.path.parent = parent;
+    path.path.pathtarget = target;
+    path.path.rows = rows;
+    path.path.startup_cost = startup_cost;
+    path.path.total_cost = total_cost;
+    palloc_node(path)
+}
+
 /// The plan methods of a scan of `kind`.
 pub fn scan_methods(kind: ScanKind) -> &'static pg_sys::CustomScanMethods {
     &methods(kind).scan

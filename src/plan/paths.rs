@@ -9,9 +9,9 @@
 //! references, anything but plain Vars in the target list.
 
 use super::deps::{reader_kind, table_of_call, Reader};
-use super::nodes::{path_methods, PathPlan, ScanKind};
+use super::nodes::{new_path, PathPlan, ScanKind};
 use crate::ffi::list;
-use crate::ffi::node::{is_a, palloc_node, VarAttnos};
+use crate::ffi::node::{is_a, VarAttnos};
 use crate::ffi::relation::{relation_kind, relation_row_type, OpenRelation};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -157,23 +157,14 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         (*rel).rows = rows;
         (*rel).reltarget
     };
-    let mut path = pg_sys::CustomPath {
-        custom_private: PathPlan { relid, kind, args }.encode(),
-        methods: path_methods(kind),
-        ..Default::default()
-    };
-    path.path.type_ = pg_sys::NodeTag::T_CustomPath;
-    path.path.pathtype = pg_sys::NodeTag::T_CustomScan;
-    path.path.parent = rel;
-    path.path.pathtarget = pathtarget;
-    path.path.rows = rows;
-    path.path.startup_cost = 0.0;
     // SAFETY: reading two planner settings (GUCs) of this backend.
     let (seq_page_cost, cpu_tuple_cost) =
         unsafe { (pg_sys::seq_page_cost, pg_sys::cpu_tuple_cost) };
-    path.path.total_cost = pages * seq_page_cost + tuples * cpu_tuple_cost;
+    let private = PathPlan { relid, kind, args }.encode();
+    let cost = (0.0, pages * seq_page_cost + tuples * cpu_tuple_cost);
+    let path = new_path(kind, private, rel, pathtarget, rows, cost);
     // SAFETY: the planner's state and relation.
-    unsafe { replace_paths(root, rel, relid, palloc_node(path)) };
+    unsafe { replace_paths(root, rel, relid, path) };
 }
 
 /// Makes `path` the only path of `rel`, and the plan depend on table `relid` and its row

@@ -286,6 +286,45 @@ impl<B: KvBackend> LogStore for LogNodes<'_, B> {
     }
 }
 
+/// The mapping log without its dead mappings, ready to replace it ([`SnapshotStore::rewrite_log`]).
+///
+/// Reclamation kills mappings (it frees their images) but leaves them in the log, which would
+/// otherwise grow with every snapshot ever taken. A mapping of page P made at v is live while a
+/// snapshot of R (the snapshots of the log not reclaimed, see `reclaim.rs`) lies between v and
+/// P's next mapping. With the log cut into windows, each ending at a member of R and starting
+/// after the one before, that is: the mapping is the last of P in its window. The rewrite keeps
+/// exactly those, in log order, so every page table of a member of R, every group built from
+/// the log and every later reclamation (whose dead mappings are all visible at a member of R)
+/// read the same mappings as before.
+pub struct LogRewrite {
+    last: Option<SnapId>,
+    /// Mappings before and after.
+    pub before: u64,
+    pub after: u64,
+    batch: WriteBatch,
+}
+
+/// Appends the live mappings of `window` (the last of each page) to `log`, snapshot by
+/// snapshot, and empties the window.
+fn append_live(
+    log: &mut SkippyLog<MemoryLogStore>,
+    window: &mut Vec<Mapping>,
+) -> Result<(), IndexError> {
+    let mut last_of: std::collections::HashMap<PageKey, usize> = std::collections::HashMap::new();
+    for (i, m) in window.iter().enumerate() {
+        last_of.insert(m.page, i);
+    }
+    let mut live: Vec<Mapping> = last_of.into_values().map(|i| window[i]).collect();
+    live.sort_by_key(|m| (m.snap, m.page));
+    let groups: Vec<(SnapId, &[Mapping])> = live
+        .chunk_by(|a, b| a.snap == b.snap)
+        .map(|g| (g[0].snap, g))
+        .collect();
+    log.append_snapshots(&groups)?;
+    window.clear();
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,43 +465,4 @@ mod tests {
         assert_eq!(e.kind(), crate::ErrorKind::Corrupt);
         assert!(e.message().contains("node 0 of level 0"), "{e}");
     }
-}
-
-/// The mapping log without its dead mappings, ready to replace it ([`SnapshotStore::rewrite_log`]).
-///
-/// Reclamation kills mappings (it frees their images) but leaves them in the log, which would
-/// otherwise grow with every snapshot ever taken. A mapping of page P made at v is live while a
-/// snapshot of R (the snapshots of the log not reclaimed, see `reclaim.rs`) lies between v and
-/// P's next mapping. With the log cut into windows, each ending at a member of R and starting
-/// after the one before, that is: the mapping is the last of P in its window. The rewrite keeps
-/// exactly those, in log order, so every page table of a member of R, every group built from
-/// the log and every later reclamation (whose dead mappings are all visible at a member of R)
-/// read the same mappings as before.
-pub struct LogRewrite {
-    last: Option<SnapId>,
-    /// Mappings before and after.
-    pub before: u64,
-    pub after: u64,
-    batch: WriteBatch,
-}
-
-/// Appends the live mappings of `window` (the last of each page) to `log`, snapshot by
-/// snapshot, and empties the window.
-fn append_live(
-    log: &mut SkippyLog<MemoryLogStore>,
-    window: &mut Vec<Mapping>,
-) -> Result<(), IndexError> {
-    let mut last_of: std::collections::HashMap<PageKey, usize> = std::collections::HashMap::new();
-    for (i, m) in window.iter().enumerate() {
-        last_of.insert(m.page, i);
-    }
-    let mut live: Vec<Mapping> = last_of.into_values().map(|i| window[i]).collect();
-    live.sort_by_key(|m| (m.snap, m.page));
-    let groups: Vec<(SnapId, &[Mapping])> = live
-        .chunk_by(|a, b| a.snap == b.snap)
-        .map(|g| (g[0].snap, g))
-        .collect();
-    log.append_snapshots(&groups)?;
-    window.clear();
-    Ok(())
 }
