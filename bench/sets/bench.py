@@ -207,7 +207,11 @@ def bench_range(b: Bench) -> None:
     group_length = max(64, nmax + 8)
     log(f"== 1. gsnap_range over N snapshots vs N AS OF scans ({rows:,} rows per table, N = "
         f"{', '.join(map(str, ns))}, {rounds} rounds, gsnap.group_length = {group_length})")
-    c = b.cluster("range", [f"gsnap.group_length = {group_length}"])
+    extra = [f"gsnap.group_length = {group_length}"]
+    if a.image_cache:
+        extra.append(f"gsnap.image_cache_size = '{a.image_cache}'")
+        log(f"   gsnap.image_cache_size = {a.image_cache}")
+    c = b.cluster("range", extra)
     conn = c.connect()
     info: dict = {"rows": rows, "group_length": group_length}
     for t in PATTERNS:
@@ -729,6 +733,8 @@ def main() -> int:
     ap = arg_parser(__doc__, BENCHMARKS, HERE / "results", "small smoke test (under 3 minutes)")
     ap.add_argument("--rounds", type=int, help="rounds of the range benchmark")
     ap.add_argument("--diff-rounds", type=int)
+    ap.add_argument("--image-cache", help="gsnap.image_cache_size of the range benchmark's cluster "
+                    "(e.g. 1GB: every distinct image of the range stays cached, the warm case)")
     ap.add_argument("--fscan-rounds", type=int, default=2,
                     help="rounds that include the (slow) function-scan AS OF diagnostic")
     ap.add_argument("--range-rows", type=int)
