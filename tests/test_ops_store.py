@@ -181,7 +181,7 @@ def test_full_disk_fails_the_snapshot_and_recovers(stc):
     reopens the store by itself: new snapshots work, the failed one is listed as failed with
     the real reason and refuses to be read, the earlier one reads as before."""
     mnt = stc.base / "smallfs"
-    how = _mount_small_fs(mnt, 48)
+    how = _mount_small_fs(mnt, 96)
     if how is None:
         pytest.skip("this machine can mount neither a tmpfs nor a loop device")
     filler = mnt / "filler"
@@ -194,7 +194,9 @@ def test_full_disk_fails_the_snapshot_and_recovers(stc):
             wait_ready(conn, 15)
             s1 = snapshot_works(conn)
             d1 = digest(conn, "st_t")
-            # leave about 2 MB free, then write ~12 MB of incompressible rows
+            # leave about 2 MB free, then write ~36 MB of incompressible rows: more than the
+            # store's memtables and the log space RocksDB preallocated can take without a
+            # new file
             free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
             with open(filler, "wb") as f:
                 left = free - 2 * 1024 * 1024
@@ -206,7 +208,7 @@ def test_full_disk_fails_the_snapshot_and_recovers(stc):
             conn.execute("CREATE TABLE st_big (id int, pad text) USING gsnap")
             conn.execute(
                 "INSERT INTO st_big SELECT g, (SELECT string_agg(md5(random()::text || i || g), '')"
-                " FROM generate_series(1, 30) i) FROM generate_series(1, 12000) g")
+                " FROM generate_series(1, 30) i) FROM generate_series(1, 36000) g")
             conn.execute("SET statement_timeout = '60s'")
             t0 = time.monotonic()
             with pytest.raises(psycopg.Error) as err:

@@ -518,7 +518,7 @@ def test_custom_scan_is_used_where_expected(env):
                 q, _ = reader_sql(reader, tab.name, tab)
                 plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {q}").fetchall())
                 custom = "Custom Scan (gsnap" in plan
-                want = reader in ("asof_id", "asof_time", "range")
+                want = reader in ("asof_id", "asof_time", "range", "versions", "range_agg")
                 assert custom == want, f"{reader}: {'custom scan' if custom else 'function scan'}:\n{plan}"
             # the inlined SQL function's kept plan reads through the custom scan too
             q, _ = reader_sql("asof_id", tab.name, tab)
