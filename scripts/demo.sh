@@ -19,7 +19,16 @@ pg_owned_dir "$DEMO_DIR"
 export PGHOST="$DEMO_DIR/data" PGPORT="$PORT" PGUSER=postgres PGDATABASE=postgres
 psql() { "$PGBIN/psql" -X -v ON_ERROR_STOP=1 "$@"; }
 
+# A demo cluster kept from an earlier build has that build's SQL functions: when the
+# extension's install script changed since, the demo's extension and tables are made again
+# (the demo's data is disposable; a real database would use ALTER EXTENSION ... UPDATE).
+script_hash=$(cat "$("$PG_CONFIG" --sharedir)"/extension/gsnap--*.sql | sha256sum | cut -c1-16)
+if [ -f "$DEMO_DIR/extension-script" ] && [ "$(cat "$DEMO_DIR/extension-script")" != "$script_hash" ]; then
+    log "gsnap's SQL changed since this demo cluster was made: recreating the extension and the pgbench tables"
+    psql -q -c "DROP EXTENSION IF EXISTS gsnap CASCADE"
+fi
 psql -q -c "CREATE EXTENSION IF NOT EXISTS gsnap"
+echo "$script_hash" > "$DEMO_DIR/extension-script"
 if [ "$(psql -tAc "SELECT to_regclass('pgbench_accounts') IS NOT NULL")" != t ]; then
     log "pgbench -i at scale $SCALE on gsnap tables"
     PGOPTIONS="-c default_table_access_method=gsnap" "$PGBIN/pgbench" -i -s "$SCALE" -q
@@ -64,6 +73,13 @@ psql -c "SELECT change, count(*) FROM gsnap_diff(NULL::pgbench_accounts,
                 (SELECT max(snap_id) FROM gsnap_snapshots()
                  WHERE state = 'committed' AND snap_id < $last), $last)
          GROUP BY change ORDER BY change"
+log "history at the cost of the change: each version of teller 1 once, and the branches' total per snapshot"
+psql -c "SELECT first_snap, last_snap, (rec).tbalance FROM gsnap_versions(NULL::pgbench_tellers, $first, $last)
+         WHERE (rec).tid = 1 ORDER BY first_snap"
+psql -c "EXPLAIN (COSTS OFF) SELECT snap_id, sum((rec).bbalance) FROM gsnap_range(NULL::pgbench_branches, $first, $last)
+         GROUP BY snap_id"
+psql -c "SELECT snap_id, count(*) AS branches, sum((rec).bbalance) AS total
+         FROM gsnap_range(NULL::pgbench_branches, $first, $last) GROUP BY snap_id ORDER BY snap_id"
 log "lifetimes: what a policy would keep (gsnap.retention), and what deleting each snapshot frees"
 psql -c "SELECT p.snap_id, p.rank, p.action, p.rule, pg_size_pretty(s.frees_bytes) AS deleting_frees
          FROM gsnap_retention_preview('within=20s minutely=1') p JOIN gsnap_snapshots() s USING (snap_id)
