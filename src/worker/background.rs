@@ -105,11 +105,15 @@ pub(super) struct LogRewriteThread {
 }
 
 impl LogRewriteThread {
-    /// Starts computing the rewrite.
-    pub fn start(store: Store) -> std::io::Result<Self> {
+    /// Starts computing the rewrite, given up if more than `max_live` mappings would stay.
+    pub fn start(store: Store, max_live: u64) -> std::io::Result<Self> {
         let handle = std::thread::Builder::new()
             .name("gsnap-log".into())
-            .spawn(move || store.rewrite_log().map_err(|e| e.message().to_string()))?;
+            .spawn(move || {
+                store
+                    .rewrite_log(max_live)
+                    .map_err(|e| e.message().to_string())
+            })?;
         Ok(LogRewriteThread { handle })
     }
 

@@ -33,6 +33,10 @@ use std::time::{Duration, Instant};
 /// How often the policy is applied when nothing else triggers it (pins expire).
 const RETENTION_PERIOD: Duration = Duration::from_secs(5);
 
+/// The most mappings a rewrite of the mapping log keeps: it builds the new log in memory (about
+/// 50 bytes a mapping, so at most about 200 MB); a larger live log keeps its dead mappings.
+const MAX_REWRITE_MAPPINGS: u64 = 4_000_000;
+
 fn store_error(e: StoreError) -> WorkerError {
     WorkerError::new(super::code_of(&e), e.message().to_string())
 }
@@ -484,7 +488,15 @@ impl Worker {
                     Ok(false) => {} // a snapshot committed meanwhile: computed again later
                     Err(e) => self.note_store_error(&e),
                 },
-                Ok(None) => {}
+                Ok(None) => {
+                    // Too large to rebuild in memory, or a reclamation started: not again
+                    // until as many more mappings were killed.
+                    self.killed_mappings = 0;
+                    pgrx::log!(
+                        "gsnap: the mapping log was not rewritten: a reclamation started, or \
+                         more than {MAX_REWRITE_MAPPINGS} mappings would stay"
+                    );
+                }
                 Err(e) => pgrx::warning!("gsnap: rewriting the mapping log failed: {e}"),
             }
             return;
@@ -503,7 +515,7 @@ impl Worker {
                 return;
             }
         }
-        match LogRewriteThread::start(store) {
+        match LogRewriteThread::start(store, MAX_REWRITE_MAPPINGS) {
             Ok(thread) => self.log_rewrite = Some(thread),
             Err(e) => pgrx::log!("gsnap: cannot start the log rewrite thread yet: {e}"),
         }

@@ -32,6 +32,7 @@
 //! `docs/format.md` ("One copy of each mapping") has the trade-offs.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use gsnap_core::skippy::{LogNode, LogStore, MemoryLogStore, SkippyLog, StopWhen};
@@ -102,9 +103,11 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// The log rewritten without its dead mappings (see [`LogRewrite`]), computed from the log
     /// and the catalog as they are now; None while a reclamation is in flight (its progress
     /// counts positions in its own list, which the log's dead mappings do not enter, but
-    /// there is no need to find out). Reads only: the caller applies it with
-    /// [`SnapshotStore::apply_log_rewrite`] (it may run on another thread).
-    pub fn rewrite_log(&self) -> Result<Option<LogRewrite>> {
+    /// there is no need to find out), or if more than `max_live` mappings would stay (the new
+    /// log is built in memory, about 50 bytes a mapping: the bound keeps that memory). Reads
+    /// only: the caller applies it with [`SnapshotStore::apply_log_rewrite`] (it may run on
+    /// another thread).
+    pub fn rewrite_log(&self, max_live: u64) -> Result<Option<LogRewrite>> {
         if self
             .backend
             .get(Cf::Catalog, keys::GC_PROGRESS_KEY)?
@@ -118,7 +121,8 @@ impl<B: KvBackend> SnapshotStore<B> {
             let before = log.level_len(0);
             let last = log.last_snap();
             let mut new = SkippyLog::open(MemoryLogStore::new(), config)?;
-            let mut window: Vec<Mapping> = Vec::new();
+            // The window's last mapping of each page (memory: the pages, not the snapshots).
+            let mut window: HashMap<PageKey, Mapping> = HashMap::new();
             let mut window_end: Option<Option<SnapId>> = None;
             let mut next_r = 0;
             let count = log.store().node_count(0)?;
@@ -137,12 +141,18 @@ impl<B: KvBackend> SnapshotStore<B> {
                     let end = r.get(next_r).copied();
                     if window_end != Some(end) {
                         append_live(&mut new, &mut window)?;
+                        if new.level_len(0) > max_live {
+                            return Ok(None);
+                        }
                         window_end = Some(end);
                     }
-                    window.push(*m);
+                    window.insert(m.page, *m);
                 }
             }
             append_live(&mut new, &mut window)?;
+            if new.level_len(0) > max_live {
+                return Ok(None);
+            }
             let mut batch = WriteBatch::new();
             for level in 0..=config.height {
                 for number in 0..log.store().node_count(level)? {
@@ -304,24 +314,19 @@ pub struct LogRewrite {
     batch: WriteBatch,
 }
 
-/// Appends the live mappings of `window` (the last of each page) to `log`, snapshot by
+/// Appends the live mappings of a window (the last of each page) to `log`, snapshot by
 /// snapshot, and empties the window.
 fn append_live(
     log: &mut SkippyLog<MemoryLogStore>,
-    window: &mut Vec<Mapping>,
+    window: &mut HashMap<PageKey, Mapping>,
 ) -> Result<(), IndexError> {
-    let mut last_of: std::collections::HashMap<PageKey, usize> = std::collections::HashMap::new();
-    for (i, m) in window.iter().enumerate() {
-        last_of.insert(m.page, i);
-    }
-    let mut live: Vec<Mapping> = last_of.into_values().map(|i| window[i]).collect();
+    let mut live: Vec<Mapping> = window.drain().map(|(_, m)| m).collect();
     live.sort_by_key(|m| (m.snap, m.page));
     let groups: Vec<(SnapId, &[Mapping])> = live
         .chunk_by(|a, b| a.snap == b.snap)
         .map(|g| (g[0].snap, g))
         .collect();
     log.append_snapshots(&groups)?;
-    window.clear();
     Ok(())
 }
 
