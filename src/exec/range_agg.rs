@@ -10,6 +10,7 @@
 //! exact sum divided by the count with `numeric_div`, as PostgreSQL's `avg` computes it.
 
 use super::node::{self, ExecMethods, ScanNode};
+use super::range_scan::{rel_type_id, row_filter_of, store};
 use super::ScanTable;
 use crate::error::error;
 use crate::ffi::tuple::{self, row_type_copy};
@@ -58,7 +59,7 @@ impl ScanNode for RangeAggScan {
         // arguments; custom_private ends with the kinds.
         unsafe {
             let cscan = node::plan_of(css);
-            let filter = list::nth::<pg_sys::List>(cscan.custom_exprs, 2);
+            let filter = row_filter_of(cscan);
             let args = list::nth::<pg_sys::List>(cscan.custom_exprs, 3);
             let kinds = list::nth::<pg_sys::List>(cscan.custom_private, 3);
             let ps = &mut (*css).ss.ps;
@@ -73,7 +74,7 @@ impl ScanNode for RangeAggScan {
                 })
                 .collect();
             RangeAggScan {
-                row_desc: row_type_copy(pg_sys::get_rel_type_id(table.relid)),
+                row_desc: row_type_copy(rel_type_id(table.relid)),
                 row_filter: pg_sys::ExecInitQual(filter, ps),
                 table,
                 aggregates,
@@ -97,13 +98,14 @@ impl ScanNode for RangeAggScan {
             return false;
         };
         self.next += 1;
+        let aggregates = values.iter().copied().zip(nulls.iter().copied());
         let columns = [
             (pg_sys::Datum::from(*snap as i64), false),
             (pg_sys::Datum::from(0usize), true),
         ]
         .into_iter()
-        .chain(values.iter().copied().zip(nulls.iter().copied()));
-        let columns: Vec<_> = columns.collect();
+        .chain(aggregates)
+        .collect::<Vec<_>>();
         // SAFETY: the node's virtual scan slot: (snap_id, rec, aggregates...).
         unsafe { tuple::store_virtual(slot, columns.into_iter()) };
         true
@@ -159,34 +161,26 @@ impl RangeAggScan {
             .collect();
         // SAFETY: our node's expression context, set up by ExecInitCustomScan.
         let econtext = unsafe { (*css).ss.ps.ps_ExprContext };
-        // SAFETY: the slot's descriptor (the scan tuple: snap_id, rec, aggregates).
-        let natts = unsafe { (*(*slot).tts_tupleDescriptor).natts } as usize;
-        let store_rec = move |rec: pg_sys::Datum| {
-            let columns = (0..natts).map(|i| {
-                if i == 1 {
-                    (rec, false)
-                } else {
-                    (pg_sys::Datum::from(0usize), true)
-                }
-            });
-            // SAFETY: our virtual scan slot; `rec` is of the table's row type.
-            unsafe { tuple::store_virtual(slot, columns) };
-        };
         let filter = self.row_filter;
-        let mut keep = move |rec: pg_sys::Datum, _snap: u64| {
+        let mut keep = move |rec: pg_sys::Datum, snap: u64| {
             filter.is_null() || {
-                store_rec(rec);
-                // SAFETY: the row filter was prepared for this node and reads its scan slot.
-                unsafe { expr::qual_holds(filter, econtext, slot) }
+                // SAFETY: our virtual scan slot (snap_id, rec, aggregates...); the row filter
+                // was prepared for this node and reads it.
+                unsafe {
+                    store(slot, &[snap], rec);
+                    expr::qual_holds(filter, econtext, slot)
+                }
             }
         };
+        let only_rows = self.aggregates.iter().all(|a| a.kind == AggKind::CountStar);
         while let Some((first, last, rec)) = cursor.next_run_at(&mut keep) {
             rows[first] += 1;
             rows[last + 1] -= 1;
-            if self.aggregates.iter().all(|a| a.kind == AggKind::CountStar) {
+            if only_rows {
                 continue;
             }
-            store_rec(rec);
+            // SAFETY: as in `keep`: the arguments read the version from the slot.
+            unsafe { store(slot, &[snaps[first]], rec) };
             // SAFETY: the slot holds the version for the arguments to read.
             unsafe { (*econtext).ecxt_scantuple = slot };
             for (a, d) in self.aggregates.iter().zip(deltas.iter_mut()) {
@@ -277,7 +271,7 @@ fn numeric(v: i128) -> pg_sys::Numeric {
         // SAFETY: a numeric made from an integer.
         return unsafe { pg_sys::int64_to_numeric(small) };
     }
-    // v = high * 10^18 + low, |low| < 10^18 and |high| < 2^127 / 10^18 < 2^63.
+    // v = high * 10^18 + low, with |low| < 10^18; high is split the same way if it is large.
     let (high, low) = (v / E18, v % E18);
     // SAFETY: exact numeric arithmetic on numerics made from integers (errors raised).
     unsafe {

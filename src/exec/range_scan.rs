@@ -52,7 +52,7 @@ pub(super) static VERSIONS_METHODS: ExecMethods<RangeScan> =
 ///
 /// # Safety
 /// `cscan` is the plan of a "gsnap range", "gsnap versions" or "gsnap range aggregate" node.
-unsafe fn row_filter_of(cscan: &pg_sys::CustomScan) -> *mut pg_sys::List {
+pub(super) unsafe fn row_filter_of(cscan: &pg_sys::CustomScan) -> *mut pg_sys::List {
     // SAFETY: the caller's promise: its custom_exprs are from, to, the row filter.
     unsafe { list::nth::<pg_sys::List>(cscan.custom_exprs, 2) }
 }
@@ -101,25 +101,28 @@ impl ScanNode for RangeScan {
 }
 
 /// The row type of table `relid`.
-fn rel_type_id(relid: pg_sys::Oid) -> pg_sys::Oid {
+pub(super) fn rel_type_id(relid: pg_sys::Oid) -> pg_sys::Oid {
     // SAFETY: a catalog lookup by OID (InvalidOid if there is no such relation).
     unsafe { pg_sys::get_rel_type_id(relid) }
 }
 
-/// Stores `(snaps..., rec)` in the virtual slot `slot`: `(snap_id, rec)` for a range,
-/// `(first_snap, last_snap, rec)` for versions.
+/// Stores `(snaps..., rec)` in the virtual slot `slot`, and NULL in any column after them:
+/// `(snap_id, rec)` for a range, `(first_snap, last_snap, rec)` for versions, `(snap_id,
+/// rec, aggregates...)` for the aggregate node.
 ///
 /// # Safety
-/// `slot` is a virtual slot of those columns (bigints, the table's row type), and `rec` a
-/// datum of that row type valid while the slot holds it.
-unsafe fn store(slot: *mut pg_sys::TupleTableSlot, snaps: &[u64], rec: pg_sys::Datum) {
-    let mut columns = [(rec, false); 3];
-    for (c, &s) in columns.iter_mut().zip(snaps) {
-        *c = (pg_sys::Datum::from(s as i64), false);
-    }
-    columns[snaps.len()] = (rec, false);
+/// `slot` is a virtual slot whose columns start with those (bigints, the table's row type),
+/// and `rec` a datum of that row type valid while the slot holds it.
+pub(super) unsafe fn store(slot: *mut pg_sys::TupleTableSlot, snaps: &[u64], rec: pg_sys::Datum) {
+    // SAFETY: the caller's promise: a slot with its descriptor.
+    let natts = unsafe { (*(*slot).tts_tupleDescriptor).natts } as usize;
+    let columns = (0..natts).map(|i| match i.cmp(&snaps.len()) {
+        std::cmp::Ordering::Less => (pg_sys::Datum::from(snaps[i] as i64), false),
+        std::cmp::Ordering::Equal => (rec, false),
+        std::cmp::Ordering::Greater => (pg_sys::Datum::from(0usize), true),
+    });
     // SAFETY: the caller's promise.
-    unsafe { tuple::store_virtual(slot, columns[..=snaps.len()].iter().copied()) };
+    unsafe { tuple::store_virtual(slot, columns) };
 }
 
 impl RangeScan {

@@ -18,9 +18,13 @@
 //! whose rounding or display scale would depend on the order) keeps PostgreSQL's own
 //! aggregation over the range scan, with the same results.
 
-use super::nodes::{new_path, path_methods, split_range_conditions, PathPlan, ScanKind};
+use super::nodes::{
+    new_path, path_methods, row_type_signature, split_range_conditions, PathPlan, ScanKind,
+    ScanPlan,
+};
 use crate::ffi::list::{self, int_node, list_of};
 use crate::ffi::node::{is_a, palloc_node};
+use crate::ffi::relation::OpenRelation;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::c_void;
@@ -317,7 +321,6 @@ impl AggregatePlan {
 pub(super) unsafe fn plan_aggregate(
     best_path: *mut pg_sys::CustomPath,
     tlist: *mut pg_sys::List,
-    signature: impl FnOnce(pg_sys::Oid) -> *mut pg_sys::List,
 ) -> *mut pg_sys::Plan {
     // SAFETY: the caller's promise.
     let (plan, flags) = unsafe {
@@ -335,16 +338,20 @@ pub(super) unsafe fn plan_aggregate(
         };
         scan_tlist.push(entry.cast());
     }
+    let table = OpenRelation::open(plan.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
+        .expect("the planner holds a lock on the table it plans");
+    let scan_plan = ScanPlan {
+        relid: plan.relid,
+        kind: ScanKind::RangeAggregate,
+        signature: row_type_signature(&table),
+    };
+    // SAFETY: appending to the list just made, in the current memory context.
+    let private = unsafe { pg_sys::lappend(scan_plan.encode(), plan.kinds.cast()) };
     let mut cscan = pg_sys::CustomScan {
         flags,
         methods: super::nodes::scan_methods(ScanKind::RangeAggregate),
         custom_exprs: list_of(&[plan.from, plan.to, plan.row_filter.cast(), plan.args.cast()]),
-        custom_private: list_of(&[
-            int_node(plan.relid.to_u32() as i32),
-            int_node(ScanKind::RangeAggregate as i32),
-            signature(plan.relid).cast(),
-            plan.kinds.cast(),
-        ]),
+        custom_private: private,
         custom_scan_tlist: list_of(&scan_tlist),
         ..Default::default()
     };

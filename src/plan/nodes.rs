@@ -6,8 +6,8 @@
 //! A path's `custom_private` is [`PathPlan`]: the table, the kind of scan, and the call's
 //! snapshot arguments. A node's `custom_private` is [`ScanPlan`]: the table, the kind of
 //! scan, and the table's row type as planned (checked again at executor start). Its
-//! `custom_exprs` are the snapshot arguments and, for a range or versions, the conditions on `rec` alone
-//! (its Row Filter).
+//! `custom_exprs` are the snapshot arguments and, for a range or versions, the conditions on
+//! `rec` alone (its Row Filter). The aggregate node's lists are `aggregates.rs`'s.
 
 use crate::ffi::catalog::name_of;
 use crate::ffi::list::{self, int_node, list_of};
@@ -364,13 +364,7 @@ unsafe extern "C-unwind" fn plan_path(
     // SAFETY: PostgreSQL plans one of our paths; an aggregate path has its own layout.
     if unsafe { std::ptr::eq((*best_path).methods, path_methods(ScanKind::RangeAggregate)) } {
         // SAFETY: an aggregate path and its target list.
-        return unsafe {
-            super::aggregates::plan_aggregate(best_path, tlist, |relid| {
-                let table = OpenRelation::open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
-                    .expect("the planner holds a lock on the table it plans");
-                row_type_signature(&table)
-            })
-        };
+        return unsafe { super::aggregates::plan_aggregate(best_path, tlist) };
     }
     // SAFETY: PostgreSQL plans one of our paths (made by paths.rs, with its private list).
     let (path, flags) = unsafe {

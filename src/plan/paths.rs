@@ -2,8 +2,9 @@
 //!
 //! A set-returning function in FROM is a function scan, which materializes all its rows in a
 //! tuplestore before the first one reaches the executor. A `set_rel_pathlist_hook`
-//! recognizes a function RTE calling `gsnap_asof`, `gsnap_range` or `gsnap_versions` (by the C function behind
-//! it, whatever its schema) and replaces the function scan with a streaming custom scan.
+//! recognizes a function RTE calling `gsnap_asof`, `gsnap_range` or `gsnap_versions` (by the C
+//! function behind it, whatever its schema) and replaces the function scan with a streaming
+//! custom scan.
 //! Cases it does not handle keep the function scan, which returns the same rows: WITH
 //! ORDINALITY, several functions in one RTE (ROWS FROM), LATERAL references, whole-row
 //! references, anything but plain Vars in the target list.

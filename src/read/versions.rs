@@ -6,10 +6,10 @@
 //! The range cursor hands each version out once per image of its block, and says when it
 //! continues the version of the block's previous image (same line pointer, same bytes); this
 //! cursor folds those into runs of consecutive snapshots (consecutive among the snapshots of
-//! the range that hold the table) with `gsnap_format::versions::RunFolder`. A version is handed out once its run has ended: when the
-//! next image of its block does not hold it, or at the block's end. A version that leaves and
-//! comes back, or whose snapshots are not consecutive (the block was beyond the end of the
-//! table in between), is one row per run. Versions are matched only between images read with
+//! the range that hold the table) with `gsnap_format::versions::RunFolder`. A version is
+//! handed out once its run has ended: when the next image of its block does not hold it, or
+//! at the block's end. A version that leaves and comes back, or whose snapshots are not
+//! consecutive (the block was beyond the end of the table in between), is one row per run. Versions are matched only between images read with
 //! one row type; across a change of the table's columns a version starts a new run.
 
 use super::range::RangeCursor;

@@ -35,7 +35,7 @@ pub unsafe extern "C-unwind" fn gsnap_diff(fcinfo: pg_sys::FunctionCallInfo) -> 
         unsafe { result.put_values(&[change, rec], &[false, false]) };
     };
     // SAFETY: the result's columns are (change text, rec of the table's row type).
-    let rec_desc = unsafe { rec_descriptor(result.desc) };
+    let rec_desc = unsafe { rec_descriptor(result.desc, 1) };
     // SAFETY: the table's current row type, copied for this call.
     unsafe { diff_rows(relid, a, b, rec_desc, &mut put) };
     pg_sys::Datum::from(0usize)

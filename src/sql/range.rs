@@ -13,14 +13,14 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
-/// The descriptor of the `rec` column of a `TABLE(x, rec anyelement)` result: the table's
-/// current row type (a copy in the current context).
+/// The descriptor of the `rec` column (column `column`, from 0) of a result such as
+/// `TABLE(x, rec anyelement)`: the table's current row type (a copy in the current context).
 ///
 /// # Safety
-/// `desc` is a valid result descriptor.
-pub(super) unsafe fn rec_descriptor(desc: pg_sys::TupleDesc) -> pg_sys::TupleDesc {
+/// `desc` is a valid result descriptor with that column.
+pub(super) unsafe fn rec_descriptor(desc: pg_sys::TupleDesc, column: usize) -> pg_sys::TupleDesc {
     // SAFETY: the caller's promise.
-    let rec = unsafe { tuple::attributes(desc) }[1];
+    let rec = unsafe { tuple::attributes(desc) }[column];
     row_type_copy(rec.atttypid)
 }
 
@@ -47,7 +47,7 @@ pub unsafe extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) ->
     }
     // SAFETY: the result's `rec` column has the table's current row type, which the copy
     // keeps for the cursor.
-    let mut cursor = unsafe { RangeCursor::open(relid, from, to, rec_descriptor(result.desc)) };
+    let mut cursor = unsafe { RangeCursor::open(relid, from, to, rec_descriptor(result.desc, 1)) };
     let rows = OwnedContext::new("gsnap_range rows");
     while let Some((snaps, rec)) = cursor.next_row(&mut |_, _| true) {
         // SAFETY: the rows are (snap_id bigint, rec), `rec` of the table's row type.

@@ -3,6 +3,7 @@
 //! range, once per run of consecutive snapshots holding it. (In FROM it is planned as the
 //! "gsnap versions" custom scan instead, `exec::range_scan`.)
 
+use super::range::rec_descriptor;
 use super::{reader_table, snapshot_argument};
 use crate::error::error;
 use crate::ffi::fcinfo::Call;
@@ -36,11 +37,9 @@ pub unsafe extern "C-unwind" fn gsnap_versions(fcinfo: pg_sys::FunctionCallInfo)
         )
         .raise();
     }
-    // The descriptor of `rec` (the third column): the table's current row type.
-    let rec_type = attrs[2].atttypid;
-    let row_desc = tuple::row_type_copy(rec_type);
-    // SAFETY: `row_desc` is the table's current row type, kept for the cursor.
-    let range = unsafe { RangeCursor::open(relid, from, to, row_desc) };
+    // SAFETY: the result's third column is `rec`, of the table's current row type, which the
+    // copy keeps for the cursor.
+    let range = unsafe { RangeCursor::open(relid, from, to, rec_descriptor(result.desc, 2)) };
     let mut cursor = VersionsCursor::new(range);
     let rows = OwnedContext::new("gsnap_versions rows");
     while let Some((first, last, rec)) = cursor.next_run(&mut |_, _| true) {

@@ -108,11 +108,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// only: the caller applies it with [`SnapshotStore::apply_log_rewrite`] (it may run on
     /// another thread).
     pub fn rewrite_log(&self, max_live: u64) -> Result<Option<LogRewrite>> {
-        if self
-            .backend
-            .get(Cf::Catalog, keys::GC_PROGRESS_KEY)?
-            .is_some()
-        {
+        if self.reclaiming()? {
             return Ok(None);
         }
         let (r, _) = self.unreclaimed();
@@ -182,16 +178,19 @@ impl<B: KvBackend> SnapshotStore<B> {
         let same = self.with_log(|log| {
             Ok(log.level_len(0) == rewrite.before && log.last_snap() == rewrite.last)
         })?;
-        if !same
-            || self
-                .backend
-                .get(Cf::Catalog, keys::GC_PROGRESS_KEY)?
-                .is_some()
-        {
+        if !same || self.reclaiming()? {
             return Ok(false);
         }
         self.backend.write(&rewrite.batch, false)?;
         Ok(true)
+    }
+
+    /// True while a reclamation is in flight (its progress record is stored).
+    fn reclaiming(&self) -> Result<bool> {
+        Ok(self
+            .backend
+            .get(Cf::Catalog, keys::GC_PROGRESS_KEY)?
+            .is_some())
     }
 
     /// Runs `f` over the log as stored now. An error of the store under the log is returned
