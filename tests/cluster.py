@@ -162,3 +162,16 @@ class Cluster:
         full_env.update(env or {})
         return subprocess.run([str(PGBIN / program), *rest], env=full_env, check=check,
                               capture_output=True, text=True, input=input)
+
+
+def gsnap_cluster(name: str, conf: list[str] | None = None):
+    """A started cluster with the extension created, destroyed afterwards: the body of a
+    pytest fixture (`yield from gsnap_cluster(...)`)."""
+    c = Cluster(name, conf)
+    try:
+        c.start()
+        with c.connect() as conn:
+            conn.execute("CREATE EXTENSION gsnap")
+        yield c
+    finally:
+        c.destroy()

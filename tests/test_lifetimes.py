@@ -18,7 +18,7 @@ import time
 import psycopg
 import pytest
 
-from cluster import PGBIN, Cluster
+from cluster import PGBIN, gsnap_cluster
 from workload import worker_restarted
 from ops_helpers import (asof, configure, digest, progress, snapshot_row, snapshots, val,
                          wait_until)
@@ -26,14 +26,7 @@ from ops_helpers import (asof, configure, digest, progress, snapshot_row, snapsh
 
 def lifetimes_cluster(name: str):
     """A cluster where reclamation starts as soon as a snapshot is deleted."""
-    c = Cluster(name, conf=["gsnap.reclaim_delay = 0", "autovacuum = off"])
-    try:
-        c.start()
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    yield from gsnap_cluster(name, ["gsnap.reclaim_delay = 0", "autovacuum = off"])
 
 
 @pytest.fixture(scope="module")

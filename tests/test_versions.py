@@ -19,18 +19,12 @@ import random
 import psycopg
 import pytest
 
-from cluster import Cluster
+from cluster import gsnap_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster("versions").start()
-    try:
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    yield from gsnap_cluster("versions")
 
 
 def snapshot(conn) -> int:
