@@ -5,7 +5,9 @@ Usage: plot.py RESULTS_DIR. Writes next to the CSV files:
   steady.png   over the steady-state run: the store's size on disk and the snapshots kept,
                with the retention policy and without (top); TPS per second of both (bottom);
   reclaim.png  bytes reclaimed over time after every other snapshot was deleted, and the
-               worker's memory meanwhile.
+               worker's memory meanwhile;
+  logrewrite.png  the resident memory while the mapping log is rewritten, per log size, with
+               what the rewrite that built the new log in memory needed.
 Each plot is skipped when its CSV is missing.
 """
 import os
@@ -59,5 +61,28 @@ def plot_reclaim(out):
     save(fig, out, "reclaim.png")
 
 
+def plot_logrewrite(out):
+    import json
+    summary = os.path.join(out, "summary.json")
+    runs = json.load(open(summary)).get("logrewrite", []) if os.path.exists(summary) else []
+    if not runs:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+    for r, color in zip(runs, colors):
+        data = rows(out, f"logrewrite_{r['mappings_before']}.csv")
+        if not data:
+            continue
+        label = f"{r['mappings_before'] / 1e6:.0f} M mappings ({r['mappings_after'] / 1e6:.1f} M kept)"
+        ax.plot([num(d["t"]) for d in data], [num(d["rss_kb"]) / 1024 for d in data], color=color, label=label)
+        ax.axhline(r["rss_start_mb"] + r["in_memory_rewrite_estimate_mb"], color=color, linestyle=":",
+                   label=f"the in-memory rewrite for {r['mappings_after'] / 1e6:.1f} M (estimate)")
+    ax.set_xlabel("seconds into the rewrite (then switch and compaction)")
+    ax.set_ylabel("resident memory (MB)")
+    ax.set_title("Rewriting the mapping log: memory does not follow the log's size")
+    ax.legend(fontsize=8)
+    save(fig, out, "logrewrite.png")
+
+
 if __name__ == "__main__":
-    main(__file__, [plot_steady, plot_reclaim])
+    main(__file__, [plot_steady, plot_reclaim, plot_logrewrite])

@@ -64,7 +64,8 @@ impl FreesThread {
     }
 }
 
-/// The compaction of freed image ranges, one rank after the other, on a thread.
+/// The compaction of freed image ranges, one rank after the other, or of the mapping log's
+/// generation a rewrite retired, on a thread.
 pub(super) struct CompactionThread {
     handle: JoinHandle<Vec<String>>,
 }
@@ -72,15 +73,31 @@ pub(super) struct CompactionThread {
 impl CompactionThread {
     /// Starts compacting `ranges` (per rank, the ids of the freed images).
     pub fn start(store: Store, ranges: BTreeMap<u8, (ImageId, ImageId)>) -> std::io::Result<Self> {
+        Self::spawn(move || {
+            ranges
+                .into_values()
+                .filter_map(|(from, to)| store.compact_images(from, to).err())
+                .map(|e| e.message().to_string())
+                .collect()
+        })
+    }
+
+    /// Starts compacting the mapping log's retired `generation` (its space returns now).
+    pub fn start_log(store: Store, generation: u8) -> std::io::Result<Self> {
+        Self::spawn(move || {
+            store
+                .compact_retired_log(generation)
+                .err()
+                .map(|e| e.message().to_string())
+                .into_iter()
+                .collect()
+        })
+    }
+
+    fn spawn(work: impl FnOnce() -> Vec<String> + Send + 'static) -> std::io::Result<Self> {
         let handle = std::thread::Builder::new()
             .name("gsnap-compact".into())
-            .spawn(move || {
-                ranges
-                    .into_values()
-                    .filter_map(|(from, to)| store.compact_images(from, to).err())
-                    .map(|e| e.message().to_string())
-                    .collect()
-            })?;
+            .spawn(work)?;
         Ok(CompactionThread { handle })
     }
 
@@ -97,21 +114,21 @@ impl CompactionThread {
     }
 }
 
-/// The mapping log rewritten without its dead mappings (`SnapshotStore::rewrite_log`), computed
-/// on a thread; the worker applies it (`lifetimes.rs`, `poll_log_rewrite`) if no snapshot
-/// committed meanwhile.
+/// The mapping log rewritten without its dead mappings into the other key generation
+/// (`SnapshotStore::rewrite_log`), on a thread; the worker switches to it (`lifetimes.rs`,
+/// `poll_log_rewrite`).
 pub(super) struct LogRewriteThread {
     handle: JoinHandle<Result<Option<LogRewrite>, String>>,
 }
 
 impl LogRewriteThread {
-    /// Starts computing the rewrite, given up if more than `max_live` mappings would stay.
-    pub fn start(store: Store, max_live: u64) -> std::io::Result<Self> {
+    /// Starts writing the rewrite, in batches of about `batch_bytes`.
+    pub fn start(store: Store, batch_bytes: usize) -> std::io::Result<Self> {
         let handle = std::thread::Builder::new()
             .name("gsnap-log".into())
             .spawn(move || {
                 store
-                    .rewrite_log(max_live)
+                    .rewrite_log(batch_bytes)
                     .map_err(|e| e.message().to_string())
             })?;
         Ok(LogRewriteThread { handle })
@@ -122,7 +139,7 @@ impl LogRewriteThread {
         self.handle.is_finished()
     }
 
-    /// The rewrite an ended thread computed (None: none to make now).
+    /// The rewrite an ended thread wrote (None: a reclamation is in flight).
     pub fn join(self) -> Result<Option<LogRewrite>, String> {
         self.handle
             .join()

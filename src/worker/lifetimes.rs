@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 /// How often the policy is applied when nothing else triggers it (pins expire).
 const RETENTION_PERIOD: Duration = Duration::from_secs(5);
 
-/// The most mappings a rewrite of the mapping log keeps: it builds the new log in memory (about
-/// 50 bytes a mapping, so at most about 200 MB); a larger live log keeps its dead mappings.
-const MAX_REWRITE_MAPPINGS: u64 = 4_000_000;
+/// The size of the batches a rewrite of the mapping log writes the new log in (unsynced; its
+/// memory is one window's pages plus one such batch, whatever the log's size).
+const REWRITE_BATCH_BYTES: usize = 4 << 20;
 
 fn store_error(e: StoreError) -> WorkerError {
     WorkerError::new(super::code_of(&e), e.message().to_string())
@@ -462,46 +462,42 @@ impl Worker {
         }
     }
 
-    /// Applies the mapping log's rewrite once its thread has computed it (if no snapshot
-    /// committed meanwhile: otherwise it is computed again later), and starts computing one
-    /// when the mappings reclamation killed since the last are half the log, between
-    /// reclamations. The log then holds what the retained snapshots need, not every mapping
-    /// of every snapshot ever taken (`gsnap_store::LogRewrite`).
+    /// Switches to the mapping log's rewrite once its thread has written it and no
+    /// reclamation is in flight (the switch adds the snapshots committed meanwhile), and
+    /// starts a rewrite when the mappings reclamation killed since the last are half the log,
+    /// between reclamations. The log then holds what the retained snapshots need, not every
+    /// mapping of every snapshot ever taken (`gsnap_store::LogRewrite`); the generation it
+    /// leaves is compacted on the compaction thread.
     pub(super) fn poll_log_rewrite(&mut self) {
-        if let Some(thread) = self.log_rewrite.take_if(|t| t.finished()) {
+        let idle = self.reclaim_job.is_none();
+        if let Some(thread) = self.log_rewrite.take_if(|t| idle && t.finished()) {
             let Some(store) = self.store.clone() else {
                 return;
             };
             match thread.join() {
                 Ok(Some(rewrite)) => match store.apply_log_rewrite(&rewrite) {
-                    Ok(true) => {
+                    Ok(Some(after)) => {
                         self.killed_mappings = 0;
+                        self.retired_log = Some(rewrite.retired_generation());
                         // The estimates read the log: computed again from the new one.
                         self.catalog_changed();
+                        self.poll_compaction();
                         pgrx::log!(
                             "gsnap: mapping log rewritten without the mappings no retained \
-                             snapshot needs: {} mappings, {} before",
-                            rewrite.after,
+                             snapshot needs: {after} mappings, {} before",
                             rewrite.before
                         );
                     }
-                    Ok(false) => {} // a snapshot committed meanwhile: computed again later
+                    // Stale, or a reclamation is in flight: computed again later.
+                    Ok(None) => {}
                     Err(e) => self.note_store_error(&e),
                 },
-                Ok(None) => {
-                    // Too large to rebuild in memory, or a reclamation started: not again
-                    // until as many more mappings were killed.
-                    self.killed_mappings = 0;
-                    pgrx::log!(
-                        "gsnap: the mapping log was not rewritten: a reclamation started, or \
-                         more than {MAX_REWRITE_MAPPINGS} mappings would stay"
-                    );
-                }
+                Ok(None) => {} // a reclamation is in flight: computed again later
                 Err(e) => pgrx::warning!("gsnap: rewriting the mapping log failed: {e}"),
             }
             return;
         }
-        if self.log_rewrite.is_some() || self.reclaim_job.is_some() || self.killed_mappings < 4096 {
+        if self.log_rewrite.is_some() || !idle || self.killed_mappings < 4096 {
             return;
         }
         let Some(store) = self.store.clone() else {
@@ -515,7 +511,7 @@ impl Worker {
                 return;
             }
         }
-        match LogRewriteThread::start(store, MAX_REWRITE_MAPPINGS) {
+        match LogRewriteThread::start(store, REWRITE_BATCH_BYTES) {
             Ok(thread) => self.log_rewrite = Some(thread),
             Err(e) => pgrx::log!("gsnap: cannot start the log rewrite thread yet: {e}"),
         }
@@ -529,12 +525,25 @@ impl Worker {
                 pgrx::warning!("gsnap: compacting freed images failed: {e}");
             }
         }
-        if self.compaction.is_some() || self.tidy_due || self.freed_ranges.is_empty() {
+        if self.compaction.is_some() {
             return;
         }
         let Some(store) = self.store.clone() else {
             return;
         };
+        if let Some(generation) = self.retired_log.take() {
+            match CompactionThread::start_log(store, generation) {
+                Ok(thread) => self.compaction = Some(thread),
+                Err(e) => {
+                    self.retired_log = Some(generation);
+                    pgrx::log!("gsnap: cannot start the compaction thread yet: {e}");
+                }
+            }
+            return;
+        }
+        if self.tidy_due || self.freed_ranges.is_empty() {
+            return;
+        }
         let ranges = std::mem::take(&mut self.freed_ranges);
         match CompactionThread::start(store, ranges.clone()) {
             Ok(thread) => self.compaction = Some(thread),

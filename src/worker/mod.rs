@@ -210,8 +210,11 @@ pub(crate) struct Worker {
     frees_generation: u64,
     /// The thread computing estimates, if one runs (`background.rs`).
     frees_thread: Option<background::FreesThread>,
-    /// The thread compacting freed image ranges, if one runs.
+    /// The thread compacting freed image ranges or a retired log generation, if one runs.
     compaction: Option<background::CompactionThread>,
+    /// The mapping log's generation a rewrite retired, to compact once the compaction thread
+    /// is free.
+    retired_log: Option<u8>,
     /// The mapping log's rewrite being computed, and the mappings reclamation killed since
     /// the last one (a rewrite is due once they are half the log; at start, one is due).
     log_rewrite: Option<background::LogRewriteThread>,
@@ -263,6 +266,7 @@ impl Worker {
             frees_generation: 1,
             frees_thread: None,
             compaction: None,
+            retired_log: None,
             log_rewrite: None,
             killed_mappings: u64::MAX,
             frees_quiet_at: Instant::now(),

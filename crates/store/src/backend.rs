@@ -36,6 +36,16 @@ pub enum BatchOp {
         /// Key.
         key: Vec<u8>,
     },
+    /// Remove every key of `cf` in `[start, end)` (one range tombstone in RocksDB: the cost
+    /// does not grow with the keys removed).
+    DeleteRange {
+        /// Column family.
+        cf: Cf,
+        /// First key removed.
+        start: Vec<u8>,
+        /// First key kept after the range.
+        end: Vec<u8>,
+    },
 }
 
 /// A set of operations applied atomically by [`KvBackend::write`], in order.
@@ -67,6 +77,16 @@ impl WriteBatch {
         self.ops.push(BatchOp::Delete {
             cf,
             key: key.to_vec(),
+        });
+    }
+
+    /// Adds the removal of every key in `[start, end)`.
+    pub fn delete_range(&mut self, cf: Cf, start: &[u8], end: &[u8]) {
+        self.bytes += start.len() + end.len() + 16;
+        self.ops.push(BatchOp::DeleteRange {
+            cf,
+            start: start.to_vec(),
+            end: end.to_vec(),
         });
     }
 

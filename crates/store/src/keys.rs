@@ -146,6 +146,9 @@ pub const TAG_ROW_TYPE: u8 = b'T';
 pub const TAG_GROUP_META: u8 = b'G';
 /// `catalog`: `'P'` -> GC progress (opaque bytes).
 pub const GC_PROGRESS_KEY: &[u8] = b"P";
+/// `catalog`: `'L'` -> the generation (one byte, 0 or 1) of the `maplog` keys that hold the
+/// mapping log; absent: 0.
+pub const LOG_GENERATION_KEY: &[u8] = b"L";
 /// `catalog`: `'Z' image` -> empty: an image whose count reached zero while a capture was
 /// open that maps it (kept for it, `reclaim.rs`).
 pub const TAG_KEPT_IMAGE: u8 = b'Z';
@@ -297,16 +300,43 @@ pub fn toast_chunk_key(id: ToastId, chunk: u32) -> [u8; 12] {
 
 // ---- the mapping log -----------------------------------------------------------------------
 
-/// `maplog`: level (u8), node number (u64 BE) -> a Skippy log node (`gsnap_core`'s
-/// `LogNode` encoding). Keys sort by level, then node number.
-pub fn log_node_key(level: u8, node: u64) -> [u8; 9] {
-    tagged_u64(level, node)
+/// `maplog`: generation and level (one byte: level + 32 x generation), node number (u64 BE)
+/// -> a Skippy log node (`gsnap_core`'s `LogNode` encoding). Keys sort by generation, then
+/// level, then node number. The log lives in one of two generations ([`LOG_GENERATION_KEY`]
+/// says which): a rewrite writes the other one, then switches (`maplog.rs`). Generation 0's
+/// keys are those of format version 3 (the level alone).
+pub fn log_node_key(generation: u8, level: u8, node: u64) -> [u8; 9] {
+    tagged_u64(log_tag(generation, level), node)
 }
 
-/// Decodes a `maplog` key into (level, node number).
-pub fn decode_log_node_key(key: &[u8]) -> Result<(u8, u64)> {
+/// Levels per generation in the `maplog` key space (the log's height is at most 16).
+const LOG_LEVELS_PER_GENERATION: u8 = 32;
+
+fn log_tag(generation: u8, level: u8) -> u8 {
+    debug_assert!(generation < 2 && level < LOG_LEVELS_PER_GENERATION);
+    generation * LOG_LEVELS_PER_GENERATION + level
+}
+
+/// The `maplog` keys of level `level` of `generation`: `[start, end)`.
+pub fn log_level_range(generation: u8, level: u8) -> ([u8; 1], [u8; 1]) {
+    let tag = log_tag(generation, level);
+    ([tag], [tag + 1])
+}
+
+/// Every `maplog` key of `generation`: `[start, end)`.
+pub fn log_generation_range(generation: u8) -> ([u8; 1], [u8; 1]) {
+    let first = log_tag(generation, 0);
+    ([first], [first + LOG_LEVELS_PER_GENERATION])
+}
+
+/// Decodes a `maplog` key into (generation, level, node number).
+pub fn decode_log_node_key(key: &[u8]) -> Result<(u8, u8, u64)> {
     match key {
-        [level, rest @ ..] if rest.len() == 8 => Ok((*level, be_u64(rest))),
+        [tag, rest @ ..] if rest.len() == 8 && *tag < 2 * LOG_LEVELS_PER_GENERATION => Ok((
+            tag / LOG_LEVELS_PER_GENERATION,
+            tag % LOG_LEVELS_PER_GENERATION,
+            be_u64(rest),
+        )),
         _ => Err(bad_key("maplog", key)),
     }
 }
@@ -395,13 +425,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_nodes_order_by_level_then_number() {
-        let a = log_node_key(0, u64::MAX);
-        let b = log_node_key(1, 0);
-        let c = log_node_key(1, 1);
-        assert!(a < b && b < c);
-        assert_eq!(decode_log_node_key(&c).unwrap(), (1, 1));
+    fn log_nodes_order_by_generation_then_level_then_number() {
+        let a = log_node_key(0, 0, u64::MAX);
+        let b = log_node_key(0, 1, 0);
+        let c = log_node_key(0, 1, 1);
+        let d = log_node_key(0, 16, u64::MAX);
+        let e = log_node_key(1, 0, 0);
+        let f = log_node_key(1, 16, 3);
+        assert!(a < b && b < c && c < d && d < e && e < f);
+        assert_eq!(decode_log_node_key(&c).unwrap(), (0, 1, 1));
+        assert_eq!(decode_log_node_key(&f).unwrap(), (1, 16, 3));
         assert!(decode_log_node_key(&c[..8]).is_err());
+        assert!(decode_log_node_key(&tagged_u64(64, 0)).is_err());
+        // Generation 0 keeps format 3's keys: the level alone.
+        assert_eq!(log_node_key(0, 2, 7), tagged_u64(2, 7));
+        for generation in 0..2 {
+            let (start, end) = log_generation_range(generation);
+            for level in 0..=16 {
+                let k = log_node_key(generation, level, 9);
+                assert!(start.as_slice() <= k.as_slice() && k.as_slice() < end.as_slice());
+                let (ls, le) = log_level_range(generation, level);
+                assert!(ls.as_slice() <= k.as_slice() && k.as_slice() < le.as_slice());
+            }
+            let other = log_node_key(1 - generation, 0, 0);
+            assert!(!(start.as_slice() <= other.as_slice() && other.as_slice() < end.as_slice()));
+        }
     }
 
     #[test]
@@ -431,6 +479,7 @@ mod tests {
         sorted.dedup();
         assert_eq!(sorted.len(), tags.len());
         assert!(!tags.contains(&GC_PROGRESS_KEY[0]));
+        assert!(!tags.contains(&LOG_GENERATION_KEY[0]));
     }
 
     #[test]

@@ -33,16 +33,22 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use gsnap_core::skippy::{LogNode, LogStore, MemoryLogStore, SkippyLog, StopWhen};
+use gsnap_core::skippy::{LogNode, LogStore, SkippyLog, StopWhen};
 use gsnap_core::{GroupBuilder, IndexError, Mapping};
 
 use crate::backend::{KvBackend, WriteBatch};
 use crate::error::{Result, StoreError};
 use crate::ids::{ImageId, PageKey, SnapId};
 use crate::keys::{self, Cf};
+use crate::records::{self, StoreIdentity, FORMAT_VERSION};
 use crate::store::SnapshotStore;
+
+/// The id of the next mapping log rewrite, unique in the process (so that a rewrite begun on
+/// a store opened before is stale on one opened again).
+static NEXT_REWRITE: AtomicU64 = AtomicU64::new(1);
 
 impl<B: KvBackend> SnapshotStore<B> {
     /// The mappings of snapshots `first..=last` in log order: by snapshot, then by page. Only
@@ -84,12 +90,9 @@ impl<B: KvBackend> SnapshotStore<B> {
     ) -> Result<()> {
         self.with_log(|log| {
             log.append_snapshot(snap, mappings)?;
-            for node in &log.store().staged {
-                batch.put(
-                    Cf::MapLog,
-                    &keys::log_node_key(node.level, node.number),
-                    &node.encode(),
-                );
+            let nodes = log.store();
+            for node in &nodes.staged {
+                nodes.put(batch, node);
             }
             Ok(())
         })
@@ -100,89 +103,195 @@ impl<B: KvBackend> SnapshotStore<B> {
         self.with_log(|log| Ok(log.level_len(0)))
     }
 
-    /// The log rewritten without its dead mappings (see [`LogRewrite`]), computed from the log
-    /// and the catalog as they are now; None while a reclamation is in flight (its progress
-    /// counts positions in its own list, which the log's dead mappings do not enter, but
-    /// there is no need to find out), or if more than `max_live` mappings would stay (the new
-    /// log is built in memory, about 50 bytes a mapping: the bound keeps that memory). Reads
-    /// only: the caller applies it with [`SnapshotStore::apply_log_rewrite`] (it may run on
-    /// another thread).
-    pub fn rewrite_log(&self, max_live: u64) -> Result<Option<LogRewrite>> {
+    /// The log rewritten without its dead mappings (see [`LogRewrite`]) into the other key
+    /// generation, computed from the log and the catalog as they are now; None while a
+    /// reclamation is in flight (its progress counts positions in its own list, which the
+    /// log's dead mappings do not enter, but there is no need to find out). Streams: the
+    /// sealed nodes of the new log are written as they fill, in unsynced batches of about
+    /// `batch_bytes` that no reader sees (the log stays in its generation until the switch),
+    /// so memory holds one window's pages, a batch and the last node of each level, whatever
+    /// the log's size. The caller switches to it with [`SnapshotStore::apply_log_rewrite`]
+    /// (this may run on another thread; snapshots may commit meanwhile). One rewrite at a
+    /// time: beginning one makes those begun before it stale (their switch is refused).
+    pub fn rewrite_log(&self, batch_bytes: usize) -> Result<Option<LogRewrite>> {
         if self.reclaiming()? {
             return Ok(None);
         }
         let (r, _) = self.unreclaimed();
+        self.rewrite_log_for(&r, batch_bytes)
+    }
+
+    /// [`Self::rewrite_log`] with `r`, the snapshots not reclaimed as read from the catalog,
+    /// oldest first (snapshots may have committed since).
+    fn rewrite_log_for(&self, r: &[SnapId], batch_bytes: usize) -> Result<Option<LogRewrite>> {
+        let id = NEXT_REWRITE.fetch_add(1, Ordering::Relaxed);
+        self.log_rewrite.store(id, Ordering::Relaxed);
+        let from = self.log_generation()?;
+        let to = 1 - from;
+        self.clear_log_generation(to)?;
         let config = self.identity.mapping_log;
         self.with_log(|log| {
             let before = log.level_len(0);
             let last = log.last_snap();
-            let mut new = SkippyLog::open(MemoryLogStore::new(), config)?;
+            let spill = Spill::new(config.node_size, batch_bytes);
+            let nodes = LogNodes::new(
+                &self.backend,
+                to,
+                Vec::new(),
+                Some(spill),
+                log.store().error,
+            );
+            let mut new = SkippyLog::open(nodes, config)?;
             // The window's last mapping of each page (memory: the pages, not the snapshots).
             let mut window: HashMap<PageKey, Mapping> = HashMap::new();
-            let mut window_end: Option<Option<SnapId>> = None;
+            let mut window_end: Option<SnapId> = None;
             let mut next_r = 0;
             let count = log.store().node_count(0)?;
-            for number in 0..count {
+            'scan: for number in 0..count {
                 let Some(node) = log.store().read_node(0, number)? else {
                     return Err(IndexError::Storage(format!(
                         "mapping log node {number} is missing"
                     )));
                 };
                 for m in &node.entries {
+                    // Snapshots committed since the log was opened: for the switch to add.
+                    if last.is_none_or(|l| m.snap > l) {
+                        break 'scan;
+                    }
                     while r.get(next_r).is_some_and(|&s| s < m.snap) {
                         next_r += 1;
                     }
                     // The mapping's window: the snapshots after the member of R before it,
-                    // up to the first member of R at or after it (None: after all of R).
-                    let end = r.get(next_r).copied();
+                    // up to the first member of R at or after it. A snapshot newer than every
+                    // member of R read above committed since: it is not reclaimed, so a
+                    // member of R too (each is a window of its own).
+                    let end = r.get(next_r).copied().unwrap_or(m.snap);
                     if window_end != Some(end) {
                         append_live(&mut new, &mut window)?;
-                        if new.level_len(0) > max_live {
-                            return Ok(None);
-                        }
                         window_end = Some(end);
                     }
                     window.insert(m.page, *m);
                 }
             }
             append_live(&mut new, &mut window)?;
-            if new.level_len(0) > max_live {
-                return Ok(None);
-            }
-            let mut batch = WriteBatch::new();
-            for level in 0..=config.height {
-                for number in 0..log.store().node_count(level)? {
-                    batch.delete(Cf::MapLog, &keys::log_node_key(level, number));
-                }
-            }
-            for node in new.store().nodes() {
-                batch.put(
-                    Cf::MapLog,
-                    &keys::log_node_key(node.level, node.number),
-                    &node.encode(),
-                );
-            }
+            let after = new.level_len(0);
+            let mut nodes = new.into_store();
+            nodes.flush()?;
             Ok(Some(LogRewrite {
+                id,
+                from,
+                to,
                 last,
                 before,
-                after: new.level_len(0),
-                batch,
+                after,
+                tails: nodes.staged,
             }))
         })
     }
 
-    /// Replaces the log with `rewrite` if the log is still the one it was computed from (no
-    /// snapshot committed since); returns whether it did. One atomic batch: a crash leaves
-    /// the old log or the new one.
-    pub fn apply_log_rewrite(&self, rewrite: &LogRewrite) -> Result<bool> {
-        let same = self.with_log(|log| {
-            Ok(log.level_len(0) == rewrite.before && log.last_snap() == rewrite.last)
-        })?;
-        if !same || self.reclaiming()? {
-            return Ok(false);
+    /// Switches the log to `rewrite`'s generation if it is the rewrite begun last on this
+    /// store, the log is still in the generation it was computed from and no reclamation is
+    /// in flight, after appending to the new log the
+    /// mappings of the snapshots committed since it was computed (they are all live: newer
+    /// than every window). One batch puts the new log's last nodes and the generation record
+    /// and deletes the old generation, so a crash keeps the old log or the new one, never a
+    /// mix. Returns the mappings the log now holds, or None if it was not switched (the
+    /// rewrite's nodes are then removed).
+    pub fn apply_log_rewrite(&self, rewrite: &LogRewrite) -> Result<Option<u64>> {
+        if self.log_rewrite.load(Ordering::Relaxed) != rewrite.id
+            || self.log_generation()? != rewrite.from
+        {
+            // Stale: a later rewrite writes `to`, or it switched (`to` is the live log).
+            return Ok(None);
         }
-        self.backend.write(&rewrite.batch, false)?;
-        Ok(true)
+        let newer = self.with_log(|log| {
+            if log.level_len(0) < rewrite.before || log.last_snap() < rewrite.last {
+                return Err(IndexError::Storage(
+                    "the mapping log shrank while it was being rewritten".into(),
+                ));
+            }
+            log.mappings_between(rewrite.last, SnapId(u64::MAX))
+        })?;
+        if self.reclaiming()? {
+            self.clear_log_generation(rewrite.to)?;
+            return Ok(None);
+        }
+        let (mut batch, after) = self.with_log_in(rewrite.to, rewrite.tails.clone(), |log| {
+            let groups: Vec<(SnapId, &[Mapping])> = newer
+                .chunk_by(|a, b| a.snap == b.snap)
+                .map(|g| (g[0].snap, g))
+                .collect();
+            log.append_snapshots(&groups)?;
+            let after = log.level_len(0);
+            let nodes = log.store();
+            let mut batch = WriteBatch::new();
+            for node in &nodes.staged {
+                nodes.put(&mut batch, node);
+            }
+            Ok((batch, after))
+        })?;
+        batch.put(Cf::Catalog, keys::LOG_GENERATION_KEY, &[rewrite.to]);
+        let (start, end) = keys::log_generation_range(rewrite.from);
+        batch.delete_range(Cf::MapLog, &start, &end);
+        // A store of format 3 becomes 4 here: older builds cannot read generation 1.
+        let identity = StoreIdentity {
+            format_version: FORMAT_VERSION,
+            ..self.identity
+        };
+        batch.put(
+            Cf::Meta,
+            keys::FORMAT_KEY,
+            &records::encode_format(&identity),
+        );
+        self.backend.write(&batch, false)?;
+        Ok(Some(after))
+    }
+
+    /// Asks the backend to rewrite the files that held the log's `generation` before a
+    /// rewrite switched away from it ([`LogRewrite::retired_generation`]), so that its space
+    /// returns to the file system now (on a thread: the worker's compaction thread). Refused
+    /// for the generation that holds the log.
+    pub fn compact_retired_log(&self, generation: u8) -> Result<()> {
+        if generation == self.log_generation()? {
+            return Err(StoreError::invalid(
+                "the mapping log's current generation is not retired",
+            ));
+        }
+        let (start, end) = keys::log_generation_range(generation);
+        self.backend.compact_range(Cf::MapLog, &start, &end)
+    }
+
+    /// Removes every node of `generation` (what a rewrite that was not switched, or a crash
+    /// during one, left), and compacts their files.
+    fn clear_log_generation(&self, generation: u8) -> Result<()> {
+        let (start, end) = keys::log_generation_range(generation);
+        if self
+            .backend
+            .last_in_range(Cf::MapLog, &start, &end)?
+            .is_none()
+        {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::new();
+        batch.delete_range(Cf::MapLog, &start, &end);
+        self.backend.write(&batch, false)?;
+        self.backend.compact_range(Cf::MapLog, &start, &end)
+    }
+
+    /// The generation of the `maplog` keys that hold the log (`keys::LOG_GENERATION_KEY`).
+    fn log_generation(&self) -> Result<u8> {
+        match self
+            .backend
+            .get(Cf::Catalog, keys::LOG_GENERATION_KEY)?
+            .as_deref()
+        {
+            None => Ok(0),
+            Some(&[g]) if g < 2 => Ok(g),
+            Some(other) => Err(StoreError::corrupt(format!(
+                "{}: the mapping log's generation record is damaged ({other:?})",
+                self.backend.describe()
+            ))),
+        }
     }
 
     /// True while a reclamation is in flight (its progress record is stored).
@@ -199,12 +308,20 @@ impl<B: KvBackend> SnapshotStore<B> {
         &self,
         f: impl FnOnce(&mut SkippyLog<LogNodes<'_, B>>) -> Result<T, IndexError>,
     ) -> Result<T> {
+        let generation = self.log_generation()?;
+        self.with_log_in(generation, Vec::new(), f)
+    }
+
+    /// Runs `f` over the log of `generation` with the nodes `staged` (newer than the stored
+    /// ones).
+    fn with_log_in<T>(
+        &self,
+        generation: u8,
+        staged: Vec<LogNode>,
+        f: impl FnOnce(&mut SkippyLog<LogNodes<'_, B>>) -> Result<T, IndexError>,
+    ) -> Result<T> {
         let error = RefCell::new(None);
-        let nodes = LogNodes {
-            backend: &self.backend,
-            staged: Vec::new(),
-            error: &error,
-        };
+        let nodes = LogNodes::new(&self.backend, generation, staged, None, &error);
         let result =
             SkippyLog::open(nodes, self.identity.mapping_log).and_then(|mut log| f(&mut log));
         result.map_err(|e| match error.take() {
@@ -217,35 +334,93 @@ impl<B: KvBackend> SnapshotStore<B> {
     }
 }
 
-/// The log's nodes in the `maplog` column family, as `gsnap_core`'s Skippy log reads and
-/// writes them. Writes are only collected (`staged`), for the caller to put into its batch.
+/// The log's nodes of one key generation in the `maplog` column family, as `gsnap_core`'s
+/// Skippy log reads and writes them. Writes are only collected (`staged`), for the caller to
+/// put into its batch; with a [`Spill`], sealed nodes (full: they never change again) go
+/// into its batch instead, written whenever it is big enough (a log rewrite).
 pub(crate) struct LogNodes<'s, B: KvBackend> {
     backend: &'s B,
-    /// Nodes written by an append, newest version last.
+    generation: u8,
+    /// Nodes written, newest version last (with a spill: only the last node of each level).
     staged: Vec<LogNode>,
+    spill: Option<Spill>,
     /// The store error behind the last `IndexError::Storage` this returned.
     error: &'s RefCell<Option<StoreError>>,
 }
 
-impl<B: KvBackend> LogNodes<'_, B> {
+/// Sealed nodes waiting to be written in one batch.
+struct Spill {
+    node_size: usize,
+    batch_bytes: usize,
+    batch: WriteBatch,
+}
+
+impl Spill {
+    fn new(node_size: usize, batch_bytes: usize) -> Self {
+        Spill {
+            node_size,
+            batch_bytes,
+            batch: WriteBatch::new(),
+        }
+    }
+}
+
+impl<'s, B: KvBackend> LogNodes<'s, B> {
+    fn new(
+        backend: &'s B,
+        generation: u8,
+        staged: Vec<LogNode>,
+        spill: Option<Spill>,
+        error: &'s RefCell<Option<StoreError>>,
+    ) -> Self {
+        LogNodes {
+            backend,
+            generation,
+            staged,
+            spill,
+            error,
+        }
+    }
+
     fn fail(&self, e: StoreError) -> IndexError {
         let message = e.message().to_string();
         *self.error.borrow_mut() = Some(e);
         IndexError::Storage(message)
     }
+
+    /// Puts `node` into `batch`, under this generation's key.
+    fn put(&self, batch: &mut WriteBatch, node: &LogNode) {
+        batch.put(
+            Cf::MapLog,
+            &keys::log_node_key(self.generation, node.level, node.number),
+            &node.encode(),
+        );
+    }
+
+    /// Writes the spilled nodes not written yet (unsynced: nothing reads this generation
+    /// before a later batch switches to it, which makes them durable with it).
+    fn flush(&mut self) -> Result<(), IndexError> {
+        let Some(spill) = self.spill.as_mut() else {
+            return Ok(());
+        };
+        if spill.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut spill.batch);
+        self.backend.write(&batch, false).map_err(|e| self.fail(e))
+    }
 }
 
 impl<B: KvBackend> LogStore for LogNodes<'_, B> {
     fn node_count(&self, level: u8) -> Result<u64, IndexError> {
-        let start = keys::log_node_key(level, 0);
-        let end = keys::prefix_end(&[level]).unwrap_or_else(|| vec![0xff; 10]);
+        let (start, end) = keys::log_level_range(self.generation, level);
         let stored = match self
             .backend
             .last_in_range(Cf::MapLog, &start, &end)
             .map_err(|e| self.fail(e))?
         {
             Some((k, _)) => {
-                let (_, number) = keys::decode_log_node_key(&k).map_err(|e| self.fail(e))?;
+                let (_, _, number) = keys::decode_log_node_key(&k).map_err(|e| self.fail(e))?;
                 number + 1
             }
             None => 0,
@@ -269,9 +444,10 @@ impl<B: KvBackend> LogStore for LogNodes<'_, B> {
         {
             return Ok(Some(Arc::new(n.clone())));
         }
+        let key = keys::log_node_key(self.generation, level, number);
         let Some(bytes) = self
             .backend
-            .get(Cf::MapLog, &keys::log_node_key(level, number))
+            .get(Cf::MapLog, &key)
             .map_err(|e| self.fail(e))?
         else {
             return Ok(None);
@@ -289,13 +465,27 @@ impl<B: KvBackend> LogStore for LogNodes<'_, B> {
         for n in nodes {
             self.staged
                 .retain(|s| (s.level, s.number) != (n.level, n.number));
-            self.staged.push(n.clone());
+            match &mut self.spill {
+                Some(spill) if n.entries.len() >= spill.node_size => {
+                    let key = keys::log_node_key(self.generation, n.level, n.number);
+                    spill.batch.put(Cf::MapLog, &key, &n.encode());
+                }
+                _ => self.staged.push(n.clone()),
+            }
+        }
+        if self
+            .spill
+            .as_ref()
+            .is_some_and(|s| s.batch.size_bytes() >= s.batch_bytes)
+        {
+            self.flush()?;
         }
         Ok(())
     }
 }
 
-/// The mapping log without its dead mappings, ready to replace it ([`SnapshotStore::rewrite_log`]).
+/// The mapping log without its dead mappings, written into the other key generation and
+/// ready to be switched to ([`SnapshotStore::rewrite_log`]).
 ///
 /// Reclamation kills mappings (it frees their images) but leaves them in the log, which would
 /// otherwise grow with every snapshot ever taken. A mapping of page P made at v is live while a
@@ -306,17 +496,32 @@ impl<B: KvBackend> LogStore for LogNodes<'_, B> {
 /// the log and every later reclamation (whose dead mappings are all visible at a member of R)
 /// read the same mappings as before.
 pub struct LogRewrite {
+    /// Which rewrite this is (`NEXT_REWRITE`).
+    id: u64,
+    /// The generation read, and the one written.
+    from: u8,
+    to: u8,
+    /// The newest snapshot of the log read.
     last: Option<SnapId>,
     /// Mappings before and after.
     pub before: u64,
     pub after: u64,
-    batch: WriteBatch,
+    /// The new log's nodes not written yet: the last of each level (not full).
+    tails: Vec<LogNode>,
+}
+
+impl LogRewrite {
+    /// The generation the switch to this rewrite leaves (to compact:
+    /// [`SnapshotStore::compact_retired_log`]).
+    pub fn retired_generation(&self) -> u8 {
+        self.from
+    }
 }
 
 /// Appends the live mappings of a window (the last of each page) to `log`, snapshot by
 /// snapshot, and empties the window.
-fn append_live(
-    log: &mut SkippyLog<MemoryLogStore>,
+fn append_live<B: KvBackend>(
+    log: &mut SkippyLog<LogNodes<'_, B>>,
     window: &mut HashMap<PageKey, Mapping>,
 ) -> Result<(), IndexError> {
     let mut live: Vec<Mapping> = window.drain().map(|(_, m)| m).collect();
@@ -432,6 +637,51 @@ mod tests {
         check(&reopened);
     }
 
+    /// Snapshots that committed after the rewrite read the catalog are members of R too (they
+    /// are not reclaimed): each ends a window of its own, so a page changed by two of them
+    /// keeps both mappings.
+    #[test]
+    fn a_rewrite_keeps_what_snapshots_committed_after_it_read_the_catalog_need() {
+        let store = small_log_store();
+        let rel = store
+            .allocate_rel(&RelIncarnation {
+                pg_relid: 1,
+                relfilenode: 1,
+                name: "t".into(),
+            })
+            .unwrap();
+        let row_type = store.put_row_type(b"rt").unwrap();
+        let decl = SnapshotDecl {
+            relations: vec![RelationSnapshot {
+                pg_relid: 1,
+                rel,
+                relfilenode: 1,
+                nblocks: 2,
+                row_type,
+                name: "t".into(),
+            }],
+            ..SnapshotDecl::default()
+        };
+        let mut snaps = Vec::new();
+        for content in [b"a", b"b", b"c"] {
+            let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+            let image = cap.put_image(content, &[]).unwrap();
+            cap.add_mapping(PageKey { rel, block: 0 }, image).unwrap();
+            snaps.push(cap.commit().unwrap().id);
+        }
+        let tables: Vec<_> = snaps
+            .iter()
+            .map(|s| store.page_table(*s).unwrap())
+            .collect();
+        // As if the last two committed after the catalog was read.
+        let rewrite = store.rewrite_log_for(&snaps[..1], 1).unwrap().unwrap();
+        assert_eq!(rewrite.after, 3);
+        assert_eq!(store.apply_log_rewrite(&rewrite).unwrap(), Some(3));
+        for (snap, table) in snaps.iter().zip(&tables) {
+            assert_eq!(&store.page_table(*snap).unwrap(), table, "{snap}");
+        }
+    }
+
     /// Damage in a log node is reported as corruption, naming the node.
     #[test]
     fn a_damaged_node_is_corrupt() {
@@ -459,7 +709,7 @@ mod tests {
         let image = cap.put_image(b"x", &[]).unwrap();
         cap.add_mapping(PageKey { rel, block: 0 }, image).unwrap();
         let snap = cap.commit().unwrap().id;
-        let key = keys::log_node_key(0, 0);
+        let key = keys::log_node_key(0, 0, 0);
         let mut bytes = store.backend.get(Cf::MapLog, &key).unwrap().unwrap();
         bytes[30] ^= 1;
         let mut batch = WriteBatch::new();

@@ -68,6 +68,11 @@ impl MemBackend {
                         t.remove(key);
                     }
                 }
+                BatchOp::DeleteRange { cf, start, end } => {
+                    if let Some(t) = tables.get_mut(cf) {
+                        t.retain(|k, _| k < start || k >= end);
+                    }
+                }
             }
         }
     }

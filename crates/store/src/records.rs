@@ -26,12 +26,18 @@ pub const SNAPSHOT_RECORD_VERSION: u8 = 3;
 
 /// The format version this build reads and writes. A store of another version is refused.
 ///
-/// Version 3 adds lifetimes: images in one column family per rank (the rank in the image
+/// Version 4 lets the mapping log live in either of two key generations (a rewrite writes the
+/// other, then switches: `maplog.rs`); a version 3 store is read as is (its log is generation
+/// 0, the same keys) and becomes version 4 when its log is first rewritten, so that an older
+/// build refuses it instead of reading an empty log. Version 3 adds lifetimes: images in one column family per rank (the rank in the image
 /// id's top byte), reference counts (`refs`), snapshot labels, explicit ranks, pins and
 /// deletion times, and reclamation progress. Version 2 keeps each mapping once, in the Skippy
 /// mapping log written in its snapshot's commit batch; version 1 also kept the
 /// `page_versions` column family and a separate mapping log written during the capture.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+
+/// The oldest format version this build reads (see [`FORMAT_VERSION`]).
+pub const OLDEST_READABLE_FORMAT: u32 = 3;
 
 /// The largest mapping log node size a store accepts (entries per node).
 pub const MAX_LOG_NODE_SIZE: usize = 1 << 20;
@@ -97,10 +103,10 @@ pub(crate) fn decode_format(v: &[u8], where_: &str) -> Result<StoreIdentity> {
     let mut d = Dec::new(v, "format");
     d.take(8)?;
     let format_version = d.u32()?;
-    if format_version != FORMAT_VERSION {
+    if !(OLDEST_READABLE_FORMAT..=FORMAT_VERSION).contains(&format_version) {
         return Err(StoreError::incompatible(format!(
             "{where_} has store format version {format_version}, but this gsnap build reads only \
-             version {FORMAT_VERSION}; install the gsnap version that created it, or move the \
+             versions {OLDEST_READABLE_FORMAT} to {FORMAT_VERSION}; install the gsnap version that created it, or move the \
              directory aside to start an empty store"
         )));
     }

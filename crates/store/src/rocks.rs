@@ -473,6 +473,9 @@ impl KvBackend for RocksBackend {
                     rb.put_cf(self.handle(*cf)?, key, value)
                 }
                 crate::backend::BatchOp::Delete { cf, key } => rb.delete_cf(self.handle(*cf)?, key),
+                crate::backend::BatchOp::DeleteRange { cf, start, end } => {
+                    rb.delete_range_cf(self.handle(*cf)?, start, end)
+                }
             }
         }
         let mut opts = WriteOptions::default();

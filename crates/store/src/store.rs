@@ -140,6 +140,8 @@ pub struct StoreState<B: KvBackend> {
     pub(crate) catalog: RwLock<CatalogState>,
     /// Check images read against their fingerprints (see `set_verify_images`).
     pub(crate) verify_images: std::sync::atomic::AtomicBool,
+    /// The mapping log rewrite begun last (`maplog.rs`; 0: none since the store was opened).
+    pub(crate) log_rewrite: std::sync::atomic::AtomicU64,
 }
 
 impl SnapshotStore<RocksBackend> {
@@ -200,6 +202,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             ids: Mutex::new(ids),
             catalog: RwLock::new(catalog),
             verify_images: std::sync::atomic::AtomicBool::new(true),
+            log_rewrite: std::sync::atomic::AtomicU64::new(0),
         }));
         store.recover()?;
         Ok(store)

@@ -987,8 +987,24 @@ fn deletion_and_reclamation_survive_reopening_on_rocksdb() {
             store.compact_images(lo, hi).unwrap();
         }
     }
+    // The log rewritten into generation 1 (RocksDB's range deletion drops generation 0).
+    let tables = [snaps[1], snaps[3], last].map(|s| store.page_table(s).unwrap());
+    let before = store.log_mappings().unwrap();
+    let rewrite = store.rewrite_log(64).unwrap().unwrap();
+    let after = store.apply_log_rewrite(&rewrite).unwrap().unwrap();
+    assert!(after < before, "{after} of {before}");
+    assert_eq!(rewrite.retired_generation(), 0);
+    assert!(store.compact_retired_log(1).is_err(), "the current generation");
+    store.compact_retired_log(0).unwrap();
     drop(store);
     let store = SnapshotStore::open_dir(&path, opts).unwrap();
+    assert_eq!(store.log_mappings().unwrap(), after);
+    assert_eq!(tables, [snaps[1], snaps[3], last].map(|s| store.page_table(s).unwrap()));
+    let generations: BTreeSet<u8> = Scan::range(store.backend(), Cf::MapLog, &[], None)
+        .unwrap()
+        .map(|e| keys::decode_log_node_key(&e.unwrap().0).unwrap().0)
+        .collect();
+    assert_eq!(generations, BTreeSet::from([1]));
     for (s, state) in [
         (snaps[0], SnapshotState::Reclaimed),
         (snaps[2], SnapshotState::Reclaimed),
@@ -1003,6 +1019,37 @@ fn deletion_and_reclamation_survive_reopening_on_rocksdb() {
     assert!(store.space().unwrap().disk_bytes > 0);
     assert_clean(&store, &keep_none, "RocksDB");
     check_store(&store, false);
+}
+
+/// A store of format 3 (before the log's generations) is read as it is, and its first log
+/// rewrite makes it format 4, so that a build that knows only format 3 refuses it instead of
+/// reading an empty log.
+#[test]
+fn a_format_3_store_is_read_and_becomes_format_4_when_its_log_is_rewritten() {
+    let mem = MemBackend::new();
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    let (rels, decl) = setup(&store, 1, 2);
+    let p = page_key(rels[0], 0);
+    let (s1, _) = commit_views(&store, &decl, &[(p, b"a", &[])]);
+    let (s2, _) = commit_views(&store, &decl, &[(p, b"b", &[])]);
+    drop(store);
+    let version = |mem: &MemBackend| {
+        let record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
+        u32::from_be_bytes(record[8..12].try_into().unwrap())
+    };
+    let mut record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
+    record[8..12].copy_from_slice(&3u32.to_be_bytes());
+    let mut b = WriteBatch::new();
+    b.put(Cf::Meta, keys::FORMAT_KEY, &record);
+    mem.write(&b, true).unwrap();
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    assert_eq!(version(&mem), 3);
+    let tables = [s1, s2].map(|s| store.page_table(s).unwrap());
+    let rewrite = store.rewrite_log(1 << 20).unwrap().unwrap();
+    assert_eq!(store.apply_log_rewrite(&rewrite).unwrap(), Some(2));
+    assert_eq!(version(&mem), FORMAT_VERSION);
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    assert_eq!(tables, [s1, s2].map(|s| store.page_table(s).unwrap()));
 }
 
 // ---- verify and repair ----------------------------------------------------------------------
@@ -1300,6 +1347,114 @@ fn a_crash_at_any_write_of_reclamation_resumes_to_the_same_end_state() {
                     "{what}: column family {cf} differs from the reference"
                 );
             }
+        }
+    }
+}
+
+/// Rewrites the log of a store whose deleted snapshots are reclaimed, commits one more
+/// snapshot before switching (the switch adds it), and switches. Returns the new snapshot
+/// and the mappings the log holds after the switch.
+fn rewrite_with_a_commit_between<B: KvBackend>(
+    store: &SnapshotStore<B>,
+    rels: &[RelId],
+    rt: RowTypeId,
+) -> Result<(SnapId, Option<u64>), StoreError> {
+    let rewrite = store.rewrite_log(64)?.expect("no reclamation is in flight");
+    assert!(
+        rewrite.after < rewrite.before,
+        "the rewrite drops dead mappings"
+    );
+    let mut cap = store.declare_and_begin(decl_for(rels, CRASH_BLOCKS, rt, 100))?;
+    for (i, rel) in rels.iter().enumerate() {
+        let id = cap.put_image(&crash_content(900 + i as u64), &[])?;
+        cap.add_mapping(page_key(*rel, 1), id)?;
+    }
+    let snap = cap.commit()?.id;
+    Ok((snap, store.apply_log_rewrite(&rewrite)?))
+}
+
+/// The generations of the `maplog` keys stored.
+fn log_generations(mem: &MemBackend) -> BTreeSet<u8> {
+    mem.entries(Cf::MapLog)
+        .iter()
+        .map(|(k, _)| keys::decode_log_node_key(k).unwrap().0)
+        .collect()
+}
+
+/// A crash at any write of a mapping log rewrite (its streamed batches, a capture that
+/// commits before the switch, the switch) keeps the old log or the new one: every committed
+/// snapshot's page table reads back, and the next rewrite ends with the log a rewrite
+/// without a crash has, in one generation.
+#[test]
+fn a_crash_at_any_write_of_a_log_rewrite_keeps_the_old_log_or_the_new_one() {
+    let (base, rels, rt, _) = crash_base();
+    {
+        let store = SnapshotStore::open(base.clone(), crash_options()).unwrap();
+        reclaim_all(&store, 4, &keep_none).unwrap();
+    }
+    // The reference: the rewrite without a crash.
+    let (reference_log, tables, snap) = {
+        let mem = base.deep_copy();
+        let store = SnapshotStore::open(mem.clone(), crash_options()).unwrap();
+        let before = store.log_mappings().unwrap();
+        let (snap, after) = rewrite_with_a_commit_between(&store, &rels, rt).unwrap();
+        let after = after.expect("switched");
+        assert!(after < before, "{after} of {before} mappings");
+        assert_eq!(store.log_mappings().unwrap(), after);
+        assert_eq!(log_generations(&mem), BTreeSet::from([1]));
+        let tables = committed_tables(&store);
+        assert!(tables.contains_key(&snap));
+        check_reopened(&store, &tables, "reference");
+        let reopened = SnapshotStore::open(mem.clone(), crash_options()).unwrap();
+        check_reopened(&reopened, &tables, "reference, reopened");
+        let log = reopened.mapping_log(SnapId(1), SnapId(u64::MAX)).unwrap();
+        (log, tables, snap)
+    };
+    let total = {
+        let store = SnapshotStore::open(
+            FaultyBackend::new(base.deep_copy()).unwrap(),
+            crash_options(),
+        )
+        .unwrap();
+        let w0 = store.backend().writes_attempted();
+        rewrite_with_a_commit_between(&store, &rels, rt).unwrap();
+        store.backend().writes_attempted() - w0
+    };
+    assert!(total >= 6, "the rewrite streams several batches: {total}");
+    for n in 0..total {
+        let store = SnapshotStore::open(
+            FaultyBackend::new(base.deep_copy()).unwrap(),
+            crash_options(),
+        )
+        .unwrap();
+        store
+            .backend()
+            .fail_write(store.backend().writes_attempted() + n, Fault::Crash);
+        assert!(
+            rewrite_with_a_commit_between(&store, &rels, rt).is_err(),
+            "crash {n} went unnoticed"
+        );
+        let unsynced = store.backend().unsynced_batches();
+        for keep in [0, 1, unsynced] {
+            let what = format!("crash at write {n}, {keep} of {unsynced} unsynced batches kept");
+            let disk = store.backend().disk_after_crash(keep);
+            let reopened = SnapshotStore::open(disk.clone(), crash_options()).unwrap();
+            check_reopened(&reopened, &tables, &what);
+            let committed = reopened.snapshot_state(snap) == Some(SnapshotState::Committed);
+            // The next rewrite clears what the crashed one left and ends where the reference
+            // did (without the new snapshot if its commit was lost).
+            let rewrite = reopened.rewrite_log(64).unwrap().unwrap();
+            let after = reopened.apply_log_rewrite(&rewrite).unwrap().unwrap();
+            let want: Vec<_> = reference_log
+                .iter()
+                .filter(|m| committed || m.snap != snap)
+                .copied()
+                .collect();
+            let log = reopened.mapping_log(SnapId(1), SnapId(u64::MAX)).unwrap();
+            assert_eq!(log, want, "{what}");
+            assert_eq!(after, want.len() as u64, "{what}");
+            assert_eq!(log_generations(&disk).len(), 1, "{what}");
+            check_reopened(&reopened, &tables, &what);
         }
     }
 }
@@ -1602,6 +1757,8 @@ struct Coverage {
     dedup_hits: u64,
     log_rewrites: u64,
     mappings_dropped: u64,
+    rewrites_caught_up: u64,
+    stale_rewrites: u64,
 }
 
 impl Coverage {
@@ -1619,6 +1776,8 @@ impl Coverage {
         self.dedup_hits += o.dedup_hits;
         self.log_rewrites += o.log_rewrites;
         self.mappings_dropped += o.mappings_dropped;
+        self.rewrites_caught_up += o.rewrites_caught_up;
+        self.stale_rewrites += o.stale_rewrites;
     }
 }
 
@@ -1636,6 +1795,10 @@ struct World {
     /// Decides the log rewrites, apart from `rng`, so that adding them left the workloads
     /// the seeds made before unchanged.
     rewrite_rng: Rng,
+    /// A log rewrite computed and not switched to yet.
+    pending: Option<LogRewrite>,
+    /// The size of the batches a rewrite writes its nodes in.
+    rewrite_batch: usize,
     /// Draws once more from `rng` after each round: another workload from the same seed.
     extra_draw: bool,
     clock: i64,
@@ -1668,6 +1831,8 @@ impl World {
             job: None,
             rng: Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xA5A5),
             rewrite_rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A5A),
+            pending: None,
+            rewrite_batch: [64, 1 << 20][seed as usize % 2],
             extra_draw: false,
             clock: 0,
             round: 0,
@@ -1694,6 +1859,11 @@ impl World {
             .filter(|j| j.done > 0)
             .map(|j| (j.snap, j.prev, j.next, j.done, j.total(), j.freed));
         self.store = SnapshotStore::open(self.mem.clone(), self.opts.clone()).unwrap();
+        if let Some(stale) = self.pending.take() {
+            // Computed on the store opened before: never switched to.
+            assert_eq!(self.store.apply_log_rewrite(&stale).unwrap(), None);
+            self.seen.stale_rewrites += 1;
+        }
         let found = self.store.reclaim_next(&|_| false).unwrap();
         let found = found.map(|j| {
             let shape = (j.snap, j.prev, j.next, j.done, j.total(), j.freed);
@@ -2089,6 +2259,10 @@ impl World {
             self.reopen();
             self.check(false);
         }
+        if let Some(rewrite) = self.pending.take() {
+            self.switch_log(rewrite, false);
+            self.check(false);
+        }
         let mut open = self.begin();
         for _ in 0..self.rng.below(14) {
             self.put_page(&mut open);
@@ -2125,10 +2299,12 @@ impl World {
     }
 
     /// Rewrites the mapping log without its dead mappings (refused while a reclamation is in
-    /// flight); the checks that follow read every page table from the new log.
+    /// flight), and switches to it now or keeps it to switch later, after captures committed
+    /// (the switch adds their mappings) and reclamations ran; the checks that follow read
+    /// every page table from the log switched to.
     fn rewrite_log(&mut self) {
         let before = self.store.log_mappings().unwrap();
-        let Some(rewrite) = self.store.rewrite_log(u64::MAX).unwrap() else {
+        let Some(rewrite) = self.store.rewrite_log(self.rewrite_batch).unwrap() else {
             assert!(
                 self.job.is_some(),
                 "{}: a rewrite is refused only during a reclamation",
@@ -2136,26 +2312,58 @@ impl World {
             );
             return;
         };
+        if let Some(stale) = self.pending.take() {
+            // One rewrite at a time: the one begun later wins.
+            assert_eq!(self.store.apply_log_rewrite(&stale).unwrap(), None);
+            self.seen.stale_rewrites += 1;
+        }
         assert_eq!(rewrite.before, before);
         assert!(rewrite.after <= before);
-        assert!(
-            self.store.apply_log_rewrite(&rewrite).unwrap(),
-            "{}",
-            self.ctx()
-        );
-        assert_eq!(self.store.log_mappings().unwrap(), rewrite.after);
-        // Rewriting again drops nothing more.
-        // A rewrite that would keep more than it may is given up.
-        if rewrite.after > 0 {
-            assert!(self.store.rewrite_log(rewrite.after - 1).unwrap().is_none());
+        if self.rewrite_rng.chance(40) {
+            self.pending = Some(rewrite);
+        } else {
+            self.switch_log(rewrite, true);
         }
-        let again = self.store.rewrite_log(u64::MAX).unwrap().unwrap();
-        assert_eq!(
-            again.after,
-            rewrite.after,
-            "{}: a rewritten log has no dead mapping",
-            self.ctx()
-        );
+    }
+
+    /// Switches the log to `rewrite` (refused only while a reclamation is in flight);
+    /// `fresh`: computed just now (no reclamation since).
+    fn switch_log(&mut self, rewrite: LogRewrite, fresh: bool) {
+        let now = self.store.log_mappings().unwrap();
+        let Some(after) = self.store.apply_log_rewrite(&rewrite).unwrap() else {
+            assert!(
+                self.job.is_some(),
+                "{}: a switch is refused only during a reclamation",
+                self.ctx()
+            );
+            return;
+        };
+        let added = now - rewrite.before;
+        assert_eq!(after, rewrite.after + added, "{}", self.ctx());
+        assert_eq!(self.store.log_mappings().unwrap(), after);
+        // The old generation is gone: the log's keys are all of one generation.
+        let generations: BTreeSet<u8> = self
+            .mem
+            .entries(Cf::MapLog)
+            .iter()
+            .map(|(k, _)| keys::decode_log_node_key(k).unwrap().0)
+            .collect();
+        assert!(generations.len() <= 1, "{}: {generations:?}", self.ctx());
+        if added == 0 && fresh {
+            // Rewriting again drops nothing more (and switches back to the other generation).
+            // (Reclamations since a rewrite was computed killed mappings it keeps.)
+            let again = self.store.rewrite_log(self.rewrite_batch).unwrap().unwrap();
+            assert_eq!(
+                again.after,
+                after,
+                "{}: a rewritten log has no dead mapping",
+                self.ctx()
+            );
+            assert_eq!(self.store.apply_log_rewrite(&again).unwrap(), Some(after));
+        }
+        if added > 0 {
+            self.seen.rewrites_caught_up += 1;
+        }
         self.seen.log_rewrites += 1;
         self.seen.mappings_dropped += rewrite.before - rewrite.after;
     }
@@ -2271,6 +2479,11 @@ fn random_workloads_with_sparse_deletion_and_reclamation_match_the_model() {
         ("dedup hits", c.dedup_hits),
         ("log rewrites", c.log_rewrites),
         ("dead mappings dropped by a rewrite", c.mappings_dropped),
+        (
+            "switches that added snapshots committed meanwhile",
+            c.rewrites_caught_up,
+        ),
+        ("stale rewrites refused", c.stale_rewrites),
     ] {
         assert!(n > 0, "the workload never exercised {what}: {c:?}");
     }

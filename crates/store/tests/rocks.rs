@@ -346,7 +346,7 @@ fn a_format_1_store_is_refused_untouched() {
     assert!(
         e.message().contains("format version 1")
             && e.message()
-                .contains(&format!("only version {FORMAT_VERSION}"))
+                .contains(&format!("only versions 3 to {FORMAT_VERSION}"))
             && e.message().contains(&path.display().to_string()),
         "{e}"
     );

@@ -122,6 +122,11 @@ impl<S: LogStore> SkippyLog<S> {
         &self.store
     }
 
+    /// The store under the log (for a caller that buffers writes and must flush them).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
     /// The number of entries at `level`.
     pub fn level_len(&self, level: u8) -> u64 {
         self.lens.get(level as usize).copied().unwrap_or(0)
