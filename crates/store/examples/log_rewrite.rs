@@ -54,8 +54,12 @@ fn main() {
         eprintln!("usage: log_rewrite OUT_DIR [SNAPSHOTS] [PAGES_PER_SNAPSHOT] [TABLE_PAGES] [KEEP_EVERY]");
         std::process::exit(2);
     };
-    let (snapshots, per_snapshot, table_pages, keep_every) =
-        (arg(2, 1000), arg(3, 10_000), arg(4, 200_000), arg(5, 4).max(1));
+    let (snapshots, per_snapshot, table_pages, keep_every) = (
+        arg(2, 1000),
+        arg(3, 10_000),
+        arg(4, 200_000),
+        arg(5, 4).max(1),
+    );
     let hot = per_snapshot / 2;
     assert!(hot + per_snapshot <= table_pages, "the table is too small");
     std::fs::create_dir_all(&out).expect("the output directory");
@@ -87,17 +91,31 @@ fn main() {
     let spread = table_pages - hot;
     for s in 0..snapshots {
         let mut cap = store.declare_and_begin(decl.clone()).unwrap();
-        let image = cap.put_image(format!("snapshot {s}").as_bytes(), &[]).unwrap();
+        let image = cap
+            .put_image(format!("snapshot {s}").as_bytes(), &[])
+            .unwrap();
         for block in 0..hot {
-            cap.add_mapping(PageKey { rel, block: block as u32 }, image)
-                .unwrap();
+            cap.add_mapping(
+                PageKey {
+                    rel,
+                    block: block as u32,
+                },
+                image,
+            )
+            .unwrap();
         }
         // Distinct pages of the rest of the table: a stride prime to its size.
         let start = s.wrapping_mul(2_654_435_761) % spread;
         for i in 0..(per_snapshot - hot) {
             let block = hot + (start + i * 7919) % spread;
-            cap.add_mapping(PageKey { rel, block: block as u32 }, image)
-                .unwrap();
+            cap.add_mapping(
+                PageKey {
+                    rel,
+                    block: block as u32,
+                },
+                image,
+            )
+            .unwrap();
         }
         ids.push(cap.commit().unwrap().id);
     }
@@ -106,7 +124,7 @@ fn main() {
     let doomed: Vec<SnapId> = ids
         .iter()
         .enumerate()
-        .filter(|(i, s)| (*i as u64) % keep_every != 0 && **s != newest)
+        .filter(|(i, s)| !(*i as u64).is_multiple_of(keep_every) && **s != newest)
         .map(|(_, s)| *s)
         .collect();
     store.delete_snapshots(&doomed, 1).unwrap();
@@ -139,10 +157,16 @@ fn main() {
         })
     };
     let t = Instant::now();
-    let rewrite = store.rewrite_log(4 << 20).unwrap().expect("no reclamation in flight");
+    let rewrite = store
+        .rewrite_log(4 << 20)
+        .unwrap()
+        .expect("no reclamation in flight");
     let rewrite_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let after = store.apply_log_rewrite(&rewrite).unwrap().expect("switched");
+    let after = store
+        .apply_log_rewrite(&rewrite)
+        .unwrap()
+        .expect("switched");
     let switch_ms = t.elapsed().as_secs_f64() * 1000.0;
     let t = Instant::now();
     store
