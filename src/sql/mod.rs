@@ -20,6 +20,7 @@ pub mod asof;
 pub mod diff;
 pub mod lifetimes;
 pub mod range;
+mod restore;
 mod snapshots;
 mod spans;
 pub mod versions;

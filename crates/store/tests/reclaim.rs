@@ -994,12 +994,18 @@ fn deletion_and_reclamation_survive_reopening_on_rocksdb() {
     let after = store.apply_log_rewrite(&rewrite).unwrap().unwrap();
     assert!(after < before, "{after} of {before}");
     assert_eq!(rewrite.retired_generation(), 0);
-    assert!(store.compact_retired_log(1).is_err(), "the current generation");
+    assert!(
+        store.compact_retired_log(1).is_err(),
+        "the current generation"
+    );
     store.compact_retired_log(0).unwrap();
     drop(store);
     let store = SnapshotStore::open_dir(&path, opts).unwrap();
     assert_eq!(store.log_mappings().unwrap(), after);
-    assert_eq!(tables, [snaps[1], snaps[3], last].map(|s| store.page_table(s).unwrap()));
+    assert_eq!(
+        tables,
+        [snaps[1], snaps[3], last].map(|s| store.page_table(s).unwrap())
+    );
     let generations: BTreeSet<u8> = Scan::range(store.backend(), Cf::MapLog, &[], None)
         .unwrap()
         .map(|e| keys::decode_log_node_key(&e.unwrap().0).unwrap().0)

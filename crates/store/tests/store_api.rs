@@ -707,7 +707,8 @@ fn a_format_1_store_is_refused_with_both_versions_named() {
     assert_eq!(e.kind(), ErrorKind::Incompatible);
     assert!(
         e.message().contains("format version 1")
-            && e.message().contains(&format!("versions 3 to {FORMAT_VERSION}")),
+            && e.message()
+                .contains(&format!("versions 3 to {FORMAT_VERSION}")),
         "{e}"
     );
 }

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Benchmarks of gsnap's flashback (see README.md here).
+
+    bench.py [--quick] [--only restore] [--out DIR] [--rows N] [--rounds N]
+
+1. restore  gsnap_restore() of a table (pgbench_accounts' width, a primary key) to a snapshot
+            after 0.5%, 5% and 50% of its rows were updated since (spread over the table),
+            against the hand-written restore `DELETE FROM t; INSERT INTO t SELECT * FROM
+            gsnap_asof(NULL::t, s)`. Each is timed inside a transaction that is then rolled
+            back (and the table vacuumed), alternately, so both start from the same table;
+            the restore's result is checked against the snapshot once per fraction.
+
+Results: CSV and summary.json under --out, plots by plot.py. The machine is shared: the two
+ways are measured interleaved and compared as ratios within a round.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from common import BenchBase, Cluster, arg_parser, log, md_table, write_csv  # noqa: E402
+
+BENCHMARKS = ["restore"]
+# Updates of a fraction of the rows, spread evenly: every id that is a multiple of the step.
+FRACTIONS = [(0.005, 200), (0.05, 20), (0.5, 2)]
+
+
+class Bench(BenchBase):
+    def cluster(self, name: str) -> Cluster:
+        return self.start_cluster(f"bench-flashback-{name}", [
+            "shared_buffers = 1GB", "synchronous_commit = off", "max_wal_size = 8GB",
+            "min_wal_size = 1GB", "checkpoint_timeout = 30min", "autovacuum = off"])
+
+
+def timed(conn, statements: list[str]) -> float:
+    """Seconds the statements take inside a transaction that is then rolled back."""
+    conn.execute("BEGIN")
+    t = time.perf_counter()
+    for s in statements:
+        conn.execute(s)
+    took = time.perf_counter() - t
+    conn.execute("ROLLBACK")
+    conn.execute("VACUUM t")
+    return took
+
+
+def bench_restore(b: Bench) -> None:
+    a = b.args
+    log(f"== 1. gsnap_restore of {a.rows:,} rows vs DELETE + INSERT ... SELECT FROM gsnap_asof")
+    c = b.cluster("restore")
+    conn = c.connect()
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, k int NOT NULL, v int NOT NULL, pad char(84) NOT NULL) "
+                 "USING gsnap WITH (fillfactor = 90)")
+    conn.execute(f"INSERT INTO t SELECT g, g % 1000, 0, '' FROM generate_series(1, {a.rows}) g")
+    conn.execute("VACUUM (FREEZE, ANALYZE) t")
+    snap = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+    want = conn.execute(f"SELECT count(*), sum(v) FROM gsnap_asof(NULL::t, {snap})").fetchone()
+    ours = f"SELECT * FROM gsnap_restore('t', {snap})"
+    theirs = ["DELETE FROM t", f"INSERT INTO t SELECT * FROM gsnap_asof(NULL::t, {snap})"]
+    rows, res = [], {}
+    for fraction, step in FRACTIONS:
+        conn.execute(f"UPDATE t SET v = v + 1 WHERE id % {step} = 0")
+        conn.execute("VACUUM t")
+        counts = conn.execute(ours).fetchone()  # once, committed: checked, then undone below
+        got = conn.execute("SELECT count(*), sum(v) FROM t").fetchone()
+        assert got == want and counts == (0, a.rows // step, 0), (got, want, counts)
+        conn.execute(f"UPDATE t SET v = v + 1 WHERE id % {step} = 0")
+        conn.execute("VACUUM t")
+        for r in range(a.rounds):
+            pair = [("gsnap_restore", [ours]), ("handwritten", theirs)]
+            if r % 2:
+                pair.reverse()
+            took = {name: timed(conn, stmts) for name, stmts in pair}
+            rows.append({"fraction": fraction, "round": r, "restore_s": took["gsnap_restore"],
+                         "handwritten_s": took["handwritten"],
+                         "ratio": took["gsnap_restore"] / took["handwritten"]})
+        mine = [x for x in rows if x["fraction"] == fraction]
+        res[str(fraction)] = {
+            "rows_changed": a.rows // step,
+            "restore_s": statistics.median(x["restore_s"] for x in mine),
+            "handwritten_s": statistics.median(x["handwritten_s"] for x in mine),
+            "ratio": statistics.median(x["ratio"] for x in mine),
+        }
+        log(f"   {fraction:.1%} changed: gsnap_restore {res[str(fraction)]['restore_s']:.2f} s, handwritten "
+            f"{res[str(fraction)]['handwritten_s']:.2f} s: ratio {res[str(fraction)]['ratio']:.3f}")
+        conn.execute(ours)  # back to the snapshot for the next fraction
+    write_csv(b.out / "restore.csv", rows)
+    b.summary["restore"] = {"rows": a.rows, "by_fraction": res}
+    log(md_table(["changed", "gsnap_restore (s)", "DELETE + INSERT (s)", "ratio"],
+                 [[f"{float(f):.1%}", f"{v['restore_s']:.2f}", f"{v['handwritten_s']:.2f}", f"{v['ratio']:.3f}"]
+                  for f, v in res.items()]))
+    conn.close()
+    b.drop(c)
+
+
+def main() -> int:
+    ap = arg_parser(__doc__, BENCHMARKS, HERE / "results", "a smoke run of about a minute")
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    if a.quick:
+        a.rows, a.rounds = 100_000, 2
+    b = Bench(a)
+    only = set(a.only.split(","))
+    b.keep_earlier(BENCHMARKS, only)
+    return b.run([("restore", bench_restore)], only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Plots the results of bench/flashback/bench.py.
+
+Usage: plot.py RESULTS_DIR. Writes next to the CSV files:
+  restore.png  seconds to restore the table to the snapshot, gsnap_restore against DELETE +
+               INSERT ... SELECT FROM gsnap_asof, per fraction of rows changed since.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plotting import main, plt, rows, save  # noqa: E402
+
+
+def plot_restore(out):
+    data = rows(out, "restore.csv")
+    if not data:
+        return
+    fractions = sorted({float(r["fraction"]) for r in data})
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    ours = [median([float(r["restore_s"]) for r in data if float(r["fraction"]) == f]) for f in fractions]
+    theirs = [median([float(r["handwritten_s"]) for r in data if float(r["fraction"]) == f]) for f in fractions]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = range(len(fractions))
+    ax.bar([i - 0.2 for i in x], ours, width=0.4, label="gsnap_restore", color="tab:green")
+    ax.bar([i + 0.2 for i in x], theirs, width=0.4, label="DELETE + INSERT ... FROM gsnap_asof", color="tab:grey")
+    for i, (o, t) in enumerate(zip(ours, theirs)):
+        ax.text(i - 0.2, o, f"{o / t:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), [f"{f:.1%} of rows changed" for f in fractions])
+    ax.set_ylabel("seconds (median)")
+    ax.set_title("Restoring a table to a snapshot")
+    ax.legend()
+    save(fig, out, "restore.png")
+
+
+if __name__ == "__main__":
+    main(__file__, [plot_restore])

@@ -1,0 +1,505 @@
+//! `gsnap_restore`: makes a live table equal to its content at a snapshot, inside the
+//! caller's transaction (all or nothing, and rolled back with it), changing only the rows that
+//! differ; or writes the snapshot's rows into a new table (`into_table`).
+//!
+//! How (README, "Restore"):
+//! 1. checks: an ordinary table (partitioned ones are refused: restore each partition);
+//!    SELECT, INSERT, UPDATE and DELETE on it, all named at once (the statements below would
+//!    each need one anyway); gsnap_asof's own checks (the snapshot holds the table, RLS);
+//! 2. locks the table EXCLUSIVE until the transaction ends, as Oracle's FLASHBACK TABLE does:
+//!    readers go on, writers wait, so the diff stays true until the rows are changed. Under
+//!    REPEATABLE READ or SERIALIZABLE the transaction's snapshot is older than the lock unless
+//!    the lock came first, and rows committed in between would be missed: refused unless the
+//!    transaction already holds the lock;
+//! 3. the diff, one statement into a temporary table: rows matched by the primary key (same
+//!    key, other content: an UPDATE, which keeps the row's identity for the foreign keys that
+//!    reference it), or, without a primary key, by their whole content as a multiset
+//!    (duplicates count). Contents are compared byte for byte (the record image operator
+//!    `*=`, or `record_send` where a hash is needed), the way REFRESH MATERIALIZED VIEW
+//!    CONCURRENTLY compares rows by image;
+//! 4. DELETE, then UPDATE, then INSERT, each one statement by row identity (ctid: a TID scan
+//!    reads only the rows that change), so that a unique value moving from one row to another
+//!    is free before it is taken again;
+//! 5. user triggers are off while it restores, unless `triggers => true` (Oracle's default;
+//!    turning them off is ALTER TABLE, which needs ownership); foreign keys are always checked,
+//!    and their ON DELETE actions run.
+//!
+//! Every statement runs through SPI as the caller: PostgreSQL checks its privileges, fires its
+//! constraint triggers and logs it as it would the caller's own SQL.
+
+use crate::error::{error, null_argument};
+use crate::ffi::regclass::RegClass;
+use crate::ffi::relation::{relation_kind, relation_name, OpenRelation};
+use crate::sql::access::require_gsnap_database;
+use crate::sql::asof::resolve_time;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::PgSqlErrorCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What a restore did: the rows it deleted, updated and inserted.
+type Counts = (i64, i64, i64);
+
+/// Makes table `rel` hold what it held at snapshot `snap_id` (only the rows matching
+/// `condition`, if given), or writes those rows into the new table `into_table`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_restore(
+    rel: Option<RegClass>,
+    snap_id: Option<i64>,
+    condition: default!(Option<&str>, "NULL"),
+    into_table: default!(Option<&str>, "NULL"),
+    triggers: default!(Option<bool>, false),
+) -> TableIterator<
+    'static,
+    (
+        name!(deleted, i64),
+        name!(updated, i64),
+        name!(inserted, i64),
+    ),
+> {
+    let snap = snap_id.unwrap_or_else(|| null_argument("the snapshot id of gsnap_restore"));
+    let triggers = triggers.unwrap_or_else(|| null_argument("triggers of gsnap_restore"));
+    TableIterator::once(restore(rel, snap, condition, into_table, triggers))
+}
+
+/// [`gsnap_restore`] as of the latest snapshot taken at or before `taken_at`.
+#[pg_extern(volatile, parallel_unsafe, name = "gsnap_restore")]
+fn gsnap_restore_time(
+    rel: Option<RegClass>,
+    taken_at: Option<TimestampWithTimeZone>,
+    condition: default!(Option<&str>, "NULL"),
+    into_table: default!(Option<&str>, "NULL"),
+    triggers: default!(Option<bool>, false),
+) -> TableIterator<
+    'static,
+    (
+        name!(deleted, i64),
+        name!(updated, i64),
+        name!(inserted, i64),
+    ),
+> {
+    let t = taken_at.unwrap_or_else(|| null_argument("the time of gsnap_restore"));
+    let snap = resolve_time(pg_sys::TimestampTz::from(t));
+    let triggers = triggers.unwrap_or_else(|| null_argument("triggers of gsnap_restore"));
+    TableIterator::once(restore(rel, snap as i64, condition, into_table, triggers))
+}
+
+/// A column of the restored table.
+struct Column {
+    /// Quoted for SQL.
+    name: String,
+    /// GENERATED ALWAYS AS (...) STORED: computed, never written.
+    generated: bool,
+    /// In the primary key.
+    key: bool,
+}
+
+/// What the statements need to know of the table.
+struct Table {
+    relid: pg_sys::Oid,
+    /// Schema-qualified and quoted.
+    name: String,
+    /// Its access method's name, quoted.
+    access_method: String,
+    columns: Vec<Column>,
+}
+
+impl Table {
+    fn read(client: &SpiClient<'_>, relid: pg_sys::Oid) -> Table {
+        let oid = i64::from(relid.to_u32());
+        let row = spi(client.select(
+            "SELECT format('%I.%I', n.nspname, c.relname), quote_ident(coalesce(a.amname, 'heap')) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             LEFT JOIN pg_am a ON a.oid = c.relam WHERE c.oid = $1::oid",
+            Some(1),
+            &[oid.into()],
+        ))
+        .first();
+        let name: String = spi(row.get(1)).unwrap_or_default();
+        let access_method: String = spi(row.get(2)).unwrap_or_default();
+        let mut columns = Vec::new();
+        for row in spi(client.select(
+            "SELECT quote_ident(a.attname), a.attgenerated <> '', \
+             coalesce(a.attnum = ANY(i.indkey::int2[]), false) \
+             FROM pg_attribute a \
+             LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary \
+             WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            None,
+            &[oid.into()],
+        )) {
+            columns.push(Column {
+                name: spi(row.get(1)).unwrap_or_default(),
+                generated: spi(row.get(2)).unwrap_or(false),
+                key: spi(row.get(3)).unwrap_or(false),
+            });
+        }
+        Table {
+            relid,
+            name,
+            access_method,
+            columns,
+        }
+    }
+
+    /// The columns a statement writes (not the generated ones), comma-separated, each
+    /// through `each`.
+    fn written(&self, each: impl Fn(&str) -> String) -> String {
+        let names: Vec<String> = self
+            .columns
+            .iter()
+            .filter(|c| !c.generated)
+            .map(|c| each(&c.name))
+            .collect();
+        names.join(", ")
+    }
+
+    fn has_key(&self) -> bool {
+        self.columns.iter().any(|c| c.key)
+    }
+}
+
+fn spi<T>(r: Result<T, pgrx::spi::SpiError>) -> T {
+    r.unwrap_or_else(|e| {
+        error(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("gsnap_restore: {e}"),
+        )
+        .raise()
+    })
+}
+
+fn restore(
+    rel: Option<RegClass>,
+    snap: i64,
+    condition: Option<&str>,
+    into_table: Option<&str>,
+    triggers: bool,
+) -> Counts {
+    require_gsnap_database();
+    let relid = rel
+        .unwrap_or_else(|| null_argument("the table of gsnap_restore"))
+        .0;
+    match relation_kind(relid) {
+        Some(pg_sys::RELKIND_RELATION) => {}
+        Some(pg_sys::RELKIND_PARTITIONED_TABLE) => error(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!(
+                "gsnap_restore restores one table, and {} is partitioned",
+                relation_name(relid)
+            ),
+        )
+        .hint("Restore each of its partitions.")
+        .raise(),
+        Some(_) => error(
+            PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+            format!("{} is not a table", relation_name(relid)),
+        )
+        .raise(),
+        None => error(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!("relation with OID {} does not exist", relid.to_u32()),
+        )
+        .raise(),
+    }
+    // The caller's condition, as SQL over the table's columns (evaluated as the caller).
+    let filter = condition.map(|c| format!("coalesce(({c}), false)"));
+    Spi::connect_mut(|client| {
+        let table = Table::read(client, relid);
+        match into_table {
+            Some(target) => (0, 0, copy_into(client, &table, snap, filter, target)),
+            None => restore_in_place(client, &table, snap, filter, triggers),
+        }
+    })
+}
+
+/// Creates `target` like the table and inserts the snapshot's rows (matching `filter`).
+fn copy_into(
+    client: &mut SpiClient<'_>,
+    table: &Table,
+    snap: i64,
+    filter: Option<String>,
+    target: &str,
+) -> i64 {
+    let target: String = spi(client
+        .select(
+            "SELECT string_agg(quote_ident(p), '.') FROM unnest(parse_ident($1)) p",
+            Some(1),
+            &[target.into()],
+        )
+        .and_then(|t| t.first().get_one()))
+    .unwrap_or_default();
+    let create = format!(
+        "CREATE TABLE {target} (LIKE {} INCLUDING ALL) USING {}",
+        table.name, table.access_method
+    );
+    spi(client.update(&create, None, &[]));
+    let columns = table.written(|c| c.to_string());
+    let insert = format!(
+        "INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE \
+         SELECT {columns} FROM gsnap_asof(NULL::{}, $1) x WHERE {}",
+        table.name,
+        filter.as_deref().unwrap_or("true")
+    );
+    spi(client.update(&insert, None, &[snap.into()])).len() as i64
+}
+
+/// Names the temporary tables of the diffs of this backend (several restores may run in one
+/// transaction).
+static DIFFS: AtomicU64 = AtomicU64::new(0);
+
+fn restore_in_place(
+    client: &mut SpiClient<'_>,
+    table: &Table,
+    snap: i64,
+    filter: Option<String>,
+    triggers: bool,
+) -> Counts {
+    require_privileges(table.relid);
+    lock(client, table);
+    let diff = format!(
+        "pg_temp.gsnap_restore_{}",
+        DIFFS.fetch_add(1, Ordering::Relaxed)
+    );
+    let query = if table.has_key() {
+        diff_by_key(table, filter.as_deref())
+    } else {
+        diff_by_content(table, filter.as_deref())
+    };
+    spi(client.update(
+        &format!("CREATE TEMP TABLE {diff} ON COMMIT DROP AS {query}"),
+        None,
+        &[snap.into()],
+    ));
+    let disabled = if triggers {
+        Vec::new()
+    } else {
+        disable_triggers(client, table)
+    };
+    let t = &table.name;
+    let deleted = spi(client.update(
+        &format!(
+            "DELETE FROM ONLY {t} WHERE ctid = ANY(ARRAY(SELECT tid FROM {diff} WHERE op = 'd'))"
+        ),
+        None,
+        &[],
+    ))
+    .len() as i64;
+    let set: Vec<&Column> = table
+        .columns
+        .iter()
+        .filter(|c| !c.generated && !c.key)
+        .collect();
+    let updated = if set.is_empty() {
+        0
+    } else {
+        let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
+        let values: Vec<String> = set.iter().map(|c| format!("(d.r).{}", c.name)).collect();
+        spi(client.update(
+            &format!(
+                "UPDATE ONLY {t} x SET ({}) = ROW({}) FROM {diff} d \
+                 WHERE d.op = 'u' AND x.ctid = d.tid \
+                 AND x.ctid = ANY(ARRAY(SELECT tid FROM {diff} WHERE op = 'u'))",
+                names.join(", "),
+                values.join(", ")
+            ),
+            None,
+            &[],
+        ))
+        .len() as i64
+    };
+    let columns = table.written(|c| c.to_string());
+    let values = table.written(|c| format!("(d.r).{c}"));
+    let inserted = spi(client.update(
+        &format!(
+            "INSERT INTO {t} ({columns}) OVERRIDING SYSTEM VALUE \
+             SELECT {values} FROM {diff} d WHERE d.op = 'i'"
+        ),
+        None,
+        &[],
+    ))
+    .len() as i64;
+    enable_triggers(client, table, &disabled);
+    spi(client.update(&format!("DROP TABLE {diff}"), None, &[]));
+    (deleted, updated, inserted)
+}
+
+/// The rows to change, matched by primary key: `op` 'd' (a live row the snapshot lacks), 'u'
+/// (same key, other content) or 'i' (a snapshot row the table lacks), the live row's `tid`
+/// and the snapshot's row `r`. With a filter: the keys it matches in either.
+fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
+    let t = &table.name;
+    let m = filter.unwrap_or("true");
+    let on: Vec<String> = table
+        .columns
+        .iter()
+        .filter(|c| c.key)
+        .map(|c| format!("(o.r).{0} = (l.r).{0}", c.name))
+        .collect();
+    format!(
+        "WITH s AS (SELECT x.* FROM gsnap_asof(NULL::{t}, $1) x), \
+         o AS (SELECT s::{t} AS r, true AS here, {m} AS m FROM s), \
+         l AS (SELECT x AS r, x.ctid AS tid, {m} AS m FROM ONLY {t} x) \
+         SELECT CASE WHEN l.tid IS NULL THEN 'i' WHEN o.here IS NULL THEN 'd' ELSE 'u' END AS op, \
+         l.tid, o.r FROM o FULL JOIN l ON {} \
+         WHERE (coalesce(o.m, false) OR coalesce(l.m, false)) \
+         AND (l.tid IS NULL OR o.here IS NULL OR NOT o.r OPERATOR(pg_catalog.*=) l.r)",
+        on.join(" AND ")
+    )
+}
+
+/// The rows to change, matched by content as multisets (the n-th copy of a row matches the
+/// n-th copy): 'd' or 'i' as in [`diff_by_key`]. With a filter: the rows it matches.
+fn diff_by_content(table: &Table, filter: Option<&str>) -> String {
+    let t = &table.name;
+    let m = filter.unwrap_or("true");
+    format!(
+        "WITH s AS (SELECT x.* FROM gsnap_asof(NULL::{t}, $1) x WHERE {m}), \
+         o AS (SELECT s::{t} AS r, record_send(s::{t}) AS img, \
+         row_number() OVER (PARTITION BY record_send(s::{t})) AS n FROM s), \
+         l AS (SELECT x.ctid AS tid, record_send(x) AS img, \
+         row_number() OVER (PARTITION BY record_send(x)) AS n FROM ONLY {t} x WHERE {m}) \
+         SELECT CASE WHEN l.tid IS NULL THEN 'i' ELSE 'd' END AS op, l.tid, o.r \
+         FROM o FULL JOIN l ON o.img = l.img AND o.n = l.n \
+         WHERE o.img IS NULL OR l.img IS NULL"
+    )
+}
+
+/// Raises an ERROR naming every privilege the caller lacks among those a restore uses.
+fn require_privileges(relid: pg_sys::Oid) {
+    // SAFETY: the current user's id, set for every session.
+    let user = unsafe { pg_sys::GetUserId() };
+    let missing: Vec<&str> = [
+        (pg_sys::ACL_SELECT, "SELECT"),
+        (pg_sys::ACL_INSERT, "INSERT"),
+        (pg_sys::ACL_UPDATE, "UPDATE"),
+        (pg_sys::ACL_DELETE, "DELETE"),
+    ]
+    .into_iter()
+    // SAFETY: a privilege check by OIDs in the catalog.
+    .filter(|(mode, _)| unsafe { pg_sys::pg_class_aclcheck(relid, user, *mode) } != pg_sys::AclResult::ACLCHECK_OK)
+    .map(|(_, name)| name)
+    .collect();
+    if !missing.is_empty() {
+        error(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {}", relation_name(relid)),
+        )
+        .detail(format!(
+            "gsnap_restore needs SELECT, INSERT, UPDATE and DELETE on the table; this role lacks {}.",
+            missing.join(", ")
+        ))
+        .raise();
+    }
+}
+
+/// Locks the table EXCLUSIVE until the transaction ends; under REPEATABLE READ or
+/// SERIALIZABLE the transaction must have locked it before its snapshot (see the module).
+fn lock(client: &mut SpiClient<'_>, table: &Table) {
+    // SAFETY: reads of the session's isolation level.
+    let snapshot_per_transaction =
+        unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
+    if snapshot_per_transaction {
+        let Some(open) = OpenRelation::open(table.relid, pg_sys::AccessShareLock as i32) else {
+            return;
+        };
+        // SAFETY: an open relation; asks the lock manager about this backend's own locks.
+        let held = unsafe {
+            pg_sys::CheckRelationLockedByMe(open.as_ptr(), pg_sys::ExclusiveLock as i32, true)
+        };
+        drop(open);
+        if !held {
+            error(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!(
+                    "gsnap_restore of {} in a REPEATABLE READ or SERIALIZABLE transaction needs \
+                     the table locked first",
+                    table.name
+                ),
+            )
+            .detail(
+                "The transaction's snapshot was taken before the restore could lock the table: \
+                 rows other transactions changed since would be missed.",
+            )
+            .hint(format!(
+                "Begin the transaction with LOCK TABLE {} IN EXCLUSIVE MODE.",
+                table.name
+            ))
+            .raise();
+        }
+    }
+    spi(client.update(
+        &format!("LOCK TABLE ONLY {} IN EXCLUSIVE MODE", table.name),
+        None,
+        &[],
+    ));
+}
+
+/// Turns the table's enabled user triggers off (ownership needed, as for ALTER TABLE);
+/// returns them with the mode to turn them back on in.
+fn disable_triggers(client: &mut SpiClient<'_>, table: &Table) -> Vec<(String, String)> {
+    let oid = i64::from(table.relid.to_u32());
+    let enabled: Vec<(String, String)> = spi(client.select(
+        "SELECT quote_ident(tgname), tgenabled::text FROM pg_trigger \
+         WHERE tgrelid = $1::oid AND NOT tgisinternal AND tgenabled <> 'D' ORDER BY tgname",
+        None,
+        &[oid.into()],
+    ))
+    .map(|row| {
+        (
+            spi(row.get::<String>(1)).unwrap_or_default(),
+            spi(row.get::<String>(2)).unwrap_or_default(),
+        )
+    })
+    .collect();
+    if enabled.is_empty() {
+        return enabled;
+    }
+    // SAFETY: an ownership check by OIDs in the catalog.
+    if !unsafe { pg_sys::pg_class_ownercheck(table.relid, pg_sys::GetUserId()) } {
+        error(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!(
+                "gsnap_restore turns the triggers of {} off while it restores, which needs \
+                 ownership of the table",
+                table.name
+            ),
+        )
+        .hint("Pass triggers => true to fire them instead, or ask the table's owner.")
+        .raise();
+    }
+    for (name, _) in &enabled {
+        spi(client.update(
+            &format!("ALTER TABLE {} DISABLE TRIGGER {name}", table.name),
+            None,
+            &[],
+        ));
+    }
+    enabled
+}
+
+fn enable_triggers(client: &mut SpiClient<'_>, table: &Table, triggers: &[(String, String)]) {
+    for (name, mode) in triggers {
+        let how = match mode.as_str() {
+            "A" => "ENABLE ALWAYS",
+            "R" => "ENABLE REPLICA",
+            _ => "ENABLE",
+        };
+        spi(client.update(
+            &format!("ALTER TABLE {} {how} TRIGGER {name}", table.name),
+            None,
+            &[],
+        ));
+    }
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION gsnap_restore(regclass, bigint, text, text, boolean) IS
+    'makes a table hold its rows at a snapshot (only those matching condition, if given), or copies them into a new table: SELECT * FROM gsnap_restore(''t'', 42)';
+COMMENT ON FUNCTION gsnap_restore(regclass, timestamptz, text, text, boolean) IS
+    'gsnap_restore as of the latest snapshot taken at or before a time';
+"#,
+    name = "gsnap_restore_comments",
+    requires = [gsnap_restore, gsnap_restore_time],
+);

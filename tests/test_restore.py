@@ -1,0 +1,351 @@
+"""gsnap_restore: a live table made equal to its content at a snapshot, inside the caller's
+transaction, changing only the rows that differ (issue 10, point 1).
+
+Differential: random DML after a snapshot (inserts, updates of keys and of contents,
+deletes, duplicates in a table without a key, TOASTed values, NULLs), then a restore: the
+live rows equal the snapshot's (as multisets), the counts of deleted, updated and inserted
+rows equal the differences, and a ROLLBACK returns the live rows. Then what a DBA would
+try: a condition, a copy into a new table, the time form, foreign keys in both directions,
+triggers (off by default, as Oracle's FLASHBACK TABLE; on with triggers => true; ownership
+needed to turn them off), privileges, a writer that waits for the restore, REPEATABLE READ,
+generated and identity columns, and bad input.
+"""
+
+import random
+from collections import Counter
+
+import psycopg
+import pytest
+
+from cluster import gsnap_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from gsnap_cluster("restore")
+
+
+@pytest.fixture()
+def conn(cluster):
+    with cluster.connect() as c:
+        c.autocommit = True
+        yield c
+
+
+def snapshot(conn) -> int:
+    return conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+
+
+def rows(conn, query: str) -> Counter:
+    return Counter(conn.execute(query).fetchall())
+
+
+def restore(conn, call: str) -> tuple:
+    return conn.execute(f"SELECT * FROM gsnap_restore({call})").fetchone()
+
+
+def big(rng: random.Random) -> str:
+    return "".join(f"{rng.getrandbits(64):016x}" for _ in range(300))  # TOASTed, incompressible
+
+
+def scramble(conn, table: str, rng: random.Random, keyed: bool, n: int) -> None:
+    """Random DML on table (id, v, pad): a key that moves, contents that change, rows that
+    go and come back."""
+    for _ in range(n):
+        op = rng.random()
+        i = rng.randint(1, 300)
+        if op < 0.3:
+            conn.execute(f"UPDATE {table} SET v = v + 1 WHERE id = %s", (i,))
+        elif op < 0.4:
+            conn.execute(f"UPDATE {table} SET pad = %s WHERE id = %s", (big(rng) if rng.random() < 0.3 else None, i))
+        elif op < 0.5 and keyed:
+            conn.execute(f"UPDATE {table} SET id = id + 1000 WHERE id = %s", (i,))
+        elif op < 0.7:
+            conn.execute(f"DELETE FROM {table} WHERE id = %s", (i,))
+        else:
+            j = i + 2000 if keyed else i
+            if keyed:
+                conn.execute(f"INSERT INTO {table} VALUES (%s, %s, 'new') ON CONFLICT DO NOTHING", (j, i))
+            else:
+                conn.execute(f"INSERT INTO {table} VALUES (%s, %s, 'dup')", (j, i))
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["primary key", "no key"])
+def test_restore_returns_exactly_the_snapshot_rows_and_rolls_back(conn, keyed):
+    rng = random.Random(10 + keyed)
+    t = "rk" if keyed else "rn"
+    conn.execute(f"CREATE TABLE {t} (id int {'PRIMARY KEY' if keyed else ''}, v int, pad text) USING gsnap")
+    conn.execute(f"INSERT INTO {t} SELECT g, g % 7, CASE WHEN g % 50 = 0 THEN NULL ELSE 'p' || g END "
+                 "FROM generate_series(1, 300) g")
+    if not keyed:
+        conn.execute(f"INSERT INTO {t} SELECT id, v, pad FROM {t} WHERE id % 10 = 0")  # duplicates
+    for round_ in range(3):
+        snap = snapshot(conn)
+        want = rows(conn, f"SELECT id, v, pad FROM gsnap_asof(NULL::{t}, {snap})")
+        assert want == rows(conn, f"SELECT id, v, pad FROM {t}")
+        scramble(conn, t, rng, keyed, 120)
+        live = rows(conn, f"SELECT id, v, pad FROM {t}")
+        assert live != want
+        # A rollback leaves the live rows.
+        conn.execute("BEGIN")
+        restore(conn, f"'{t}', {snap}")
+        assert rows(conn, f"SELECT id, v, pad FROM {t}") == want
+        conn.execute("ROLLBACK")
+        assert rows(conn, f"SELECT id, v, pad FROM {t}") == live
+        deleted, updated, inserted = restore(conn, f"'{t}', {snap}")
+        assert rows(conn, f"SELECT id, v, pad FROM {t}") == want, round_
+        if keyed:
+            old = {r[0]: r for r in want}
+            now = {r[0]: r for r in live}
+            assert deleted == len(now.keys() - old.keys())
+            assert inserted == len(old.keys() - now.keys())
+            assert updated == sum(1 for k in now.keys() & old.keys() if now[k] != old[k])
+        else:
+            assert updated == 0
+            assert deleted == sum((live - want).values())
+            assert inserted == sum((want - live).values())
+        # Restoring again changes nothing.
+        assert restore(conn, f"'{t}', {snap}") == (0, 0, 0)
+
+
+def test_a_condition_restores_only_the_rows_it_matches(conn):
+    conn.execute("CREATE TABLE rc (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("INSERT INTO rc SELECT g, g FROM generate_series(1, 100) g")
+    snap = snapshot(conn)
+    conn.execute("UPDATE rc SET v = -v")
+    conn.execute("DELETE FROM rc WHERE id IN (5, 95)")
+    conn.execute("INSERT INTO rc VALUES (7000, 1), (8, 8) ON CONFLICT (id) DO UPDATE SET v = 0")
+    # id 8 was updated to 0, 7000 is new, 5 and 95 deleted
+    assert restore(conn, f"'rc', {snap}, condition => 'id <= 10'") == (0, 9, 1)
+    got = dict(conn.execute("SELECT id, v FROM rc").fetchall())
+    assert all(got[i] == i for i in range(1, 11))
+    assert all(got[i] == -i for i in range(11, 101) if i != 95)
+    assert 95 not in got and got[7000] == 1
+    # A key that matches the condition only in the snapshot, or only now, is restored too.
+    snap2 = snapshot(conn)
+    conn.execute("UPDATE rc SET v = 5000 WHERE id = 50")
+    assert restore(conn, f"'rc', {snap2}, condition => 'v >= 5000'") == (0, 1, 0)
+    assert conn.execute("SELECT v FROM rc WHERE id = 50").fetchone()[0] == -50
+
+
+def test_into_copies_the_snapshot_rows_into_a_new_table(conn):
+    conn.execute("CREATE TABLE ri (id int PRIMARY KEY, v text NOT NULL DEFAULT 'x', "
+                 "w int GENERATED ALWAYS AS (id * 2) STORED) USING gsnap")
+    conn.execute("INSERT INTO ri (id, v) SELECT g, 'v' || g FROM generate_series(1, 50) g")
+    snap = snapshot(conn)
+    conn.execute("DELETE FROM ri WHERE id > 10")
+    assert restore(conn, f"'ri', {snap}, condition => 'id > 40', into_table => 'ri_old'") == (0, 0, 10)
+    assert conn.execute("SELECT count(*), min(id), sum(w) FROM ri_old").fetchone() == (10, 41, sum(2 * i for i in range(41, 51)))
+    am = conn.execute("SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE relname = 'ri_old'").fetchone()
+    assert am == ("gsnap",)
+    # The new table has the key (INCLUDING ALL) and the live table is untouched.
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("INSERT INTO ri_old (id) VALUES (41)")
+    assert conn.execute("SELECT count(*) FROM ri").fetchone()[0] == 10
+    with pytest.raises(psycopg.errors.DuplicateTable):
+        restore(conn, f"'ri', {snap}, into_table => 'ri_old'")
+    assert restore(conn, f"'ri', {snap}, into_table => 'public.\"RI Old\"'") == (0, 0, 50)
+    assert conn.execute('SELECT count(*) FROM "RI Old"').fetchone()[0] == 50
+
+
+def test_restore_by_time_takes_the_latest_snapshot_at_or_before_it(conn):
+    conn.execute("CREATE TABLE rt (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("INSERT INTO rt VALUES (1, 1)")
+    snapshot(conn)
+    at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    conn.execute("UPDATE rt SET v = 2")
+    snapshot(conn)
+    conn.execute("UPDATE rt SET v = 3")
+    assert conn.execute("SELECT * FROM gsnap_restore('rt', %s::timestamptz)", (at,)).fetchone() == (0, 1, 0)
+    assert conn.execute("SELECT v FROM rt").fetchone()[0] == 1
+
+
+def test_foreign_keys_are_checked_and_updates_keep_references(conn):
+    conn.execute("CREATE TABLE rp (id int PRIMARY KEY, name text) USING gsnap")
+    conn.execute("CREATE TABLE rch (id int PRIMARY KEY, parent int NOT NULL REFERENCES rp) USING gsnap")
+    conn.execute("INSERT INTO rp SELECT g, 'p' || g FROM generate_series(1, 10) g")
+    conn.execute("INSERT INTO rch SELECT g, g FROM generate_series(1, 10) g")
+    snap = snapshot(conn)
+    # A parent renamed since: restored by an UPDATE, its children keep pointing at it.
+    conn.execute("UPDATE rp SET name = 'renamed' WHERE id = 3")
+    assert restore(conn, f"'rp', {snap}") == (0, 1, 0)
+    # A parent added since and referenced: deleting it would break the reference.
+    conn.execute("INSERT INTO rp VALUES (11, 'new')")
+    conn.execute("INSERT INTO rch VALUES (11, 11)")
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        restore(conn, f"'rp', {snap}")
+    assert conn.execute("SELECT count(*) FROM rp").fetchone()[0] == 11  # all or nothing
+    # A child whose parent is gone cannot come back before its parent.
+    conn.execute("DELETE FROM rch WHERE id IN (2, 11)")
+    conn.execute("DELETE FROM rp WHERE id IN (2, 11)")
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        restore(conn, f"'rch', {snap}")
+    assert restore(conn, f"'rp', {snap}") == (0, 0, 1)
+    assert restore(conn, f"'rch', {snap}") == (0, 0, 1)
+    assert rows(conn, "SELECT * FROM rch") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rch, {snap})")
+
+
+def test_triggers_are_off_by_default_and_fire_on_request(cluster, conn):
+    conn.execute("CREATE TABLE rtr (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("CREATE TABLE rtr_log (op text, id int)")
+    conn.execute("""CREATE FUNCTION rtr_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN INSERT INTO rtr_log VALUES (TG_OP, coalesce(NEW.id, OLD.id)); RETURN NULL; END $$""")
+    conn.execute("CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON rtr "
+                 "FOR EACH ROW EXECUTE FUNCTION rtr_audit()")
+    conn.execute("CREATE TRIGGER audit_always AFTER INSERT ON rtr FOR EACH ROW EXECUTE FUNCTION rtr_audit()")
+    conn.execute("ALTER TABLE rtr ENABLE ALWAYS TRIGGER audit_always")
+    conn.execute("INSERT INTO rtr SELECT g, g FROM generate_series(1, 5) g")
+    snap = snapshot(conn)
+    conn.execute("DELETE FROM rtr WHERE id = 1")
+    conn.execute("TRUNCATE rtr_log")
+    assert restore(conn, f"'rtr', {snap}") == (0, 0, 1)
+    assert conn.execute("SELECT count(*) FROM rtr_log").fetchone()[0] == 0
+    # Back on afterwards, in the modes they had.
+    modes = dict(conn.execute("SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'rtr'::regclass").fetchall())
+    assert modes == {"audit": "O", "audit_always": "A"}
+    conn.execute("DELETE FROM rtr WHERE id = 2")
+    assert conn.execute("SELECT count(*) FROM rtr_log").fetchone()[0] == 1
+    conn.execute("TRUNCATE rtr_log")
+    assert restore(conn, f"'rtr', {snap}, triggers => true") == (0, 0, 1)
+    assert sorted(conn.execute("SELECT op, id FROM rtr_log").fetchall()) == [("INSERT", 2), ("INSERT", 2)]
+    # A role that may change the rows but does not own the table cannot turn them off.
+    conn.execute("CREATE ROLE rtr_writer LOGIN")
+    conn.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON rtr, rtr_log TO rtr_writer")
+    conn.execute("DELETE FROM rtr WHERE id = 3")
+    with cluster.connect(user="rtr_writer") as w:
+        w.autocommit = True
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="ownership"):
+            restore(w, f"'rtr', {snap}")
+        assert restore(w, f"'rtr', {snap}, triggers => true") == (0, 0, 1)
+
+
+def test_privileges_are_those_the_changes_need(cluster, conn):
+    conn.execute("CREATE TABLE rpv (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("INSERT INTO rpv SELECT g, g FROM generate_series(1, 5) g")
+    snap = snapshot(conn)
+    conn.execute("UPDATE rpv SET v = 0")
+    conn.execute("CREATE ROLE rpv_reader LOGIN")
+    conn.execute("GRANT SELECT, INSERT ON rpv TO rpv_reader")
+    with cluster.connect(user="rpv_reader") as r:
+        r.autocommit = True
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as e:
+            restore(r, f"'rpv', {snap}")
+        assert "UPDATE, DELETE" in e.value.diag.message_detail
+        # Copying into a new table needs only SELECT (and CREATE on the schema).
+        conn.execute("GRANT CREATE ON SCHEMA public TO rpv_reader")
+        assert restore(r, f"'rpv', {snap}, into_table => 'rpv_copy'") == (0, 0, 5)
+    conn.execute("REVOKE SELECT ON rpv FROM rpv_reader")
+    with cluster.connect(user="rpv_reader") as r:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            restore(r, f"'rpv', {snap}, into_table => 'rpv_copy2'")
+    assert conn.execute("SELECT sum(v) FROM rpv").fetchone()[0] == 0
+
+
+def test_writers_wait_for_the_restore_and_repeatable_read_needs_the_lock_first(cluster, conn):
+    conn.execute("CREATE TABLE rw (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("INSERT INTO rw SELECT g, 0 FROM generate_series(1, 20) g")
+    snap = snapshot(conn)
+    conn.execute("UPDATE rw SET v = 1")
+    with cluster.connect(autocommit=False) as a, cluster.connect(autocommit=False) as b:
+        a.execute("SELECT * FROM gsnap_restore('rw', %s)", (snap,))
+        # Readers go on (they see the committed rows), writers wait.
+        assert b.execute("SELECT sum(v) FROM rw").fetchone()[0] == 20
+        b.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            b.execute("UPDATE rw SET v = 2 WHERE id = 1")
+        b.rollback()
+        a.commit()
+        assert b.execute("SELECT sum(v) FROM rw").fetchone()[0] == 0
+        b.rollback()
+        # REPEATABLE READ: the transaction's snapshot predates the restore's lock.
+        conn.execute("UPDATE rw SET v = 1")
+        a.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="LOCK TABLE"):
+            a.execute("SELECT * FROM gsnap_restore('rw', %s)", (snap,))
+        a.rollback()
+        a.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        a.execute("LOCK TABLE rw IN EXCLUSIVE MODE")
+        assert a.execute("SELECT * FROM gsnap_restore('rw', %s)", (snap,)).fetchone() == (0, 20, 0)
+        a.commit()
+    assert conn.execute("SELECT sum(v) FROM rw").fetchone()[0] == 0
+
+
+def test_identity_and_generated_columns_are_restored(conn):
+    conn.execute("CREATE TABLE rg (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v int, "
+                 "d int GENERATED ALWAYS AS (v * 10) STORED) USING gsnap")
+    conn.execute("INSERT INTO rg (v) SELECT g FROM generate_series(1, 10) g")
+    snap = snapshot(conn)
+    conn.execute("DELETE FROM rg WHERE id <= 3")
+    conn.execute("UPDATE rg SET v = 0 WHERE id = 4")
+    conn.execute("INSERT INTO rg (v) VALUES (99)")
+    assert restore(conn, f"'rg', {snap}") == (1, 1, 3)
+    assert rows(conn, "SELECT * FROM rg") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rg, {snap})")
+
+
+def test_bad_input_is_refused_clearly(conn):
+    conn.execute("CREATE TABLE rb (id int PRIMARY KEY) USING gsnap")
+    conn.execute("CREATE TABLE rb_parted (id int) PARTITION BY RANGE (id)")
+    conn.execute("CREATE VIEW rb_view AS SELECT 1 AS x")
+    snap = snapshot(conn)
+    for call, error in [
+        (f"NULL, {snap}", psycopg.errors.NullValueNotAllowed),
+        ("'rb', NULL::bigint", psycopg.errors.NullValueNotAllowed),
+        (f"'rb_parted', {snap}", psycopg.errors.FeatureNotSupported),
+        (f"'rb_view', {snap}", psycopg.errors.WrongObjectType),
+        (f"'rb', {snap}, condition => 'id ='", psycopg.errors.SyntaxError),
+        (f"'rb', {snap}, condition => 'nope > 1'", psycopg.errors.UndefinedColumn),
+        (f"'rb', {snap}, into_table => ''", psycopg.errors.InvalidParameterValue),
+    ]:
+        with pytest.raises(error):
+            restore(conn, call)
+    with pytest.raises(psycopg.Error) as e:
+        restore(conn, "'rb', 999999")
+    assert "999999" in str(e.value)
+
+
+def test_odd_arguments_give_rows_or_a_clean_error(cluster, conn):
+    """Every kind of relation, odd snapshot ids and times, odd conditions and target names,
+    each call in a transaction rolled back: rows or a clean ERROR (an SQLSTATE that is not
+    XX000 internal), and the server stays up."""
+    conn.execute("CREATE TABLE ro (id int PRIMARY KEY, v text) USING gsnap")
+    conn.execute("INSERT INTO ro SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    conn.execute("CREATE TABLE ro_heap (id int) USING heap")
+    conn.execute("CREATE TABLE ro_parted (id int) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE ro_part PARTITION OF ro_parted FOR VALUES FROM (0) TO (100)")
+    conn.execute("CREATE VIEW ro_view AS SELECT * FROM ro")
+    conn.execute("CREATE MATERIALIZED VIEW ro_mat AS SELECT * FROM ro")
+    conn.execute("CREATE SEQUENCE ro_seq")
+    conn.execute("CREATE TYPE ro_type AS (a int)")
+    conn.execute("CREATE UNLOGGED TABLE ro_unlogged (id int) USING gsnap")
+    conn.execute("CREATE TABLE ro_dropped (id int) USING gsnap")
+    dropped = conn.execute("SELECT 'ro_dropped'::regclass::oid").fetchone()[0]
+    snap = snapshot(conn)
+    conn.execute("DROP TABLE ro_dropped")
+    conn.execute("UPDATE ro SET v = 'changed'")
+    toast = conn.execute("SELECT reltoastrelid FROM pg_class WHERE relname = 'ro'").fetchone()[0]
+    started = conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+    rels = ["'ro'", "'ro_heap'", "'ro_parted'", "'ro_part'", "'ro_view'", "'ro_mat'", "'ro_seq'",
+            "'ro_pkey'", "'ro_unlogged'", "'pg_class'", f"{dropped}::oid", f"{toast}::oid", "0::oid",
+            "'ro_type'"]
+    snaps = [str(snap), "0", "-1", "9223372036854775807", str(snap + 1000), "NULL::bigint",
+             "'infinity'::timestamptz", "'-infinity'::timestamptz", "now()", "NULL::timestamptz"]
+    extras = ["", ", condition => NULL", ", condition => ''", ", condition => 'true) OR (true'",
+              ", condition => 'id / 0 = 1'", ", condition => 'v'", ", into_table => NULL",
+              ", into_table => 'a.b.c.d'", ", into_table => 'pg_catalog.ro_x'", ", into_table => '\"\"'",
+              ", triggers => NULL"]
+    calls = [f"{r}, {s}" for r in rels for s in snaps]
+    calls += [f"'ro', {snap}{e}" for e in extras]
+    outcomes = Counter()
+    for call in calls:
+        conn.execute("BEGIN")
+        try:
+            conn.execute(f"SELECT * FROM gsnap_restore({call})").fetchall()
+            outcomes["rows"] += 1
+        except psycopg.Error as e:
+            assert e.sqlstate and e.sqlstate != "XX000", f"gsnap_restore({call}): {e.sqlstate} {e}"
+            outcomes[e.sqlstate] += 1
+        finally:
+            conn.execute("ROLLBACK")
+    assert conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0] == started
+    assert outcomes["rows"] >= 3, outcomes
+    assert conn.execute("SELECT count(*) FROM ro WHERE v = 'changed'").fetchone()[0] == 20
