@@ -28,8 +28,9 @@ def plot_restore(out):
     x = range(len(fractions))
     ax.bar([i - 0.2 for i in x], ours, width=0.4, label="gsnap_restore", color="tab:green")
     ax.bar([i + 0.2 for i in x], theirs, width=0.4, label="DELETE + INSERT ... FROM gsnap_asof", color="tab:grey")
-    for i, (o, t) in enumerate(zip(ours, theirs)):
-        ax.text(i - 0.2, o, f"{o / t:.2f}x", ha="center", va="bottom", fontsize=8)
+    ratios = [median([float(r["ratio"]) for r in data if float(r["fraction"]) == f]) for f in fractions]
+    for i, (o, ratio) in enumerate(zip(ours, ratios)):
+        ax.text(i - 0.2, o, f"{ratio:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), [f"{f:.1%} of rows changed" for f in fractions])
     ax.set_ylabel("seconds (median)")
     ax.set_title("Restoring a table to a snapshot")

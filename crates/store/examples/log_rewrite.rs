@@ -94,28 +94,15 @@ fn main() {
         let image = cap
             .put_image(format!("snapshot {s}").as_bytes(), &[])
             .unwrap();
-        for block in 0..hot {
-            cap.add_mapping(
-                PageKey {
-                    rel,
-                    block: block as u32,
-                },
-                image,
-            )
-            .unwrap();
-        }
-        // Distinct pages of the rest of the table: a stride prime to its size.
+        // The hot set, then distinct pages of the rest (a stride prime to its size).
         let start = s.wrapping_mul(2_654_435_761) % spread;
-        for i in 0..(per_snapshot - hot) {
-            let block = hot + (start + i * 7919) % spread;
-            cap.add_mapping(
-                PageKey {
-                    rel,
-                    block: block as u32,
-                },
-                image,
-            )
-            .unwrap();
+        let spread_out = (0..per_snapshot - hot).map(|i| hot + (start + i * 7919) % spread);
+        for block in (0..hot).chain(spread_out) {
+            let page = PageKey {
+                rel,
+                block: block as u32,
+            };
+            cap.add_mapping(page, image).unwrap();
         }
         ids.push(cap.commit().unwrap().id);
     }

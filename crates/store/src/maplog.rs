@@ -553,11 +553,11 @@ mod tests {
         SnapshotStore::open(crate::MemBackend::new(), options).unwrap()
     }
 
-    /// Commits snapshots with a hot block 0 and a few cold blocks each; page tables, the
-    /// mappings and rebuilt groups equal the reference index's, before and after reopening.
-    #[test]
-    fn the_log_answers_like_the_reference_at_every_snapshot() {
-        let store = small_log_store();
+    /// One table of `nblocks` blocks in `store`, and a declaration of it.
+    fn one_table(
+        store: &SnapshotStore<crate::MemBackend>,
+        nblocks: u32,
+    ) -> (crate::RelId, SnapshotDecl) {
         let rel = store
             .allocate_rel(&RelIncarnation {
                 pg_relid: 1,
@@ -571,12 +571,21 @@ mod tests {
                 pg_relid: 1,
                 rel,
                 relfilenode: 1,
-                nblocks: 40,
+                nblocks,
                 row_type,
                 name: "t".into(),
             }],
             ..SnapshotDecl::default()
         };
+        (rel, decl)
+    }
+
+    /// Commits snapshots with a hot block 0 and a few cold blocks each; page tables, the
+    /// mappings and rebuilt groups equal the reference index's, before and after reopening.
+    #[test]
+    fn the_log_answers_like_the_reference_at_every_snapshot() {
+        let store = small_log_store();
+        let (rel, decl) = one_table(&store, 40);
         let mut reference = ReferenceIndex::new();
         let mut snaps = Vec::new();
         for s in 0..30u32 {
@@ -643,25 +652,7 @@ mod tests {
     #[test]
     fn a_rewrite_keeps_what_snapshots_committed_after_it_read_the_catalog_need() {
         let store = small_log_store();
-        let rel = store
-            .allocate_rel(&RelIncarnation {
-                pg_relid: 1,
-                relfilenode: 1,
-                name: "t".into(),
-            })
-            .unwrap();
-        let row_type = store.put_row_type(b"rt").unwrap();
-        let decl = SnapshotDecl {
-            relations: vec![RelationSnapshot {
-                pg_relid: 1,
-                rel,
-                relfilenode: 1,
-                nblocks: 2,
-                row_type,
-                name: "t".into(),
-            }],
-            ..SnapshotDecl::default()
-        };
+        let (rel, decl) = one_table(&store, 2);
         let mut snaps = Vec::new();
         for content in [b"a", b"b", b"c"] {
             let mut cap = store.declare_and_begin(decl.clone()).unwrap();
@@ -686,25 +677,7 @@ mod tests {
     #[test]
     fn a_damaged_node_is_corrupt() {
         let store = small_log_store();
-        let rel = store
-            .allocate_rel(&RelIncarnation {
-                pg_relid: 1,
-                relfilenode: 1,
-                name: "t".into(),
-            })
-            .unwrap();
-        let row_type = store.put_row_type(b"rt").unwrap();
-        let decl = SnapshotDecl {
-            relations: vec![RelationSnapshot {
-                pg_relid: 1,
-                rel,
-                relfilenode: 1,
-                nblocks: 1,
-                row_type,
-                name: "t".into(),
-            }],
-            ..SnapshotDecl::default()
-        };
+        let (rel, decl) = one_table(&store, 1);
         let mut cap = store.declare_and_begin(decl).unwrap();
         let image = cap.put_image(b"x", &[]).unwrap();
         cap.add_mapping(PageKey { rel, block: 0 }, image).unwrap();

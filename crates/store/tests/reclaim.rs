@@ -1277,6 +1277,25 @@ fn check_reopened(
     check_store(store, false);
 }
 
+/// The store of `base` on a backend that crashes at the `n`-th write `run` makes; `run` must
+/// notice.
+fn crash_at(
+    base: &MemBackend,
+    n: u64,
+    run: impl FnOnce(&SnapshotStore<FaultyBackend<MemBackend>>) -> Result<(), StoreError>,
+) -> SnapshotStore<FaultyBackend<MemBackend>> {
+    let store = SnapshotStore::open(
+        FaultyBackend::new(base.deep_copy()).unwrap(),
+        crash_options(),
+    )
+    .unwrap();
+    store
+        .backend()
+        .fail_write(store.backend().writes_attempted() + n, Fault::Crash);
+    assert!(run(&store).is_err(), "crash {n} went unnoticed");
+    store
+}
+
 fn committed_tables(
     store: &SnapshotStore<MemBackend>,
 ) -> BTreeMap<SnapId, Vec<(PageKey, ImageId)>> {
@@ -1324,18 +1343,7 @@ fn a_crash_at_any_write_of_reclamation_resumes_to_the_same_end_state() {
     assert!(total >= 8, "reclamation takes several batches: {total}");
     eprintln!("crashing at each of {total} writes");
     for n in 0..total {
-        let store = SnapshotStore::open(
-            FaultyBackend::new(base.deep_copy()).unwrap(),
-            crash_options(),
-        )
-        .unwrap();
-        store
-            .backend()
-            .fail_write(store.backend().writes_attempted() + n, Fault::Crash);
-        assert!(
-            reclaim_all(&store, 1, &keep_none).is_err(),
-            "crash {n} went unnoticed"
-        );
+        let store = crash_at(&base, n, |s| reclaim_all(s, 1, &keep_none).map(|_| ()));
         let unsynced = store.backend().unsynced_batches();
         for keep in [0, 1, unsynced] {
             let what = format!("crash at write {n}, {keep} of {unsynced} unsynced batches kept");
@@ -1428,18 +1436,9 @@ fn a_crash_at_any_write_of_a_log_rewrite_keeps_the_old_log_or_the_new_one() {
     };
     assert!(total >= 6, "the rewrite streams several batches: {total}");
     for n in 0..total {
-        let store = SnapshotStore::open(
-            FaultyBackend::new(base.deep_copy()).unwrap(),
-            crash_options(),
-        )
-        .unwrap();
-        store
-            .backend()
-            .fail_write(store.backend().writes_attempted() + n, Fault::Crash);
-        assert!(
-            rewrite_with_a_commit_between(&store, &rels, rt).is_err(),
-            "crash {n} went unnoticed"
-        );
+        let store = crash_at(&base, n, |s| {
+            rewrite_with_a_commit_between(s, &rels, rt).map(|_| ())
+        });
         let unsynced = store.backend().unsynced_batches();
         for keep in [0, 1, unsynced] {
             let what = format!("crash at write {n}, {keep} of {unsynced} unsynced batches kept");
@@ -1573,15 +1572,9 @@ fn a_crash_while_reclaiming_under_an_open_capture_resumes_to_the_same_end_state(
         assert!(total >= 15, "{total} writes");
         eprintln!("commit {commit}: crashing at each of {total} writes");
         for n in 0..total {
-            let store = SnapshotStore::open(
-                FaultyBackend::new(base.deep_copy()).unwrap(),
-                crash_options(),
-            )
-            .unwrap();
-            store
-                .backend()
-                .fail_write(store.backend().writes_attempted() + n, Fault::Crash);
-            assert!(capture_while_reclaiming(&store, &rels, rt, &reused, commit).is_err());
+            let store = crash_at(&base, n, |s| {
+                capture_while_reclaiming(s, &rels, rt, &reused, commit).map(|_| ())
+            });
             let unsynced = store.backend().unsynced_batches();
             for keep in [0, 1, unsynced] {
                 let what = format!(
