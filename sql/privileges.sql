@@ -17,10 +17,26 @@ SELECT sqlstate_of('SELECT * FROM gsnap_debug_snapshot()');
 SELECT count(*) > 0 AS can_list FROM gsnap_snapshots();
 RESET ROLE;
 
--- a grant on some columns only is not enough; on every column it is
+-- a grant on some columns lets a query read those columns AS OF, as it does now; a query
+-- that reads another one (output, condition, sub-query), or whole rows (a whole-row
+-- reference, gsnap_range, gsnap_versions, gsnap_diff), is refused
 GRANT SELECT (id) ON pv TO pv_reader;
 SET ROLE pv_reader;
+SELECT id FROM pv ORDER BY id;
+SELECT id FROM gsnap_asof(NULL::pv, :s) ORDER BY id;
+SELECT count(*) AS counted FROM gsnap_asof(NULL::pv, :s);
+SELECT a.id FROM gsnap_asof(NULL::pv, :s) a JOIN pv USING (id) WHERE a.id > 1;
 SELECT sqlstate_of(format('SELECT * FROM gsnap_asof(NULL::pv, %s)', :s));
+SELECT sqlstate_of(format('SELECT secret FROM gsnap_asof(NULL::pv, %s)', :s));
+SELECT sqlstate_of(format('SELECT id FROM gsnap_asof(NULL::pv, %s) WHERE secret = %L', :s, 'hidden'));
+SELECT sqlstate_of(format('SELECT id, (SELECT a.secret) FROM gsnap_asof(NULL::pv, %s) a', :s));
+SELECT sqlstate_of(format('SELECT a.id FROM gsnap_asof(NULL::pv, %s) a JOIN pv b ON a.secret = b.id::text', :s));
+SELECT sqlstate_of(format('SELECT a.id, l.x FROM gsnap_asof(NULL::pv, %s) a, LATERAL (SELECT a.secret AS x) l', :s));
+SELECT sqlstate_of(format('SELECT id FROM gsnap_asof(NULL::pv, %s) ORDER BY secret', :s));
+SELECT sqlstate_of(format('SELECT a FROM gsnap_asof(NULL::pv, %s) a', :s));
+SELECT sqlstate_of(format('SELECT (rec).id FROM gsnap_range(NULL::pv, %s, %s)', :s, :s));
+SELECT sqlstate_of(format('SELECT (rec).id FROM gsnap_versions(NULL::pv, %s, %s)', :s, :s));
+SELECT sqlstate_of(format('SELECT change FROM gsnap_diff(NULL::pv, %s, %s)', :s, :s));
 RESET ROLE;
 GRANT SELECT (id, secret) ON pv TO pv_reader;
 SET ROLE pv_reader;

@@ -23,7 +23,7 @@ use crate::error::{error, no_such_snapshot, null_argument};
 use crate::ffi::relation::{relation_name, OpenRelation};
 use crate::ffi::{expr, list};
 use crate::plan::nodes::{same_row_type, ScanKind, ScanPlan};
-use crate::sql::access::{require_gsnap_database, require_read_access};
+use crate::sql::access::{require_column_access, require_gsnap_database};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
@@ -67,7 +67,7 @@ impl ScanTable {
         // SAFETY: the private list of one of our plan nodes, which ScanPlan encoded.
         let plan = unsafe { ScanPlan::decode(cscan.custom_private) };
         require_gsnap_database();
-        require_read_access(plan.relid);
+        require_column_access(plan.relid, plan.columns.as_deref());
         let rel = OpenRelation::open(plan.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
             .unwrap_or_else(|| {
                 error(

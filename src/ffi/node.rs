@@ -59,6 +59,13 @@ impl VarAttnos {
         unsafe { pg_sys::pull_varattnos(expr, self.rti, &mut self.set) };
     }
 
+    /// The user attributes read (1 to `natts`), ascending.
+    pub fn columns(&self, natts: i16) -> Vec<i16> {
+        (1..=natts)
+            .filter(|&a| self.contains(i32::from(a)))
+            .collect()
+    }
+
     /// True if attribute `attno` (0: the whole row) is read.
     pub fn contains(&self, attno: i32) -> bool {
         let member = attno - pg_sys::FirstLowInvalidHeapAttributeNumber;

@@ -14,6 +14,17 @@ pub fn relation_name(relid: pg_sys::Oid) -> String {
     unsafe { string_from(name) }
 }
 
+/// The name of column `attnum` of `relid` (its number if there is no such column).
+pub fn column_name(relid: pg_sys::Oid, attnum: i16) -> String {
+    // SAFETY: a catalog lookup by OID and number: a palloc'd copy of the name, or NULL.
+    let name = unsafe { pg_sys::get_attname(relid, attnum, true) };
+    if name.is_null() {
+        return format!("number {attnum}");
+    }
+    // SAFETY: a C string just returned, not freed before it is copied.
+    unsafe { string_from(name) }
+}
+
 /// The kind of relation `relid` (`pg_class.relkind`), or None if there is no such relation.
 pub fn relation_kind(relid: pg_sys::Oid) -> Option<u8> {
     // SAFETY: a catalog lookup by OID; '\0' when there is no such relation.

@@ -344,6 +344,7 @@ pub(super) unsafe fn plan_aggregate(
         relid: plan.relid,
         kind: ScanKind::RangeAggregate,
         signature: row_type_signature(&table),
+        columns: None,
     };
     // SAFETY: appending to the list just made, in the current memory context.
     let private = unsafe { pg_sys::lappend(scan_plan.encode(), plan.kinds.cast()) };

@@ -116,15 +116,26 @@ pub struct ScanPlan {
     pub kind: ScanKind,
     /// The table's row type when the plan was made (see [`row_type_signature`]).
     pub signature: *mut pg_sys::List,
+    /// The columns of the table the query reads through this scan (its output and its
+    /// conditions), for the privilege check; None: all of them.
+    pub columns: Option<Vec<i16>>,
 }
 
 impl ScanPlan {
-    /// Encodes the private list (in the current memory context).
+    /// Encodes the private list (in the current memory context): the table, the kind, the
+    /// signature, then the columns as a list (0 first: all columns; 1 first: those after it).
     pub fn encode(&self) -> *mut pg_sys::List {
+        let columns: Vec<_> = match &self.columns {
+            None => vec![int_node(0)],
+            Some(c) => std::iter::once(int_node(1))
+                .chain(c.iter().map(|&a| int_node(i32::from(a))))
+                .collect(),
+        };
         list_of(&[
             int_node(self.relid.to_u32() as i32),
             int_node(self.kind as i32),
             self.signature.cast(),
+            list_of(&columns).cast(),
         ])
     }
 
@@ -133,12 +144,18 @@ impl ScanPlan {
     /// # Safety
     /// `private` is the `custom_private` of one of gsnap's scan nodes.
     pub unsafe fn decode(private: *mut pg_sys::List) -> ScanPlan {
-        // SAFETY: the layout written by `encode`: two Integer nodes, then a List.
+        // SAFETY: the layout written by `encode`: two Integer nodes, a List, then a List of
+        // Integer nodes.
         unsafe {
+            let columns: *mut pg_sys::List = list::nth(private, 3);
+            let listed = (1..list::len(columns))
+                .map(|i| list::int_at(columns, i) as i16)
+                .collect();
             ScanPlan {
                 relid: pg_sys::Oid::from(list::int_at(private, 0) as u32),
                 kind: ScanKind::from_i32(list::int_at(private, 1)),
                 signature: list::nth(private, 2),
+                columns: (list::int_at(columns, 0) == 1).then_some(listed),
             }
         }
     }
@@ -309,6 +326,30 @@ pub(super) fn snap_id_and_rec_entries(relid: pg_sys::Oid, rti: i32) -> Vec<*mut 
     ]
 }
 
+/// The columns of the table an AS OF scan's query reads: those its output (what the plan
+/// above needs, joins and sub-queries included) and its conditions refer to. (The scan
+/// returns the table's row type: its attribute numbers are the table's.)
+///
+/// # Safety
+/// The planner's relation of the scan, `rti` its range-table index.
+unsafe fn columns_read(
+    rel: *mut pg_sys::RelOptInfo,
+    rti: pg_sys::Index,
+    table: &OpenRelation,
+) -> Vec<i16> {
+    let mut attrs = VarAttnos::new(rti);
+    // SAFETY: the caller's promise: the relation's target and its conditions.
+    unsafe {
+        attrs.add((*(*rel).reltarget).exprs.cast());
+        for ri in list::iter::<pg_sys::RestrictInfo>((*rel).baserestrictinfo) {
+            attrs.add((*ri).clause.cast());
+        }
+    }
+    // SAFETY: the open table's descriptor.
+    let natts = unsafe { (*table.descriptor()).natts } as i16;
+    attrs.columns(natts)
+}
+
 /// The scan tuple of a versions scan: `(first_snap bigint, last_snap bigint, rec)`, `rec` of
 /// the table's row type.
 fn run_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
@@ -400,6 +441,9 @@ unsafe extern "C-unwind" fn plan_path(
             relid: path.relid,
             kind: path.kind,
             signature: row_type_signature(&table),
+            // SAFETY: the planner's relation of this scan, and its range-table index.
+            columns: (!path.kind.over_a_range())
+                .then(|| unsafe { columns_read(rel, rti as pg_sys::Index, &table) }),
         }
         .encode(),
         custom_scan_tlist: scan_tlist,

@@ -1,7 +1,8 @@
 //! Who may read what: reading a table AS OF needs what reading it now needs.
 //!
-//! - SELECT on the whole table (as `SELECT *` would), through a table grant or column grants
-//!   on every column;
+//! - SELECT on what the query reads, as for the live table: the table, or each column the
+//!   query reads (the AS OF custom scan knows which; the function scans, `gsnap_range`,
+//!   `gsnap_versions` and `gsnap_diff` return whole rows, so they need every column);
 //! - no row-level security applying to the caller: gsnap cannot evaluate today's policies
 //!   against yesterday's rows faithfully, so it refuses rather than show rows a policy would
 //!   hide (owners and BYPASSRLS roles, to whom policies do not apply, can read);
@@ -37,24 +38,70 @@ pub fn require_gsnap_database() {
 
 /// Raises an ERROR unless the current user may read all of `relid` now.
 pub fn require_read_access(relid: pg_sys::Oid) {
+    require_column_access(relid, None);
+}
+
+/// Raises an ERROR unless the current user may read the columns `columns` of `relid` now
+/// (None: all of them; no column, as for `count(*)`: any one of them), as PostgreSQL checks a
+/// query of the live table: SELECT on the table, or on each of those columns.
+pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>) {
     use pg_sys::AclResult::ACLCHECK_OK;
     // SAFETY: the current user's id, set for every session.
     let user = unsafe { pg_sys::GetUserId() };
     // SAFETY: a privilege check by OIDs in the catalog.
     let table_ok =
         unsafe { pg_sys::pg_class_aclcheck(relid, user, pg_sys::ACL_SELECT) } == ACLCHECK_OK;
-    let all_columns = pg_sys::AclMaskHow::ACLMASK_ALL;
-    // SAFETY: a privilege check by OIDs in the catalog, for every column.
-    let columns_ok = table_ok
-        || unsafe {
-            pg_sys::pg_attribute_aclcheck_all(relid, user, pg_sys::ACL_SELECT, all_columns)
-        } == ACLCHECK_OK;
-    if !columns_ok {
+    let refused: Option<String> = match columns {
+        _ if table_ok => None,
+        None => {
+            // SAFETY: a privilege check by OIDs in the catalog, for every column.
+            let all = unsafe {
+                pg_sys::pg_attribute_aclcheck_all(
+                    relid,
+                    user,
+                    pg_sys::ACL_SELECT,
+                    pg_sys::AclMaskHow::ACLMASK_ALL,
+                )
+            };
+            (all != ACLCHECK_OK).then(|| {
+                "Reading whole rows of a table as of a snapshot needs SELECT on every column."
+                    .to_string()
+            })
+        }
+        Some([]) => {
+            // SAFETY: as above, for any column.
+            let any = unsafe {
+                pg_sys::pg_attribute_aclcheck_all(
+                    relid,
+                    user,
+                    pg_sys::ACL_SELECT,
+                    pg_sys::AclMaskHow::ACLMASK_ANY,
+                )
+            };
+            (any != ACLCHECK_OK)
+                .then(|| "The query needs SELECT on at least one column of the table.".to_string())
+        }
+        Some(columns) => columns
+            .iter()
+            .find(|&&a| {
+                // SAFETY: a privilege check by OIDs and attribute number in the catalog.
+                let result =
+                    unsafe { pg_sys::pg_attribute_aclcheck(relid, a, user, pg_sys::ACL_SELECT) };
+                result != ACLCHECK_OK
+            })
+            .map(|&a| {
+                format!(
+                    "The query reads column {} of the table, which this role may not read.",
+                    crate::ffi::relation::column_name(relid, a)
+                )
+            }),
+    };
+    if let Some(detail) = refused {
         error(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("permission denied for table {}", relation_name(relid)),
         )
-        .detail("Reading a table as of a snapshot needs SELECT on the whole table.")
+        .detail(detail)
         .raise();
     }
     // SAFETY: whether row-level security applies to the current user, by OID in the catalog.
