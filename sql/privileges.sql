@@ -45,14 +45,36 @@ RESET ROLE;
 REVOKE SELECT (id, secret) ON pv FROM pv_reader;
 GRANT SELECT ON pv TO pv_reader;
 
--- row-level security: refused for roles the policies apply to, allowed for the owner
+-- row-level security: the policies that apply to a role now are applied to the old rows of
+-- an AS OF scan, before the query's own conditions; whole rows and policies with sub-queries
+-- are refused; the owner reads everything
 ALTER TABLE pv ENABLE ROW LEVEL SECURITY;
 CREATE POLICY pv_only_visible ON pv FOR SELECT USING (secret = 'visible');
+UPDATE pv SET secret = 'hidden now' WHERE id = 2;  -- the snapshot still has 'visible'
+CREATE FUNCTION pv_leak(text) RETURNS bool LANGUAGE plpgsql COST 0.0000001 AS
+    $$ BEGIN RAISE NOTICE 'leak saw %', $1; RETURN true; END $$;
+GRANT EXECUTE ON FUNCTION pv_leak(text) TO pv_reader;
+PREPARE pv_asof AS SELECT * FROM gsnap_asof(NULL::pv, :s) ORDER BY id;
+EXECUTE pv_asof;
 SET ROLE pv_reader;
 SELECT * FROM pv;
+SELECT * FROM gsnap_asof(NULL::pv, :s) ORDER BY id;
+SELECT id FROM gsnap_asof(NULL::pv, :s) WHERE pv_leak(secret);
+EXECUTE pv_asof;  -- planned for the owner: planned again for this role
+SELECT sqlstate_of(format('SELECT a FROM gsnap_asof(NULL::pv, %s) a', :s));
+SELECT sqlstate_of(format('SELECT * FROM gsnap_range(NULL::pv, %s, %s)', :s, :s));
+SET row_security = off;
+SELECT sqlstate_of(format('SELECT * FROM gsnap_asof(NULL::pv, %s)', :s));
+RESET row_security;
+RESET ROLE;
+CREATE POLICY pv_sub ON pv AS RESTRICTIVE FOR SELECT USING (id IN (SELECT 1));
+SET ROLE pv_reader;
 SELECT sqlstate_of(format('SELECT * FROM gsnap_asof(NULL::pv, %s)', :s));
 RESET ROLE;
+DROP POLICY pv_sub ON pv;
 SELECT count(*) AS owner_reads FROM gsnap_asof(NULL::pv, :s);
+DEALLOCATE pv_asof;
+DROP FUNCTION pv_leak(text);
 
 -- gsnap_admin members may declare snapshots
 SET ROLE pv_admin;

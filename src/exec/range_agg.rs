@@ -61,7 +61,7 @@ impl ScanNode for RangeAggScan {
             let cscan = node::plan_of(css);
             let filter = row_filter_of(cscan);
             let args = list::nth::<pg_sys::List>(cscan.custom_exprs, 3);
-            let kinds = list::nth::<pg_sys::List>(cscan.custom_private, 4);
+            let kinds = list::nth::<pg_sys::List>(cscan.custom_private, 5);
             let ps = &mut (*css).ss.ps;
             let aggregates = (0..list::len(kinds))
                 .map(|i| {

@@ -345,6 +345,7 @@ pub(super) unsafe fn plan_aggregate(
         kind: ScanKind::RangeAggregate,
         signature: row_type_signature(&table),
         columns: None,
+        rls_user: pg_sys::InvalidOid,
     };
     // SAFETY: appending to the list just made, in the current memory context.
     let private = unsafe { pg_sys::lappend(scan_plan.encode(), plan.kinds.cast()) };

@@ -119,11 +119,15 @@ pub struct ScanPlan {
     /// The columns of the table the query reads through this scan (its output and its
     /// conditions), for the privilege check; None: all of them.
     pub columns: Option<Vec<i16>>,
+    /// The role whose row-level security policies the scan's conditions apply (InvalidOid:
+    /// none were applied).
+    pub rls_user: pg_sys::Oid,
 }
 
 impl ScanPlan {
     /// Encodes the private list (in the current memory context): the table, the kind, the
-    /// signature, then the columns as a list (0 first: all columns; 1 first: those after it).
+    /// signature, the columns as a list (0 first: all columns; 1 first: those after it), then
+    /// the role whose policies were applied.
     pub fn encode(&self) -> *mut pg_sys::List {
         let columns: Vec<_> = match &self.columns {
             None => vec![int_node(0)],
@@ -136,6 +140,7 @@ impl ScanPlan {
             int_node(self.kind as i32),
             self.signature.cast(),
             list_of(&columns).cast(),
+            int_node(self.rls_user.to_u32() as i32),
         ])
     }
 
@@ -156,6 +161,7 @@ impl ScanPlan {
                 kind: ScanKind::from_i32(list::int_at(private, 1)),
                 signature: list::nth(private, 2),
                 columns: (list::int_at(columns, 0) == 1).then_some(listed),
+                rls_user: pg_sys::Oid::from(list::int_at(private, 4) as u32),
             }
         }
     }
@@ -326,6 +332,80 @@ pub(super) fn snap_id_and_rec_entries(relid: pg_sys::Oid, rti: i32) -> Vec<*mut 
     ]
 }
 
+/// The conditions of the row-level security policies of table `relid` that apply to the
+/// current user in a SELECT (PostgreSQL's own `get_row_security_policies`, as the rewriter
+/// adds them to a query of the live table), over range-table entry `rti` (the scan returns
+/// the table's row type: its attribute numbers are the table's), and that user; None if row
+/// security does not apply. A cached plan depends on the role whenever the table has row
+/// security (it is planned again for another role, as PostgreSQL does). Policies with
+/// sub-queries cannot be evaluated by the scan: an ERROR naming the table.
+///
+/// # Safety
+/// The planner's state, during planning.
+unsafe fn security_quals(
+    root: *mut pg_sys::PlannerInfo,
+    relid: pg_sys::Oid,
+    rti: i32,
+) -> Option<(*mut pg_sys::List, pg_sys::Oid)> {
+    // SAFETY: a catalog lookup; raises PostgreSQL's own ERROR when row_security is off and
+    // policies would apply.
+    let status = unsafe { pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) };
+    if status == pg_sys::CheckEnableRlsResult::RLS_NONE as i32 {
+        return None;
+    }
+    // SAFETY: the caller's promise: the planner's global state.
+    unsafe { (*(*root).glob).dependsOnRole = true };
+    if status != pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 {
+        return None; // does not apply to this role now
+    }
+    // What get_row_security_policies reads of a query and of its entry: a SELECT of the table.
+    // SAFETY: zeroed nodes of the right tags, in the planner's memory context.
+    let (query, rte) = unsafe {
+        let query = pg_sys::palloc0(std::mem::size_of::<pg_sys::Query>()).cast::<pg_sys::Query>();
+        (*query).type_ = pg_sys::NodeTag::T_Query;
+        (*query).commandType = pg_sys::CmdType::CMD_SELECT;
+        let rte = pg_sys::palloc0(std::mem::size_of::<pg_sys::RangeTblEntry>())
+            .cast::<pg_sys::RangeTblEntry>();
+        (*rte).type_ = pg_sys::NodeTag::T_RangeTblEntry;
+        (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
+        (*rte).relid = relid;
+        (*rte).relkind = pg_sys::RELKIND_RELATION as std::ffi::c_char;
+        (*rte).requiredPerms = pg_sys::ACL_SELECT as pg_sys::AclMode;
+        (query, rte)
+    };
+    let mut quals: *mut pg_sys::List = std::ptr::null_mut();
+    let mut checks: *mut pg_sys::List = std::ptr::null_mut();
+    let (mut has_row_security, mut has_sublinks) = (false, false);
+    // SAFETY: the nodes just made; PostgreSQL fills the four outputs.
+    unsafe {
+        pg_sys::get_row_security_policies(
+            query,
+            rte,
+            rti,
+            &mut quals,
+            &mut checks,
+            &mut has_row_security,
+            &mut has_sublinks,
+        )
+    };
+    if has_sublinks {
+        crate::error::error(
+            pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!(
+                "a row-level security policy of table {} uses a sub-query, which gsnap cannot \
+                 apply to the rows of a snapshot",
+                crate::ffi::relation::relation_name(relid)
+            ),
+        )
+        .hint("The table owner, or a role with BYPASSRLS, can read its snapshots.")
+        .raise();
+    }
+    // SAFETY: the policies' expressions, copies made for this query.
+    unsafe { pg_sys::fix_opfuncids(quals.cast()) };
+    // SAFETY: the current user's id.
+    Some((quals, unsafe { pg_sys::GetUserId() }))
+}
+
 /// The columns of the table an AS OF scan's query reads: those its output (what the plan
 /// above needs, joins and sub-queries included) and its conditions refer to. (The scan
 /// returns the table's row type: its attribute numbers are the table's.)
@@ -395,7 +475,7 @@ pub(super) unsafe fn split_range_conditions(
 /// Builds the plan node of one of our paths.
 #[pg_guard]
 unsafe extern "C-unwind" fn plan_path(
-    _root: *mut pg_sys::PlannerInfo,
+    root: *mut pg_sys::PlannerInfo,
     rel: *mut pg_sys::RelOptInfo,
     best_path: *mut pg_sys::CustomPath,
     tlist: *mut pg_sys::List,
@@ -420,6 +500,7 @@ unsafe extern "C-unwind" fn plan_path(
     let quals = unsafe { pg_sys::extract_actual_clauses(clauses, false) };
     let table = OpenRelation::open(path.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
         .expect("the planner holds a lock on the table it plans");
+    let mut rls_user = pg_sys::InvalidOid;
     let (qual, exprs, scan_tlist) = if path.kind.over_a_range() {
         let (rec_attno, scan_tlist) = if path.kind == ScanKind::Range {
             (2, snap_id_and_rec(path.relid, rti))
@@ -431,6 +512,19 @@ unsafe extern "C-unwind" fn plan_path(
         let exprs = list_of(&[path.args[0], path.args[1], list_of(&per_version).cast()]);
         (list_of(&per_row), exprs, scan_tlist)
     } else {
+        // The row-level security policies that apply to the user first, so that the query's
+        // own conditions (which may leak what they see) only see the rows the policies let
+        // through.
+        // SAFETY: the planner's state; the scan's range-table index.
+        let security = unsafe { security_quals(root, path.relid, rti) };
+        rls_user = security
+            .as_ref()
+            .map_or(pg_sys::InvalidOid, |(_, user)| *user);
+        let quals = match security {
+            // SAFETY: two lists in the planner's memory context.
+            Some((policies, _)) => unsafe { pg_sys::list_concat(policies, quals) },
+            None => quals,
+        };
         (quals, list_of(&path.args), live_columns(&table, rti))
     };
     let mut cscan = pg_sys::CustomScan {
@@ -444,6 +538,7 @@ unsafe extern "C-unwind" fn plan_path(
             // SAFETY: the planner's relation of this scan, and its range-table index.
             columns: (!path.kind.over_a_range())
                 .then(|| unsafe { columns_read(rel, rti as pg_sys::Index, &table) }),
+            rls_user,
         }
         .encode(),
         custom_scan_tlist: scan_tlist,

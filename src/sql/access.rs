@@ -3,9 +3,12 @@
 //! - SELECT on what the query reads, as for the live table: the table, or each column the
 //!   query reads (the AS OF custom scan knows which; the function scans, `gsnap_range`,
 //!   `gsnap_versions` and `gsnap_diff` return whole rows, so they need every column);
-//! - no row-level security applying to the caller: gsnap cannot evaluate today's policies
-//!   against yesterday's rows faithfully, so it refuses rather than show rows a policy would
-//!   hide (owners and BYPASSRLS roles, to whom policies do not apply, can read);
+//! - row-level security: the AS OF custom scan applies the policies that apply to the caller
+//!   now (PostgreSQL's own `get_row_security_policies`, as for a query of the live table)
+//!   to the old rows, before the query's own conditions (`plan::nodes`); where there is no
+//!   place to apply them (whole rows: the function scans, `gsnap_range`, `gsnap_versions`,
+//!   `gsnap_diff`) or a policy has a sub-query, it refuses rather than show rows a policy
+//!   would hide (owners and BYPASSRLS roles, to whom policies do not apply, can read);
 //! - the database must be the one gsnap serves (`gsnap.database`): table OIDs are per
 //!   database.
 
@@ -38,13 +41,15 @@ pub fn require_gsnap_database() {
 
 /// Raises an ERROR unless the current user may read all of `relid` now.
 pub fn require_read_access(relid: pg_sys::Oid) {
-    require_column_access(relid, None);
+    require_column_access(relid, None, pg_sys::InvalidOid);
 }
 
 /// Raises an ERROR unless the current user may read the columns `columns` of `relid` now
 /// (None: all of them; no column, as for `count(*)`: any one of them), as PostgreSQL checks a
-/// query of the live table: SELECT on the table, or on each of those columns.
-pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>) {
+/// query of the live table: SELECT on the table, or on each of those columns. Row-level
+/// security that applies to the user is refused unless `rls_user` is the user: the scan
+/// applies that user's policies (`plan::nodes`).
+pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>, rls_user: pg_sys::Oid) {
     use pg_sys::AclResult::ACLCHECK_OK;
     // SAFETY: the current user's id, set for every session.
     let user = unsafe { pg_sys::GetUserId() };
@@ -106,15 +111,23 @@ pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>) {
     }
     // SAFETY: whether row-level security applies to the current user, by OID in the catalog.
     let rls = unsafe { pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) };
-    if rls == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 {
+    if rls == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 && rls_user != user {
         error(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!(
-                "table {} has row-level security, which gsnap cannot apply to snapshots",
+                "table {} has row-level security, which gsnap applies to snapshots only in \
+                 gsnap_asof scans that read columns",
                 relation_name(relid)
             ),
         )
-        .hint("The table owner, or a role with BYPASSRLS, can read its snapshots.")
+        .detail(
+            "Whole rows (a whole-row reference, gsnap_range, gsnap_versions, gsnap_diff) are \
+             read without a place to apply the policies.",
+        )
+        .hint(
+            "Select columns of gsnap_asof(...) in FROM (SELECT * is fine); the table owner, or \
+             a role with BYPASSRLS, can read all of its snapshots.",
+        )
         .raise();
     }
 }
