@@ -80,6 +80,12 @@ psql -c "EXPLAIN (COSTS OFF) SELECT snap_id, sum((rec).bbalance) FROM gsnap_rang
          GROUP BY snap_id"
 psql -c "SELECT snap_id, count(*) AS branches, sum((rec).bbalance) AS total
          FROM gsnap_range(NULL::pgbench_branches, $first, $last) GROUP BY snap_id ORDER BY snap_id"
+log "undoing a bad deploy: the tellers of branch 1 zeroed, then put back as they were at the last snapshot"
+psql -c "UPDATE pgbench_tellers SET tbalance = 0 WHERE bid = 1"
+psql -c "SELECT * FROM gsnap_restore('pgbench_tellers', $last, condition => 'bid = 1')"
+psql -c "SELECT count(*) AS tellers_as_at_the_snapshot
+         FROM pgbench_tellers t JOIN gsnap_asof(NULL::pgbench_tellers, $last) s USING (tid)
+         WHERE t.tbalance = s.tbalance"
 log "lifetimes: what a policy would keep (gsnap.retention), and what deleting each snapshot frees"
 psql -c "SELECT p.snap_id, p.rank, p.action, p.rule, pg_size_pretty(s.frees_bytes) AS deleting_frees
          FROM gsnap_retention_preview('within=20s minutely=1') p JOIN gsnap_snapshots() s USING (snap_id)
