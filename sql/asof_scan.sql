@@ -10,7 +10,8 @@ UPDATE sc_t SET note = 'later' WHERE id <= 100;
 EXPLAIN (COSTS OFF) SELECT count(*) FROM gsnap_asof(NULL::sc_t, :s);
 EXPLAIN (COSTS OFF) SELECT id FROM gsnap_asof(NULL::sc_t, :s) WHERE grp = 3 AND id < 50;
 SELECT id, note FROM gsnap_asof(NULL::sc_t, :s) WHERE grp = 3 AND id < 50 ORDER BY id;
--- a whole-row reference or WITH ORDINALITY keeps the function scan
+-- a whole-row reference streams too (the row is one more scan column); WITH ORDINALITY keeps
+-- the function scan
 EXPLAIN (COSTS OFF) SELECT t FROM gsnap_asof(NULL::sc_t, :s) t WHERE t.id = 1;
 SELECT t FROM gsnap_asof(NULL::sc_t, :s) t WHERE t.id = 1;
 EXPLAIN (COSTS OFF) SELECT * FROM gsnap_asof(NULL::sc_t, :s) WITH ORDINALITY LIMIT 1;

@@ -4,7 +4,10 @@
 //! When the table has no dropped column its scan slot is a heap tuple slot, and rows the
 //! reader hands out as stored tuples go to the executor in place (straight from the pinned
 //! page image, like a heap scan's buffer tuples); decoded rows are formed into heap tuples.
-//! With dropped columns the slot is virtual and gets the live columns' values.
+//! With dropped columns the slot is virtual and gets the live columns' values. A query that
+//! reads whole rows (`SELECT t FROM gsnap_asof(NULL::t, 42) t`) gets them as one more scan
+//! column, after the live ones (`plan::nodes`), which this node fills with the row as a
+//! composite value; its slot is virtual too.
 
 use super::node::{self, ExecMethods, ScanNode};
 use super::ScanTable;
@@ -32,6 +35,8 @@ pub(super) struct AsofScan {
     heap_slot: bool,
     /// The table column behind each scan column (the live ones).
     columns: Vec<usize>,
+    /// The scan tuple ends with the whole row, as a value of the table's row type.
+    whole_row: bool,
     /// The open reader (opened at the first fetch, again after a rescan).
     rows: Option<AsofRows>,
     /// The tuple header handed out for a stored tuple.
@@ -52,7 +57,11 @@ impl ScanNode for AsofScan {
         let columns: Vec<usize> = (0..attrs.len())
             .filter(|&i| !attrs[i].attisdropped)
             .collect();
-        let heap_slot = columns.len() == attrs.len();
+        // SAFETY: the node's scan slot, made by ExecInitCustomScan from the scan's target list.
+        let scan_natts =
+            unsafe { (*(*(*css).ss.ss_ScanTupleSlot).tts_tupleDescriptor).natts } as usize;
+        let whole_row = scan_natts == columns.len() + 1;
+        let heap_slot = columns.len() == attrs.len() && !whole_row;
         if heap_slot {
             // SAFETY: the trait's contract: our node, at the end of its initialization.
             unsafe { use_heap_slot(css, estate) };
@@ -61,6 +70,7 @@ impl ScanNode for AsofScan {
             table,
             heap_slot,
             columns,
+            whole_row,
             rows: None,
             tuple: pg_sys::HeapTupleData::default(),
         }
@@ -161,10 +171,28 @@ impl AsofScan {
                     pg_sys::ExecStoreHeapTuple(t, slot, false);
                 }
             }
-            Row::Values { values, nulls, .. } => {
+            Row::Values {
+                values,
+                nulls,
+                scratch,
+                ..
+            } => {
                 let live = self.columns.iter().map(|&c| (values[c], nulls[c]));
-                // SAFETY: a virtual slot of the table's live columns, given their values.
-                unsafe { tuple::store_virtual(slot, live) };
+                if self.whole_row {
+                    let desc = self.table.rel().descriptor();
+                    // SAFETY: the values are a row of the table's current descriptor; the
+                    // composite value is made in the scratch context, which lives as long as
+                    // the row's values.
+                    let row = scratch.run(|| unsafe {
+                        pg_sys::heap_copy_tuple_as_datum(tuple::form(desc, values, nulls), desc)
+                    });
+                    let columns = live.chain(std::iter::once((row, false)));
+                    // SAFETY: a virtual slot of the live columns and the whole row.
+                    unsafe { tuple::store_virtual(slot, columns.collect::<Vec<_>>().into_iter()) };
+                } else {
+                    // SAFETY: a virtual slot of the table's live columns, given their values.
+                    unsafe { tuple::store_virtual(slot, live) };
+                }
             }
         }
         true

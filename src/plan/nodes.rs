@@ -300,11 +300,12 @@ fn var_entry(
 }
 
 /// The scan tuple of an AS OF scan: the table's live columns, as Vars of range-table entry
-/// `rti`.
-fn live_columns(table: &OpenRelation, rti: i32) -> *mut pg_sys::List {
+/// `rti`, then, if `whole_row`, the row as one value of the table's row type (a whole-row
+/// Var, which the node fills: `exec::asof_scan`).
+fn live_columns(table: &OpenRelation, rti: i32, whole_row: bool) -> *mut pg_sys::List {
     // SAFETY: the open table's descriptor, valid while it is open.
     let attrs = unsafe { tuple::attributes(table.descriptor()) };
-    let entries: Vec<_> = attrs
+    let mut entries: Vec<_> = attrs
         .iter()
         .filter(|a| !a.attisdropped)
         .enumerate()
@@ -313,6 +314,11 @@ fn live_columns(table: &OpenRelation, rti: i32) -> *mut pg_sys::List {
             var_entry(rti, a.attnum, type_, i as i16 + 1, name_of(&a.attname))
         })
         .collect();
+    if whole_row {
+        let row_type = (relation_row_type(table.oid()), -1, pg_sys::InvalidOid);
+        let resno = entries.len() as i16 + 1;
+        entries.push(var_entry(rti, 0, row_type, resno, c"gsnap whole row"));
+    }
     list_of(&entries)
 }
 
@@ -406,17 +412,13 @@ unsafe fn security_quals(
     Some((quals, unsafe { pg_sys::GetUserId() }))
 }
 
-/// The columns of the table an AS OF scan's query reads: those its output (what the plan
-/// above needs, joins and sub-queries included) and its conditions refer to. (The scan
-/// returns the table's row type: its attribute numbers are the table's.)
+/// What an AS OF scan's query reads of the table: the attributes its output (what the plan
+/// above needs, joins and sub-queries included) and its conditions refer to, 0 for whole
+/// rows. (The scan returns the table's row type: its attribute numbers are the table's.)
 ///
 /// # Safety
 /// The planner's relation of the scan, `rti` its range-table index.
-unsafe fn columns_read(
-    rel: *mut pg_sys::RelOptInfo,
-    rti: pg_sys::Index,
-    table: &OpenRelation,
-) -> Vec<i16> {
+unsafe fn attributes_read(rel: *mut pg_sys::RelOptInfo, rti: pg_sys::Index) -> VarAttnos {
     let mut attrs = VarAttnos::new(rti);
     // SAFETY: the caller's promise: the relation's target and its conditions.
     unsafe {
@@ -425,9 +427,7 @@ unsafe fn columns_read(
             attrs.add((*ri).clause.cast());
         }
     }
-    // SAFETY: the open table's descriptor.
-    let natts = unsafe { (*table.descriptor()).natts } as i16;
-    attrs.columns(natts)
+    attrs
 }
 
 /// The scan tuple of a versions scan: `(first_snap bigint, last_snap bigint, rec)`, `rec` of
@@ -501,6 +501,8 @@ unsafe extern "C-unwind" fn plan_path(
     let table = OpenRelation::open(path.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
         .expect("the planner holds a lock on the table it plans");
     let mut rls_user = pg_sys::InvalidOid;
+    // The columns the query reads, for the privilege check (None: all of them).
+    let mut columns = None;
     let (qual, exprs, scan_tlist) = if path.kind.over_a_range() {
         let (rec_attno, scan_tlist) = if path.kind == ScanKind::Range {
             (2, snap_id_and_rec(path.relid, rti))
@@ -525,7 +527,18 @@ unsafe extern "C-unwind" fn plan_path(
             Some((policies, _)) => unsafe { pg_sys::list_concat(policies, quals) },
             None => quals,
         };
-        (quals, list_of(&path.args), live_columns(&table, rti))
+        // SAFETY: the planner's relation of this scan, and its range-table index.
+        let read = unsafe { attributes_read(rel, rti as pg_sys::Index) };
+        let whole_row = read.contains(0);
+        // SAFETY: the open table's descriptor.
+        let natts = unsafe { (*table.descriptor()).natts } as i16;
+        // Whole rows need every column, as `SELECT t FROM t` does.
+        columns = (!whole_row).then(|| read.columns(natts));
+        (
+            quals,
+            list_of(&path.args),
+            live_columns(&table, rti, whole_row),
+        )
     };
     let mut cscan = pg_sys::CustomScan {
         flags,
@@ -535,9 +548,7 @@ unsafe extern "C-unwind" fn plan_path(
             relid: path.relid,
             kind: path.kind,
             signature: row_type_signature(&table),
-            // SAFETY: the planner's relation of this scan, and its range-table index.
-            columns: (!path.kind.over_a_range())
-                .then(|| unsafe { columns_read(rel, rti as pg_sys::Index, &table) }),
+            columns,
             rls_user,
         }
         .encode(),

@@ -7,7 +7,7 @@
 //! custom scan.
 //! Cases it does not handle keep the function scan, which returns the same rows: WITH
 //! ORDINALITY, several functions in one RTE (ROWS FROM), LATERAL references, whole-row
-//! references, anything but plain Vars in the target list.
+//! references to a range or versions call, anything but plain Vars in the target list.
 
 use super::deps::{reader_kind, table_of_call, Reader};
 use super::nodes::{new_path, PathPlan, ScanKind};
@@ -71,12 +71,17 @@ unsafe fn reader_call(
     (unsafe { list::len(args) } == 1 + kind.snapshot_args()).then_some((func, kind))
 }
 
-/// True if the query needs the function's rows as whole values, or anything but plain Vars
-/// of them: the function scan serves those.
+/// True if the query needs anything but plain Vars of the function's rows (a whole-row Var
+/// is one: an AS OF scan hands out the row as a value too), or whole rows of a range or
+/// versions call: the function scan serves those.
 ///
 /// # Safety
 /// The planner's relation.
-unsafe fn needs_function_scan(rel: *mut pg_sys::RelOptInfo, rti: pg_sys::Index) -> bool {
+unsafe fn needs_function_scan(
+    rel: *mut pg_sys::RelOptInfo,
+    rti: pg_sys::Index,
+    kind: ScanKind,
+) -> bool {
     // SAFETY: the caller's promise: the relation's target and its conditions.
     let (exprs, conditions) = unsafe { ((*(*rel).reltarget).exprs, (*rel).baserestrictinfo) };
     let mut attrs = VarAttnos::new(rti);
@@ -90,7 +95,7 @@ unsafe fn needs_function_scan(rel: *mut pg_sys::RelOptInfo, rti: pg_sys::Index) 
     // SAFETY: the target's expressions are nodes.
     let all_vars =
         unsafe { list::iter::<pg_sys::Node>(exprs).all(|n| is_a(n, pg_sys::NodeTag::T_Var)) };
-    attrs.contains(0) || !all_vars
+    (attrs.contains(0) && kind.over_a_range()) || !all_vars
 }
 
 /// The planner hook: swaps the function scan of a reader call for the custom scan.
@@ -118,7 +123,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         return; // the function raises the right error
     }
     // SAFETY: the planner's relation and its range-table index.
-    if unsafe { needs_function_scan(rel, rti) } {
+    if unsafe { needs_function_scan(rel, rti, kind) } {
         return; // the function scan serves the query
     }
     let Some(table) = OpenRelation::open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) else {
