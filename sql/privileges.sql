@@ -46,8 +46,8 @@ REVOKE SELECT (id, secret) ON pv FROM pv_reader;
 GRANT SELECT ON pv TO pv_reader;
 
 -- row-level security: the policies that apply to a role now are applied to the old rows of
--- an AS OF scan (whole rows too), before the query's own conditions; gsnap_range (no place
--- to apply them yet) and policies with sub-queries are refused; the owner reads everything
+-- an AS OF, range or versions scan (whole rows too), before the query's own conditions;
+-- function scans and policies with sub-queries are refused; the owner reads everything
 ALTER TABLE pv ENABLE ROW LEVEL SECURITY;
 CREATE POLICY pv_only_visible ON pv FOR SELECT USING (secret = 'visible');
 UPDATE pv SET secret = 'hidden now' WHERE id = 2;  -- the snapshot still has 'visible'
@@ -62,7 +62,15 @@ SELECT * FROM gsnap_asof(NULL::pv, :s) ORDER BY id;
 SELECT id FROM gsnap_asof(NULL::pv, :s) WHERE pv_leak(secret);
 EXECUTE pv_asof;  -- planned for the owner: planned again for this role
 SELECT a FROM gsnap_asof(NULL::pv, :s) a;  -- whole rows too
-SELECT sqlstate_of(format('SELECT * FROM gsnap_range(NULL::pv, %s, %s)', :s, :s));
+-- ranges and versions check the policies on each row version's fields, in their Row Filter
+SELECT snap_id = :s AS at_s, (rec).* FROM gsnap_range(NULL::pv, :s, :s) ORDER BY 2;
+SELECT (rec).id FROM gsnap_range(NULL::pv, :s, :s) WHERE pv_leak((rec).secret);
+SELECT first_snap = :s AS at_s, (rec).* FROM gsnap_versions(NULL::pv, :s, :s);
+SELECT snap_id = :s AS at_s, count(*) FROM gsnap_range(NULL::pv, :s, :s) GROUP BY snap_id;
+EXPLAIN (COSTS OFF) SELECT (rec).id FROM gsnap_range(NULL::pv, 1, 2);
+-- a function scan has no place for them
+SELECT sqlstate_of(format('SELECT * FROM gsnap_range(NULL::pv, %s, %s) WITH ORDINALITY', :s, :s));
+SELECT sqlstate_of(format('SELECT * FROM gsnap_diff(NULL::pv, %s, %s)', :s, :s));
 SET row_security = off;
 SELECT sqlstate_of(format('SELECT * FROM gsnap_asof(NULL::pv, %s)', :s));
 RESET row_security;

@@ -210,6 +210,12 @@ unsafe fn aggregate_path(
         }
         let range = range_path(input_rel)?;
         let plan = PathPlan::decode((*range).custom_private);
+        // Row-level security: the range scan below applies the policies to each row; the
+        // aggregate node has no place for them.
+        let rls = pg_sys::check_enable_rls(plan.relid, pg_sys::InvalidOid, true);
+        if rls != pg_sys::CheckEnableRlsResult::RLS_NONE as i32 {
+            return None;
+        }
         let rti = (*input_rel).relid;
         // The grouping column is snap_id.
         let clause = list::nth::<pg_sys::SortGroupClause>((*parse).groupClause, 0);

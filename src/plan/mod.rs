@@ -13,6 +13,7 @@ mod aggregates;
 pub mod deps;
 pub mod nodes;
 mod paths;
+mod security;
 
 pub use aggregates::AggKind;
 

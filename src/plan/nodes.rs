@@ -9,6 +9,7 @@
 //! `custom_exprs` are the snapshot arguments and, for a range or versions, the conditions on
 //! `rec` alone (its Row Filter). The aggregate node's lists are `aggregates.rs`'s.
 
+use super::security;
 use crate::ffi::catalog::name_of;
 use crate::ffi::list::{self, int_node, list_of};
 use crate::ffi::node::{palloc_node, VarAttnos};
@@ -338,80 +339,6 @@ pub(super) fn snap_id_and_rec_entries(relid: pg_sys::Oid, rti: i32) -> Vec<*mut 
     ]
 }
 
-/// The conditions of the row-level security policies of table `relid` that apply to the
-/// current user in a SELECT (PostgreSQL's own `get_row_security_policies`, as the rewriter
-/// adds them to a query of the live table), over range-table entry `rti` (the scan returns
-/// the table's row type: its attribute numbers are the table's), and that user; None if row
-/// security does not apply. A cached plan depends on the role whenever the table has row
-/// security (it is planned again for another role, as PostgreSQL does). Policies with
-/// sub-queries cannot be evaluated by the scan: an ERROR naming the table.
-///
-/// # Safety
-/// The planner's state, during planning.
-unsafe fn security_quals(
-    root: *mut pg_sys::PlannerInfo,
-    relid: pg_sys::Oid,
-    rti: i32,
-) -> Option<(*mut pg_sys::List, pg_sys::Oid)> {
-    // SAFETY: a catalog lookup; raises PostgreSQL's own ERROR when row_security is off and
-    // policies would apply.
-    let status = unsafe { pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) };
-    if status == pg_sys::CheckEnableRlsResult::RLS_NONE as i32 {
-        return None;
-    }
-    // SAFETY: the caller's promise: the planner's global state.
-    unsafe { (*(*root).glob).dependsOnRole = true };
-    if status != pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 {
-        return None; // does not apply to this role now
-    }
-    // What get_row_security_policies reads of a query and of its entry: a SELECT of the table.
-    // SAFETY: zeroed nodes of the right tags, in the planner's memory context.
-    let (query, rte) = unsafe {
-        let query = pg_sys::palloc0(std::mem::size_of::<pg_sys::Query>()).cast::<pg_sys::Query>();
-        (*query).type_ = pg_sys::NodeTag::T_Query;
-        (*query).commandType = pg_sys::CmdType::CMD_SELECT;
-        let rte = pg_sys::palloc0(std::mem::size_of::<pg_sys::RangeTblEntry>())
-            .cast::<pg_sys::RangeTblEntry>();
-        (*rte).type_ = pg_sys::NodeTag::T_RangeTblEntry;
-        (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
-        (*rte).relid = relid;
-        (*rte).relkind = pg_sys::RELKIND_RELATION as std::ffi::c_char;
-        (*rte).requiredPerms = pg_sys::ACL_SELECT as pg_sys::AclMode;
-        (query, rte)
-    };
-    let mut quals: *mut pg_sys::List = std::ptr::null_mut();
-    let mut checks: *mut pg_sys::List = std::ptr::null_mut();
-    let (mut has_row_security, mut has_sublinks) = (false, false);
-    // SAFETY: the nodes just made; PostgreSQL fills the four outputs.
-    unsafe {
-        pg_sys::get_row_security_policies(
-            query,
-            rte,
-            rti,
-            &mut quals,
-            &mut checks,
-            &mut has_row_security,
-            &mut has_sublinks,
-        )
-    };
-    if has_sublinks {
-        crate::error::error(
-            pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!(
-                "a row-level security policy of table {} uses a sub-query, which gsnap cannot \
-                 apply to the rows of a snapshot",
-                crate::ffi::relation::relation_name(relid)
-            ),
-        )
-        .hint("The table owner, or a role with BYPASSRLS, can read its snapshots.")
-        .raise();
-    }
-    // SAFETY: the policies' expressions, copies made for this query.
-    unsafe { pg_sys::fix_opfuncids(quals.cast()) };
-    // SAFETY: the current user's id.
-    Some((quals, unsafe { pg_sys::GetUserId() }))
-}
-
 /// What an AS OF scan's query reads of the table: the attributes its output (what the plan
 /// above needs, joins and sub-queries included) and its conditions refer to, 0 for whole
 /// rows. (The scan returns the table's row type: its attribute numbers are the table's.)
@@ -500,7 +427,7 @@ unsafe extern "C-unwind" fn plan_path(
     let quals = unsafe { pg_sys::extract_actual_clauses(clauses, false) };
     let table = OpenRelation::open(path.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
         .expect("the planner holds a lock on the table it plans");
-    let mut rls_user = pg_sys::InvalidOid;
+    let rls_user: pg_sys::Oid;
     // The columns the query reads, for the privilege check (None: all of them).
     let mut columns = None;
     let (qual, exprs, scan_tlist) = if path.kind.over_a_range() {
@@ -508,6 +435,22 @@ unsafe extern "C-unwind" fn plan_path(
             (2, snap_id_and_rec(path.relid, rti))
         } else {
             (3, run_and_rec(path.relid, rti))
+        };
+        // The row-level security policies first, over the fields of `rec`, so that they are
+        // checked before the query's own conditions (see below for an AS OF scan).
+        // SAFETY: the planner's state; the scan's range-table index.
+        let security = unsafe { security::quals(root, path.relid, rti) };
+        rls_user = security
+            .as_ref()
+            .map_or(pg_sys::InvalidOid, |(_, user)| *user);
+        let quals = match security {
+            // SAFETY: the policies' conditions, over this scan's entry; two lists in the
+            // planner's memory context.
+            Some((policies, _)) => unsafe {
+                let policies = security::over_rec(policies, rti, rec_attno as i16, path.relid);
+                pg_sys::list_concat(policies, quals)
+            },
+            None => quals,
         };
         // SAFETY: the scan's conditions, over its range-table entry.
         let (per_version, per_row) = unsafe { split_range_conditions(quals, rti, rec_attno) };
@@ -518,7 +461,7 @@ unsafe extern "C-unwind" fn plan_path(
         // own conditions (which may leak what they see) only see the rows the policies let
         // through.
         // SAFETY: the planner's state; the scan's range-table index.
-        let security = unsafe { security_quals(root, path.relid, rti) };
+        let security = unsafe { security::quals(root, path.relid, rti) };
         rls_user = security
             .as_ref()
             .map_or(pg_sys::InvalidOid, |(_, user)| *user);
