@@ -19,7 +19,7 @@ RESET ROLE;
 
 -- a grant on some columns lets a query read those columns AS OF, as it does now; a query
 -- that reads another one (output, condition, sub-query), or whole rows (a whole-row
--- reference, gsnap_range, gsnap_versions, gsnap_diff), is refused
+-- reference, rec itself, gsnap_diff), is refused
 GRANT SELECT (id) ON pv TO pv_reader;
 SET ROLE pv_reader;
 SELECT id FROM pv ORDER BY id;
@@ -34,8 +34,17 @@ SELECT sqlstate_of(format('SELECT a.id FROM gsnap_asof(NULL::pv, %s) a JOIN pv b
 SELECT sqlstate_of(format('SELECT a.id, l.x FROM gsnap_asof(NULL::pv, %s) a, LATERAL (SELECT a.secret AS x) l', :s));
 SELECT sqlstate_of(format('SELECT id FROM gsnap_asof(NULL::pv, %s) ORDER BY secret', :s));
 SELECT sqlstate_of(format('SELECT a FROM gsnap_asof(NULL::pv, %s) a', :s));
-SELECT sqlstate_of(format('SELECT (rec).id FROM gsnap_range(NULL::pv, %s, %s)', :s, :s));
-SELECT sqlstate_of(format('SELECT (rec).id FROM gsnap_versions(NULL::pv, %s, %s)', :s, :s));
+-- over a range: the fields of rec the query selects are the columns it reads
+SELECT (rec).id FROM gsnap_range(NULL::pv, :s, :s) ORDER BY 1;
+SELECT (rec).id FROM gsnap_versions(NULL::pv, :s, :s) WHERE (rec).id > 1;
+SELECT count(*) AS counted FROM gsnap_range(NULL::pv, :s, :s) GROUP BY snap_id;
+SELECT sqlstate_of(format('SELECT (rec).* FROM gsnap_range(NULL::pv, %s, %s)', :s, :s));
+SELECT sqlstate_of(format('SELECT rec FROM gsnap_range(NULL::pv, %s, %s)', :s, :s));
+SELECT sqlstate_of(format('SELECT (rec).id FROM gsnap_range(NULL::pv, %s, %s) WHERE (rec).secret > %L', :s, :s, 'a'));
+SELECT sqlstate_of(format('SELECT (rec).id FROM gsnap_versions(NULL::pv, %s, %s) ORDER BY (rec).secret', :s, :s));
+SELECT sqlstate_of(format('SELECT (SELECT (g.rec).secret) FROM gsnap_range(NULL::pv, %s, %s) g', :s, :s));
+SELECT sqlstate_of(format('SELECT l.x FROM gsnap_range(NULL::pv, %s, %s) g, LATERAL (SELECT (g.rec).secret AS x OFFSET 0) l', :s, :s));
+SELECT sqlstate_of(format('SELECT count(*) FROM gsnap_range(NULL::pv, %s, %s) g WHERE row_to_json(g.rec) IS NOT NULL', :s, :s));
 SELECT sqlstate_of(format('SELECT change FROM gsnap_diff(NULL::pv, %s, %s)', :s, :s));
 RESET ROLE;
 GRANT SELECT (id, secret) ON pv TO pv_reader;

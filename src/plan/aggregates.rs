@@ -216,6 +216,12 @@ unsafe fn aggregate_path(
         if rls != pg_sys::CheckEnableRlsResult::RLS_NONE as i32 {
             return None;
         }
+        // Likewise a role with grants on some columns only: the range scan checks the
+        // columns the query reads; the aggregate node would need them all.
+        let select = pg_sys::pg_class_aclcheck(plan.relid, pg_sys::GetUserId(), pg_sys::ACL_SELECT);
+        if select != pg_sys::AclResult::ACLCHECK_OK {
+            return None;
+        }
         let rti = (*input_rel).relid;
         // The grouping column is snap_id.
         let clause = list::nth::<pg_sys::SortGroupClause>((*parse).groupClause, 0);

@@ -11,6 +11,7 @@
 
 mod aggregates;
 pub mod deps;
+mod fields;
 pub mod nodes;
 mod paths;
 mod security;

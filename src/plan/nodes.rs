@@ -429,7 +429,7 @@ unsafe extern "C-unwind" fn plan_path(
         .expect("the planner holds a lock on the table it plans");
     let rls_user: pg_sys::Oid;
     // The columns the query reads, for the privilege check (None: all of them).
-    let mut columns = None;
+    let columns: Option<Vec<i16>>;
     let (qual, exprs, scan_tlist) = if path.kind.over_a_range() {
         let (rec_attno, scan_tlist) = if path.kind == ScanKind::Range {
             (2, snap_id_and_rec(path.relid, rti))
@@ -452,6 +452,8 @@ unsafe extern "C-unwind" fn plan_path(
             },
             None => quals,
         };
+        // SAFETY: the planner's state; the scan's range-table index and rec column.
+        columns = unsafe { super::fields::read_through_rec(root, rti, rec_attno as i16) };
         // SAFETY: the scan's conditions, over its range-table entry.
         let (per_version, per_row) = unsafe { split_range_conditions(quals, rti, rec_attno) };
         let exprs = list_of(&[path.args[0], path.args[1], list_of(&per_version).cast()]);

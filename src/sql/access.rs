@@ -1,8 +1,9 @@
 //! Who may read what: reading a table AS OF needs what reading it now needs.
 //!
 //! - SELECT on what the query reads, as for the live table: the table, or each column the
-//!   query reads (the AS OF custom scan knows which; the function scans, `gsnap_range`,
-//!   `gsnap_versions` and `gsnap_diff` return whole rows, so they need every column);
+//!   query reads (the custom scans know which: an AS OF scan's columns, the fields of `rec`
+//!   a range or versions query selects, `plan::fields`; the function scans and `gsnap_diff`
+//!   return whole rows, so they need every column);
 //! - row-level security: the AS OF custom scan applies the policies that apply to the caller
 //!   now (PostgreSQL's own `get_row_security_policies`, as for a query of the live table)
 //!   to the old rows, before the query's own conditions (`plan::security`), in the AS OF,
