@@ -1277,6 +1277,21 @@ fn check_reopened(
     check_store(store, false);
 }
 
+/// How many writes `run` makes on the store of `base` (without a crash).
+fn writes_of(
+    base: &MemBackend,
+    run: impl FnOnce(&SnapshotStore<FaultyBackend<MemBackend>>),
+) -> u64 {
+    let store = SnapshotStore::open(
+        FaultyBackend::new(base.deep_copy()).unwrap(),
+        crash_options(),
+    )
+    .unwrap();
+    let w0 = store.backend().writes_attempted();
+    run(&store);
+    store.backend().writes_attempted() - w0
+}
+
 /// The store of `base` on a backend that crashes at the `n`-th write `run` makes; `run` must
 /// notice.
 fn crash_at(
@@ -1330,16 +1345,9 @@ fn a_crash_at_any_write_of_reclamation_resumes_to_the_same_end_state() {
         check_reopened(&store, &tables, "reference");
         dump(&mem, &Cf::all())
     };
-    let total = {
-        let store = SnapshotStore::open(
-            FaultyBackend::new(base.deep_copy()).unwrap(),
-            crash_options(),
-        )
-        .unwrap();
-        let w0 = store.backend().writes_attempted();
-        reclaim_all(&store, 1, &keep_none).unwrap();
-        store.backend().writes_attempted() - w0
-    };
+    let total = writes_of(&base, |s| {
+        reclaim_all(s, 1, &keep_none).unwrap();
+    });
     assert!(total >= 8, "reclamation takes several batches: {total}");
     eprintln!("crashing at each of {total} writes");
     for n in 0..total {
@@ -1424,16 +1432,9 @@ fn a_crash_at_any_write_of_a_log_rewrite_keeps_the_old_log_or_the_new_one() {
         let log = reopened.mapping_log(SnapId(1), SnapId(u64::MAX)).unwrap();
         (log, tables, snap)
     };
-    let total = {
-        let store = SnapshotStore::open(
-            FaultyBackend::new(base.deep_copy()).unwrap(),
-            crash_options(),
-        )
-        .unwrap();
-        let w0 = store.backend().writes_attempted();
-        rewrite_with_a_commit_between(&store, &rels, rt).unwrap();
-        store.backend().writes_attempted() - w0
-    };
+    let total = writes_of(&base, |s| {
+        rewrite_with_a_commit_between(s, &rels, rt).unwrap();
+    });
     assert!(total >= 6, "the rewrite streams several batches: {total}");
     for n in 0..total {
         let store = crash_at(&base, n, |s| {
