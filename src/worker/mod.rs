@@ -216,7 +216,8 @@ pub(crate) struct Worker {
     /// is free.
     retired_log: Option<u8>,
     /// The mapping log's rewrite being computed, and the mappings reclamation killed since
-    /// the last one (a rewrite is due once they are half the log; at start, one is due).
+    /// the last one (a rewrite is due once they are half the log; at start, one is due if a
+    /// snapshot was reclaimed since the last rewrite).
     log_rewrite: Option<background::LogRewriteThread>,
     killed_mappings: u64,
     /// Not before this time (see `catalog_changed`).
@@ -268,7 +269,7 @@ impl Worker {
             compaction: None,
             retired_log: None,
             log_rewrite: None,
-            killed_mappings: u64::MAX,
+            killed_mappings: 0,
             frees_quiet_at: Instant::now(),
             release_kept: true,
             replaced_groups: Vec::new(),
@@ -380,6 +381,12 @@ impl Worker {
                 }
                 self.record_failures(&store);
                 self.last_declared_at_us = store.latest_declared_at_us();
+                // The mappings reclamation killed before this start, if the last rewrite did
+                // not drop them: counted as many as the log holds (a rewrite is due).
+                self.killed_mappings = match store.log_rewrite_due() {
+                    Ok(false) => 0,
+                    Ok(true) | Err(_) => u64::MAX,
+                };
                 shmem::worker().set_state(WorkerState::Ready);
                 match index::IndexState::open(store) {
                     Ok(index) => self.index = Some(index),

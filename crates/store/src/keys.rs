@@ -147,7 +147,8 @@ pub const TAG_GROUP_META: u8 = b'G';
 /// `catalog`: `'P'` -> GC progress (opaque bytes).
 pub const GC_PROGRESS_KEY: &[u8] = b"P";
 /// `catalog`: `'L'` -> the generation (one byte, 0 or 1) of the `maplog` keys that hold the
-/// mapping log; absent: 0.
+/// mapping log, then how many snapshots were reclaimed when the log was last rewritten (u64
+/// BE); absent: generation 0, never rewritten.
 pub const LOG_GENERATION_KEY: &[u8] = b"L";
 /// `catalog`: `'Z' image` -> empty: an image whose count reached zero while a capture was
 /// open that maps it (kept for it, `reclaim.rs`).

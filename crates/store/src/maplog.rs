@@ -126,6 +126,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     fn rewrite_log_for(&self, r: &[SnapId], batch_bytes: usize) -> Result<Option<LogRewrite>> {
         let id = NEXT_REWRITE.fetch_add(1, Ordering::Relaxed);
         self.log_rewrite.store(id, Ordering::Relaxed);
+        let reclaimed = self.reclaimed_count();
         let from = self.log_generation()?;
         let to = 1 - from;
         self.clear_log_generation(to)?;
@@ -179,6 +180,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             nodes.flush()?;
             Ok(Some(LogRewrite {
                 id,
+                reclaimed,
                 from,
                 to,
                 last,
@@ -230,7 +232,9 @@ impl<B: KvBackend> SnapshotStore<B> {
             }
             Ok((batch, after))
         })?;
-        batch.put(Cf::Catalog, keys::LOG_GENERATION_KEY, &[rewrite.to]);
+        let mut record = vec![rewrite.to];
+        record.extend_from_slice(&rewrite.reclaimed.to_be_bytes());
+        batch.put(Cf::Catalog, keys::LOG_GENERATION_KEY, &record);
         let (start, end) = keys::log_generation_range(rewrite.from);
         batch.delete_range(Cf::MapLog, &start, &end);
         // A store of format 3 becomes 4 here: older builds cannot read generation 1.
@@ -280,18 +284,47 @@ impl<B: KvBackend> SnapshotStore<B> {
 
     /// The generation of the `maplog` keys that hold the log (`keys::LOG_GENERATION_KEY`).
     fn log_generation(&self) -> Result<u8> {
+        Ok(self.log_generation_record()?.0)
+    }
+
+    /// The generation record: the generation, and how many snapshots were reclaimed when
+    /// the log was last rewritten (None: never rewritten).
+    fn log_generation_record(&self) -> Result<(u8, Option<u64>)> {
         match self
             .backend
             .get(Cf::Catalog, keys::LOG_GENERATION_KEY)?
             .as_deref()
         {
-            None => Ok(0),
-            Some(&[g]) if g < 2 => Ok(g),
+            None => Ok((0, None)),
+            Some(&[g, ref count @ ..]) if g < 2 && count.len() == 8 => Ok((
+                g,
+                Some(u64::from_be_bytes(count.try_into().expect("8 bytes"))),
+            )),
             Some(other) => Err(StoreError::corrupt(format!(
                 "{}: the mapping log's generation record is damaged ({other:?})",
                 self.backend.describe()
             ))),
         }
+    }
+
+    /// How many snapshots of the catalog are reclaimed.
+    fn reclaimed_count(&self) -> u64 {
+        self.catalog()
+            .snaps
+            .values()
+            .filter(|s| s.state == crate::SnapshotState::Reclaimed)
+            .count() as u64
+    }
+
+    /// True if the log may hold mappings no retained snapshot needs that no rewrite dropped:
+    /// a snapshot was reclaimed since the last rewrite computed the log (or, never
+    /// rewritten, any was). The worker rewrites the log at start only then.
+    pub fn log_rewrite_due(&self) -> Result<bool> {
+        let reclaimed = self.reclaimed_count();
+        Ok(match self.log_generation_record()?.1 {
+            Some(at_rewrite) => reclaimed != at_rewrite,
+            None => reclaimed > 0,
+        })
     }
 
     /// True while a reclamation is in flight (its progress record is stored).
@@ -498,6 +531,8 @@ impl<B: KvBackend> LogStore for LogNodes<'_, B> {
 pub struct LogRewrite {
     /// Which rewrite this is (`NEXT_REWRITE`).
     id: u64,
+    /// How many snapshots were reclaimed when it was computed.
+    reclaimed: u64,
     /// The generation read, and the one written.
     from: u8,
     to: u8,

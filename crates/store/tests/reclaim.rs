@@ -1027,6 +1027,33 @@ fn deletion_and_reclamation_survive_reopening_on_rocksdb() {
     check_store(&store, false);
 }
 
+/// A rewrite is due at start only if a snapshot was reclaimed since the last one computed
+/// the log (it records how many were), and survives reopening.
+#[test]
+fn a_rewrite_is_due_only_after_a_reclamation_since_the_last() {
+    let mem = MemBackend::new();
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    let (rels, decl) = setup(&store, 1, 2);
+    let p = page_key(rels[0], 0);
+    assert!(!store.log_rewrite_due().unwrap(), "nothing reclaimed yet");
+    let (s1, _) = commit_views(&store, &decl, &[(p, b"a", &[])]);
+    commit_views(&store, &decl, &[(p, b"b", &[])]);
+    store.delete_snapshots(&[s1], 1).unwrap();
+    assert!(!store.log_rewrite_due().unwrap(), "deleted, not reclaimed");
+    reclaim_all(&store, 8, &keep_none).unwrap();
+    assert!(store.log_rewrite_due().unwrap());
+    let rewrite = store.rewrite_log(1 << 20).unwrap().unwrap();
+    assert_eq!(store.apply_log_rewrite(&rewrite).unwrap(), Some(1));
+    assert!(!store.log_rewrite_due().unwrap());
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    assert!(!store.log_rewrite_due().unwrap(), "after reopening");
+    let (s3, _) = commit_views(&store, &decl, &[(p, b"c", &[])]);
+    commit_views(&store, &decl, &[(p, b"d", &[])]);
+    store.delete_snapshots(&[s3], 2).unwrap();
+    reclaim_all(&store, 8, &keep_none).unwrap();
+    assert!(store.log_rewrite_due().unwrap(), "reclaimed since");
+}
+
 /// A store of format 3 (before the log's generations) is read as it is, and its first log
 /// rewrite makes it format 4, so that a build that knows only format 3 refuses it instead of
 /// reading an empty log.
