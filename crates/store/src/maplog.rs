@@ -288,7 +288,8 @@ impl<B: KvBackend> SnapshotStore<B> {
     }
 
     /// The generation record: the generation, and how many snapshots were reclaimed when
-    /// the log was last rewritten (None: never rewritten).
+    /// the log was last rewritten (None: never rewritten, or by a build that did not record
+    /// the count, whose one-byte record is read as it is).
     fn log_generation_record(&self) -> Result<(u8, Option<u64>)> {
         match self
             .backend
@@ -296,6 +297,8 @@ impl<B: KvBackend> SnapshotStore<B> {
             .as_deref()
         {
             None => Ok((0, None)),
+            // Written by builds before the count was kept: the log may hold dead mappings.
+            Some(&[g]) if g < 2 => Ok((g, None)),
             Some(&[g, ref count @ ..]) if g < 2 && count.len() == 8 => Ok((
                 g,
                 Some(u64::from_be_bytes(count.try_into().expect("8 bytes"))),

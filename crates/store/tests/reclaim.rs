@@ -1052,6 +1052,14 @@ fn a_rewrite_is_due_only_after_a_reclamation_since_the_last() {
     store.delete_snapshots(&[s3], 2).unwrap();
     reclaim_all(&store, 8, &keep_none).unwrap();
     assert!(store.log_rewrite_due().unwrap(), "reclaimed since");
+    // The one-byte record of the builds before the count: read, a rewrite due.
+    let mut b = WriteBatch::new();
+    b.put(Cf::Catalog, keys::LOG_GENERATION_KEY, &[1]);
+    mem.write(&b, true).unwrap();
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    assert!(store.log_rewrite_due().unwrap());
+    let rewrite = store.rewrite_log(1 << 20).unwrap().unwrap();
+    assert_eq!(rewrite.retired_generation(), 1);
 }
 
 /// A store of format 3 (before the log's generations) is read as it is, and its first log
