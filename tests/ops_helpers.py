@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from cluster import Cluster, reload_conf, wait_until  # noqa: F401 - wait_until is re-exported
+from cluster import Cluster, gsnap_cluster, reload_conf, wait_until  # noqa: F401 - wait_until is re-exported
 
 PGBENCH_ENV = {"PGOPTIONS": "-c default_table_access_method=gsnap"}
 
@@ -19,14 +19,7 @@ PGBENCH_ENV = {"PGOPTIONS": "-c default_table_access_method=gsnap"}
 def ops():
     """A gsnap cluster of the module's own (its settings are changed with ALTER SYSTEM), with
     a small image cache (2 MB = 256 slots) so scans bigger than the cache are cheap to make."""
-    c = Cluster("ops", conf=["gsnap.image_cache_size = 2MB"])
-    try:
-        c.start()
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    yield from gsnap_cluster("ops", ["gsnap.image_cache_size = 2MB"])
 
 
 def wait_server(cluster: Cluster, timeout: float = 60):

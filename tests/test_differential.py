@@ -25,27 +25,21 @@ import time
 
 import pytest
 
-from cluster import Cluster
+from cluster import Cluster, gsnap_cluster
 from workload import (TABLES, GroundTruth, Workload, contents, create_tables, describe_diff,
                       located_contents, set_settings, snapshots)
 
 
 @pytest.fixture(scope="module")
 def diff_cluster():
-    c = Cluster("differential", conf=[
+    yield from gsnap_cluster("differential", [
         # small capture batches: captures interleave with the writes they race against
         "gsnap.capture_batch_pages = 8",
         "autovacuum_naptime = 1",
         "autovacuum_vacuum_threshold = 20",
         "autovacuum_vacuum_scale_factor = 0.01",
         "max_connections = 40",
-    ]).start()
-    try:
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    ])
 
 
 def test_every_snapshot_equals_its_mvcc_snapshot_under_concurrent_load(diff_cluster):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cluster import Cluster
+from cluster import Cluster, gsnap_cluster
 from hunt import LOG_LINE_START, PANIC_TEXT, LogTail, ServerWatch, close_quietly, connect, outcome, short
 
 SEED = 20261123
@@ -23,15 +23,8 @@ SEED = 20261123
 
 @pytest.fixture(scope="module")
 def fz():
-    c = Cluster("fuzz", conf=["fsync = off", "log_line_prefix = '%m [%p] %e '",
-                              "log_min_messages = warning", "log_error_verbosity = verbose"])
-    try:
-        c.start()
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    yield from gsnap_cluster("fuzz", ["fsync = off", "log_line_prefix = '%m [%p] %e '",
+                                      "log_min_messages = warning", "log_error_verbosity = verbose"])
 
 
 # -- the odd-arguments generator ----------------------------------------------------------

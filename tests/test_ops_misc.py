@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from cluster import Cluster
+from cluster import Cluster, gsnap_cluster
 from ops_helpers import (
     asof,
     configure,
@@ -28,14 +28,7 @@ from ops_helpers import (
 @pytest.fixture(scope="module")
 def ovf():
     """A cluster with the smallest dirty sets gsnap allows (1024 pages)."""
-    c = Cluster("ovf", conf=["gsnap.max_dirty_pages = 1024"])
-    try:
-        c.start()
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    yield from gsnap_cluster("ovf", ["gsnap.max_dirty_pages = 1024"])
 
 
 def test_dirty_set_overflow_warns_and_snapshots_stay_exact(ovf):
@@ -231,15 +224,10 @@ def test_dump_and_restore_of_a_database_with_snapshots(ovf, tmp_path):
 def tiny_cache():
     """A cluster whose image cache holds 256 images, its minimum (scans go through batches of 32,
     each prefetched while the previous one is read, and evict each other's images)."""
-    c = Cluster("tinycache", conf=["gsnap.image_cache_size = 2MB"])
-    try:
-        c.start()
+    for c in gsnap_cluster("tinycache", ["gsnap.image_cache_size = 2MB"]):
         with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
             assert val(conn, "SELECT image_cache_slots FROM gsnap_index_stats()") == 256
         yield c
-    finally:
-        c.destroy()
 
 
 @pytest.mark.parametrize("verify", ["off", "on"])

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cluster import Cluster
+from cluster import Cluster, gsnap_cluster
 from ops_helpers import (
     asof,
     digest,
@@ -35,14 +35,7 @@ def server_uid() -> int:
 
 @pytest.fixture(scope="module")
 def stc():
-    c = Cluster("store")
-    try:
-        c.start()
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    yield from gsnap_cluster("store")
 
 
 def use_store(c: Cluster, directory: str):

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from cluster import Cluster
+from cluster import gsnap_cluster
 from workload import (contents, describe_diff, located_contents, progress, set_settings,
                       snapshots, wait_until)
 
@@ -29,13 +29,7 @@ DECLARE_PAUSE_MS = 2000
 
 @pytest.fixture(scope="module")
 def ocluster():
-    c = Cluster("orderings", conf=["autovacuum = off"]).start()
-    try:
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
-        yield c
-    finally:
-        c.destroy()
+    yield from gsnap_cluster("orderings", ["autovacuum = off"])
 
 
 class Background:

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from cluster import Cluster
+from cluster import Cluster, gsnap_cluster
 from hunt import Outcome, ServerWatch, close_quietly, compare, connect, normalize, outcome, short
 
 # How long another session waits for the reader's lock before giving up (55P03). The reader
@@ -199,15 +199,9 @@ class Env:
 @pytest.fixture(scope="module")
 def env():
     # fsync off: a crash restart would otherwise fsync the whole data directory first
-    c = Cluster("planinv", conf=["fsync = off", "log_min_messages = warning",
-                                 "log_error_verbosity = default"])
-    try:
-        c.start()
-        with c.connect() as conn:
-            conn.execute("CREATE EXTENSION gsnap")
+    for c in gsnap_cluster("planinv", ["fsync = off", "log_min_messages = warning",
+                                       "log_error_verbosity = default"]):
         yield Env(c)
-    finally:
-        c.destroy()
 
 
 # -- building the statements ----------------------------------------------------------------
