@@ -188,7 +188,7 @@ impl AsofScan {
                     });
                     let columns = live.chain(std::iter::once((row, false)));
                     // SAFETY: a virtual slot of the live columns and the whole row.
-                    unsafe { tuple::store_virtual(slot, columns.collect::<Vec<_>>().into_iter()) };
+                    unsafe { tuple::store_virtual(slot, columns) };
                 } else {
                     // SAFETY: a virtual slot of the table's live columns, given their values.
                     unsafe { tuple::store_virtual(slot, live) };

@@ -107,7 +107,7 @@ impl ScanNode for RangeAggScan {
         .chain(aggregates)
         .collect::<Vec<_>>();
         // SAFETY: the node's virtual scan slot: (snap_id, rec, aggregates...).
-        unsafe { tuple::store_virtual(slot, columns.into_iter()) };
+        unsafe { tuple::store_virtual(slot, columns) };
         true
     }
 

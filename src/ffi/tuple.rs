@@ -69,16 +69,21 @@ pub unsafe fn deform(
 /// the slot's column types and stay valid while the slot holds them.
 pub unsafe fn store_virtual(
     slot: *mut pg_sys::TupleTableSlot,
-    columns: impl ExactSizeIterator<Item = (pg_sys::Datum, bool)>,
+    columns: impl IntoIterator<Item = (pg_sys::Datum, bool)>,
 ) {
-    // SAFETY: the caller's promise: the slot's arrays have a place for every column.
+    // SAFETY: the caller's promise: the slot's arrays have a place for every column (checked
+    // before each write).
     unsafe {
         pg_sys::ExecClearTuple(slot);
-        assert_eq!(columns.len(), (*(*slot).tts_tupleDescriptor).natts as usize);
-        for (i, (value, null)) in columns.enumerate() {
+        let natts = (*(*slot).tts_tupleDescriptor).natts as usize;
+        let mut stored = 0;
+        for (i, (value, null)) in columns.into_iter().enumerate() {
+            assert!(i < natts, "more values than the slot's {natts} columns");
             *(*slot).tts_values.add(i) = value;
             *(*slot).tts_isnull.add(i) = null;
+            stored = i + 1;
         }
+        assert_eq!(stored, natts, "a value for every column of the slot");
         pg_sys::ExecStoreVirtualTuple(slot);
     }
 }

@@ -339,13 +339,16 @@ pub(super) fn snap_id_and_rec_entries(relid: pg_sys::Oid, rti: i32) -> Vec<*mut 
     ]
 }
 
-/// What an AS OF scan's query reads of the table: the attributes its output (what the plan
-/// above needs, joins and sub-queries included) and its conditions refer to, 0 for whole
-/// rows. (The scan returns the table's row type: its attribute numbers are the table's.)
+/// What a scan's query reads of the function's columns: the attributes its output (what the
+/// plan above needs, joins and sub-queries included) and its conditions refer to, 0 for whole
+/// rows. (An AS OF scan returns the table's row type: its attribute numbers are the table's.)
 ///
 /// # Safety
 /// The planner's relation of the scan, `rti` its range-table index.
-unsafe fn attributes_read(rel: *mut pg_sys::RelOptInfo, rti: pg_sys::Index) -> VarAttnos {
+pub(super) unsafe fn attributes_read(
+    rel: *mut pg_sys::RelOptInfo,
+    rti: pg_sys::Index,
+) -> VarAttnos {
     let mut attrs = VarAttnos::new(rti);
     // SAFETY: the caller's promise: the relation's target and its conditions.
     unsafe {
@@ -427,7 +430,12 @@ unsafe extern "C-unwind" fn plan_path(
     let quals = unsafe { pg_sys::extract_actual_clauses(clauses, false) };
     let table = OpenRelation::open(path.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
         .expect("the planner holds a lock on the table it plans");
-    let rls_user: pg_sys::Oid;
+    // The row-level security policies that apply to the user come first among the scan's
+    // conditions, so that the query's own (which may leak what they see) only see the rows
+    // the policies let through (`security.rs`).
+    // SAFETY: the planner's state; the scan's range-table index.
+    let (policies, rls_user) = unsafe { security::quals(root, path.relid, rti) }
+        .unwrap_or((std::ptr::null_mut(), pg_sys::InvalidOid));
     // The columns the query reads, for the privilege check (None: all of them).
     let columns: Option<Vec<i16>>;
     let (qual, exprs, scan_tlist) = if path.kind.over_a_range() {
@@ -436,21 +444,12 @@ unsafe extern "C-unwind" fn plan_path(
         } else {
             (3, run_and_rec(path.relid, rti))
         };
-        // The row-level security policies first, over the fields of `rec`, so that they are
-        // checked before the query's own conditions (see below for an AS OF scan).
-        // SAFETY: the planner's state; the scan's range-table index.
-        let security = unsafe { security::quals(root, path.relid, rti) };
-        rls_user = security
-            .as_ref()
-            .map_or(pg_sys::InvalidOid, |(_, user)| *user);
-        let quals = match security {
-            // SAFETY: the policies' conditions, over this scan's entry; two lists in the
-            // planner's memory context.
-            Some((policies, _)) => unsafe {
-                let policies = security::over_rec(policies, rti, rec_attno as i16, path.relid);
-                pg_sys::list_concat(policies, quals)
-            },
-            None => quals,
+        // The policies over the fields of `rec`.
+        // SAFETY: the policies' conditions (NIL: none), over this scan's entry; two lists in
+        // the planner's memory context.
+        let quals = unsafe {
+            let policies = security::over_rec(policies, rti, rec_attno as i16, path.relid);
+            pg_sys::list_concat(policies, quals)
         };
         // SAFETY: the planner's state; the scan's range-table index and rec column.
         columns = unsafe { super::fields::read_through_rec(root, rti, rec_attno as i16) };
@@ -459,19 +458,8 @@ unsafe extern "C-unwind" fn plan_path(
         let exprs = list_of(&[path.args[0], path.args[1], list_of(&per_version).cast()]);
         (list_of(&per_row), exprs, scan_tlist)
     } else {
-        // The row-level security policies that apply to the user first, so that the query's
-        // own conditions (which may leak what they see) only see the rows the policies let
-        // through.
-        // SAFETY: the planner's state; the scan's range-table index.
-        let security = unsafe { security::quals(root, path.relid, rti) };
-        rls_user = security
-            .as_ref()
-            .map_or(pg_sys::InvalidOid, |(_, user)| *user);
-        let quals = match security {
-            // SAFETY: two lists in the planner's memory context.
-            Some((policies, _)) => unsafe { pg_sys::list_concat(policies, quals) },
-            None => quals,
-        };
+        // SAFETY: two lists (or NIL) in the planner's memory context.
+        let quals = unsafe { pg_sys::list_concat(policies, quals) };
         // SAFETY: the planner's relation of this scan, and its range-table index.
         let read = unsafe { attributes_read(rel, rti as pg_sys::Index) };
         let whole_row = read.contains(0);

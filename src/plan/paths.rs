@@ -10,9 +10,9 @@
 //! references to a range or versions call, anything but plain Vars in the target list.
 
 use super::deps::{reader_kind, table_of_call, Reader};
-use super::nodes::{new_path, PathPlan, ScanKind};
+use super::nodes::{attributes_read, new_path, PathPlan, ScanKind};
 use crate::ffi::list;
-use crate::ffi::node::{is_a, VarAttnos};
+use crate::ffi::node::is_a;
 use crate::ffi::relation::{relation_kind, relation_row_type, OpenRelation};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -82,19 +82,13 @@ unsafe fn needs_function_scan(
     rti: pg_sys::Index,
     kind: ScanKind,
 ) -> bool {
-    // SAFETY: the caller's promise: the relation's target and its conditions.
-    let (exprs, conditions) = unsafe { ((*(*rel).reltarget).exprs, (*rel).baserestrictinfo) };
-    let mut attrs = VarAttnos::new(rti);
-    // SAFETY: the target's expressions, and each condition's clause.
-    unsafe {
-        attrs.add(exprs.cast());
-        for ri in list::iter::<pg_sys::RestrictInfo>(conditions) {
-            attrs.add((*ri).clause.cast());
-        }
-    }
-    // SAFETY: the target's expressions are nodes.
-    let all_vars =
-        unsafe { list::iter::<pg_sys::Node>(exprs).all(|n| is_a(n, pg_sys::NodeTag::T_Var)) };
+    // SAFETY: the caller's promise: the planner's relation of the scan.
+    let attrs = unsafe { attributes_read(rel, rti) };
+    // SAFETY: as above; the target's expressions are nodes.
+    let all_vars = unsafe {
+        list::iter::<pg_sys::Node>((*(*rel).reltarget).exprs)
+            .all(|n| is_a(n, pg_sys::NodeTag::T_Var))
+    };
     (attrs.contains(0) && kind.over_a_range()) || !all_vars
 }
 

@@ -107,13 +107,17 @@ struct RecFields {
 /// scan cannot check faithfully (volatile ones, system columns).
 ///
 /// # Safety
-/// `quals` are the policies' conditions for this scan, in the planner's memory context.
+/// `quals` are the policies' conditions for this scan (NIL: none), in the planner's memory
+/// context.
 pub(super) unsafe fn over_rec(
     quals: *mut pg_sys::List,
     rti: i32,
     rec_attno: i16,
     relid: pg_sys::Oid,
 ) -> *mut pg_sys::List {
+    if quals.is_null() {
+        return quals; // no policy
+    }
     let mut context = RecFields {
         rti,
         rec_attno,

@@ -60,33 +60,22 @@ pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>, rls_us
         unsafe { pg_sys::pg_class_aclcheck(relid, user, pg_sys::ACL_SELECT) } == ACLCHECK_OK;
     let refused: Option<String> = match columns {
         _ if table_ok => None,
-        None => {
-            // SAFETY: a privilege check by OIDs in the catalog, for every column.
-            let all = unsafe {
-                pg_sys::pg_attribute_aclcheck_all(
-                    relid,
-                    user,
-                    pg_sys::ACL_SELECT,
+        None | Some([]) => {
+            // Whole rows: every column; no column (as for `count(*)`): any one of them.
+            let (how, detail) = match columns {
+                None => (
                     pg_sys::AclMaskHow::ACLMASK_ALL,
-                )
-            };
-            (all != ACLCHECK_OK).then(|| {
-                "Reading whole rows of a table as of a snapshot needs SELECT on every column."
-                    .to_string()
-            })
-        }
-        Some([]) => {
-            // SAFETY: as above, for any column.
-            let any = unsafe {
-                pg_sys::pg_attribute_aclcheck_all(
-                    relid,
-                    user,
-                    pg_sys::ACL_SELECT,
+                    "Reading whole rows of a table as of a snapshot needs SELECT on every column.",
+                ),
+                _ => (
                     pg_sys::AclMaskHow::ACLMASK_ANY,
-                )
+                    "The query needs SELECT on at least one column of the table.",
+                ),
             };
-            (any != ACLCHECK_OK)
-                .then(|| "The query needs SELECT on at least one column of the table.".to_string())
+            // SAFETY: a privilege check by OIDs in the catalog, over the table's columns.
+            let result =
+                unsafe { pg_sys::pg_attribute_aclcheck_all(relid, user, pg_sys::ACL_SELECT, how) };
+            (result != ACLCHECK_OK).then(|| detail.to_string())
         }
         Some(columns) => columns
             .iter()

@@ -58,7 +58,6 @@ fn gsnap_restore(
     ),
 > {
     let snap = snap_id.unwrap_or_else(|| null_argument("the snapshot id of gsnap_restore"));
-    let triggers = triggers.unwrap_or_else(|| null_argument("triggers of gsnap_restore"));
     TableIterator::once(restore(rel, snap, condition, into_table, triggers))
 }
 
@@ -80,7 +79,6 @@ fn gsnap_restore_time(
 > {
     let t = taken_at.unwrap_or_else(|| null_argument("the time of gsnap_restore"));
     let snap = resolve_time(pg_sys::TimestampTz::from(t));
-    let triggers = triggers.unwrap_or_else(|| null_argument("triggers of gsnap_restore"));
     TableIterator::once(restore(rel, snap as i64, condition, into_table, triggers))
 }
 
@@ -174,9 +172,10 @@ fn restore(
     snap: i64,
     condition: Option<&str>,
     into_table: Option<&str>,
-    triggers: bool,
+    triggers: Option<bool>,
 ) -> Counts {
     require_gsnap_database();
+    let triggers = triggers.unwrap_or_else(|| null_argument("triggers of gsnap_restore"));
     let relid = rel
         .unwrap_or_else(|| null_argument("the table of gsnap_restore"))
         .0;
