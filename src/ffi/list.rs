@@ -57,3 +57,16 @@ pub unsafe fn iter<T>(list: *mut pg_sys::List) -> impl Iterator<Item = *mut T> {
     // SAFETY: `i` is below the length read above.
     (0..n).map(move |i| unsafe { nth::<T>(list, i) })
 }
+
+/// The OIDs of an OID list (`RelationGetIndexList`, `getOwnedSequences`), copied.
+///
+/// # Safety
+/// `list` is NIL or a valid OID list.
+pub unsafe fn oids(list: *mut pg_sys::List) -> Vec<pg_sys::Oid> {
+    // SAFETY: the caller's promise.
+    let n = unsafe { len(list) };
+    // SAFETY: `i` is below the length read above; an OID list's cells hold OIDs.
+    (0..n)
+        .map(|i| unsafe { pg_sys::list_nth_oid(list, i as i32) })
+        .collect()
+}

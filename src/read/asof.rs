@@ -64,6 +64,21 @@ impl AsofRows {
     ) -> AsofRows {
         let table: TableAtSnapshot = table::at(snap, relid);
         // SAFETY: the caller's promise.
+        unsafe { Self::open_at(relid, desc, snap, table, stored_tuples) }
+    }
+
+    /// [`AsofRows::open`] with what the snapshot holds of the table already looked up.
+    ///
+    /// # Safety
+    /// As for [`AsofRows::open`]; `desc` is only read here.
+    pub unsafe fn open_at(
+        relid: pg_sys::Oid,
+        desc: pg_sys::TupleDesc,
+        snap: u64,
+        table: TableAtSnapshot,
+        stored_tuples: bool,
+    ) -> AsofRows {
+        // SAFETY: the caller's promise.
         let current = unsafe { current_columns(desc) };
         let in_place = stored_tuples && columns::in_place(&table.row_type, &current);
         AsofRows {

@@ -218,7 +218,7 @@ fn conversion(row_type: &RowType, old: usize, now: &Column) -> Conversion {
 ///
 /// # Safety
 /// Call in a transaction; the caller frees the descriptor.
-unsafe fn old_descriptor(relid: pg_sys::Oid, row_type: &RowType) -> pg_sys::TupleDesc {
+pub(super) unsafe fn old_descriptor(relid: pg_sys::Oid, row_type: &RowType) -> pg_sys::TupleDesc {
     let natts = row_type.attributes.len();
     // SAFETY: a new descriptor of `natts` attributes, which it leaves uninitialized.
     let desc = unsafe { pg_sys::CreateTemplateTupleDesc(natts as i32) };

@@ -2,7 +2,8 @@
 //! (`table`), the pins on index groups and page images (`pins`), one snapshot's pages in
 //! block order (`pages`), tuples back into rows of today's row type (`decode`, `toast`),
 //! and the readers: one snapshot row by row (`asof`), a range of snapshots row version by
-//! row version (`range`), every distinct version of a range once with its run of snapshots
+//! row version (`range`), a table as a snapshot recorded it, without the live relation
+//! (`recorded`: dropped tables), every distinct version of a range once with its run of snapshots
 //! (`versions`, over `range`), and the difference between two snapshots (`diff`).
 //!
 //! The decisions these make that need no PostgreSQL (the column plan, the heap tuple layout,
@@ -15,6 +16,7 @@ pub mod diff;
 mod pages;
 mod pins;
 pub mod range;
+pub mod recorded;
 mod table;
 mod toast;
 pub mod versions;

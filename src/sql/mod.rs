@@ -9,6 +9,7 @@
 //! | `gsnap_versions` in FROM | `plan::paths`, `plan::nodes` | `exec::range_scan` | `read::versions` |
 //! | `gsnap_versions` elsewhere | (function scan) | `sql::versions` | `read::versions` |
 //! | `gsnap_diff` | (function scan) | `sql::diff` | `read::diff` |
+//! | `gsnap_asof_dropped`, `gsnap_undrop` | (function scan) | `sql::dropped` | `read::recorded` |
 //! | `gsnap_snapshot`, listings | | `sql::snapshots` | the worker (`ipc`) |
 //! | `gsnap_written_blocks`, `gsnap_full_capture_pending` | | `sql::spans` | the dirty sets |
 //!
@@ -18,6 +19,7 @@
 pub mod access;
 pub mod asof;
 pub mod diff;
+mod dropped;
 pub mod lifetimes;
 pub mod range;
 mod restore;

@@ -184,7 +184,8 @@ fn gsnap_pins() -> TableIterator<
     TableIterator::new(rows)
 }
 
-/// The tables of snapshot `snap_id`, with their size and storage at the time.
+/// The tables of snapshot `snap_id`, with their size and storage at the time, and whether
+/// each was dropped since (no relation has its OID now: read it with `gsnap_asof_dropped`).
 #[pg_extern(stable, parallel_safe)]
 fn gsnap_snapshot_tables(
     snap_id: i64,
@@ -196,17 +197,20 @@ fn gsnap_snapshot_tables(
         name!(blocks, i64),
         name!(relfilenode, pg_sys::Oid),
         name!(incarnation, i64),
+        name!(dropped, bool),
     ),
 > {
     require_gsnap_database();
     let rows = ipc::snapshot_tables(SnapId(snap_id as u64));
     TableIterator::new(rows.into_iter().map(|r| {
+        let oid = pg_sys::Oid::from(r.relid);
         (
-            pg_sys::Oid::from(r.relid),
+            oid,
             r.name,
             i64::from(r.nblocks),
             pg_sys::Oid::from(r.relfilenode),
             i64::from(r.rel.0),
+            crate::ffi::relation::relation_kind(oid).is_none(),
         )
     }))
 }

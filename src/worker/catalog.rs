@@ -1,5 +1,6 @@
 //! What the worker reads from PostgreSQL's catalog at declaration: which tables are gsnap
-//! tables, and for each its storage identity, size and row type.
+//! tables, and for each its storage identity, size, row type and definition
+//! (`definition.rs`).
 
 use crate::ffi::catalog::{for_each_row, name_of, output_function, string_from};
 use crate::ffi::relation::OpenRelation;
@@ -92,12 +93,15 @@ pub unsafe fn table_info(relid: u32) -> Option<TableInfo> {
     };
     // SAFETY: the open relation's file identity.
     let relfilenode = unsafe { (*rel.as_ptr()).rd_node.relNode.to_u32() };
+    // SAFETY: the open relation's descriptor; in a transaction.
+    let mut row_type = unsafe { row_type_of(rel.descriptor()) };
+    // SAFETY: the open, locked relation; in a transaction.
+    row_type.definition = Some(unsafe { super::definition::definition_of(&rel, &name) });
     Some(TableInfo {
         relid,
         relfilenode,
         nblocks,
-        // SAFETY: the open relation's descriptor; in a transaction.
-        row_type: unsafe { row_type_of(rel.descriptor()) },
+        row_type,
         name,
         logged: class.relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT,
     })
@@ -130,7 +134,10 @@ pub unsafe fn row_type_of(desc: pg_sys::TupleDesc) -> RowType {
             attribute(i, a, value.flatten())
         })
         .collect();
-    RowType { attributes }
+    RowType {
+        attributes,
+        definition: None,
+    }
 }
 
 /// Attribute `i` of a descriptor, `a`, with the value rows too short to hold it show.

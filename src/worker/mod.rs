@@ -10,6 +10,7 @@ mod background;
 mod capture;
 mod catalog;
 mod declare;
+mod definition;
 mod index;
 mod lifetimes;
 mod page;

@@ -166,6 +166,7 @@ mod tests {
     fn schema_changes() {
         // At the snapshot: c1 int4, c2 text, c3 dropped, c4 varchar(20), c5 int4.
         let old = RowType {
+            definition: None,
             attributes: vec![
                 attribute(1, INT4, -1),
                 attribute(2, TEXT, -1),
@@ -207,6 +208,7 @@ mod tests {
     #[test]
     fn a_gone_type_is_an_error_only_where_it_must_be_converted() {
         let old = RowType {
+            definition: None,
             attributes: vec![attribute(1, GONE, -1), attribute(2, GONE, -1)],
         };
         // Column 1 was dropped since: no error. Column 2 changed type: error.
@@ -242,6 +244,7 @@ mod tests {
     #[test]
     fn matched_by_attribute_number_even_out_of_order() {
         let old = RowType {
+            definition: None,
             attributes: vec![attribute(2, TEXT, -1), attribute(1, INT4, -1)],
         };
         let now = [column(INT4, -1), column(TEXT, -1)];
@@ -261,6 +264,7 @@ mod tests {
     #[test]
     fn in_place_cases() {
         let old = RowType {
+            definition: None,
             attributes: vec![attribute(1, INT4, -1), attribute(2, TEXT, -1)],
         };
         let same = [column(INT4, -1), column(TEXT, -1)];
@@ -299,6 +303,7 @@ mod tests {
             "a missing value to fill in"
         );
         let with_dropped = RowType {
+            definition: None,
             attributes: vec![attribute(1, INT4, -1), dropped(2)],
         };
         assert!(!in_place(&with_dropped, &same));
@@ -309,6 +314,7 @@ mod tests {
     fn arb_old() -> impl Strategy<Value = RowType> {
         proptest::collection::vec((any::<bool>(), 0u32..4, -1i32..1, any::<bool>()), 0..12)
             .prop_map(|atts| RowType {
+                definition: None,
                 attributes: atts
                     .into_iter()
                     .enumerate()

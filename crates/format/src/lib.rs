@@ -10,11 +10,14 @@
 //! - [`heap`]: PostgreSQL 15's heap tuple header and varlena headers, named once;
 //! - [`columns`]: how each of today's columns gets its value from a tuple of an older row type;
 //! - [`diff`]: which tuples of two views of a page differ, and which rows only moved;
-//! - [`versions`]: which tuples of consecutive images of a block are the same row version.
+//! - [`versions`]: which tuples of consecutive images of a block are the same row version;
+//! - [`definition`]: what a snapshot records to recreate a table (columns' defaults,
+//!   constraints, indexes, owner), and the SQL that recreates it after a DROP.
 
 #![forbid(unsafe_code)]
 
 pub mod columns;
+pub mod definition;
 pub mod diff;
 pub mod heap;
 pub mod rowtype;
@@ -127,6 +130,15 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// A string with a `u32` length (expressions and definitions may pass 64 KiB).
+    pub(crate) fn long_string(&mut self) -> Result<String, FormatError> {
+        let n = self.u32()? as usize;
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| {
+            FormatError::corrupt(format!("{} holds a string that is not UTF-8", self.what))
+        })
+    }
+
     pub(crate) fn end(&self) -> Result<(), FormatError> {
         if self.pos == self.bytes.len() {
             Ok(())
@@ -140,16 +152,27 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn version(&mut self, expected: u8) -> Result<(), FormatError> {
+        self.version_in(expected, expected).map(|_| ())
+    }
+
+    /// Reads a version byte that must be in `oldest..=newest`; returns it.
+    pub(crate) fn version_in(&mut self, oldest: u8, newest: u8) -> Result<u8, FormatError> {
         let v = self.u8()?;
-        if v == expected {
-            Ok(())
+        if (oldest..=newest).contains(&v) {
+            Ok(v)
         } else {
             Err(FormatError::corrupt(format!(
-                "{} has format version {v}, this gsnap reads version {expected}",
+                "{} has format version {v}, this gsnap reads versions {oldest} to {newest}",
                 self.what
             )))
         }
     }
+}
+
+/// Writes a string with a `u32` length (read back by `Reader::long_string`).
+pub(crate) fn put_long_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
 }
 
 pub(crate) fn put_string(out: &mut Vec<u8>, s: &str) {

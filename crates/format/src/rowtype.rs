@@ -6,11 +6,14 @@
 //! alignment `u8` (PostgreSQL's `c`/`s`/`i`/`d`), type OID `u32`, type modifier `i32`,
 //! collation OID `u32`, name, type name (as `format_type` printed it), and, if flagged, the
 //! missing value in text form (the value rows written before `ADD COLUMN ... DEFAULT` show).
-//! Strings are a `u16` length and UTF-8 bytes.
+//! Strings are a `u16` length and UTF-8 bytes. Version 2 appends the table's definition
+//! ([`crate::definition`]); a row type without one is still written as version 1.
 
+use crate::definition::TableDefinition;
 use crate::{put_string, FormatError, Reader};
 
 const VERSION: u8 = 1;
+const VERSION_WITH_DEFINITION: u8 = 2;
 const DROPPED: u8 = 1;
 const BYVAL: u8 = 2;
 const NOT_NULL: u8 = 4;
@@ -50,12 +53,20 @@ pub struct Attribute {
 pub struct RowType {
     /// Attributes, `attributes[i].attnum == i + 1`.
     pub attributes: Vec<Attribute>,
+    /// What recreating the table needs beyond its columns (recorded since row type
+    /// version 2).
+    pub definition: Option<TableDefinition>,
 }
 
 impl RowType {
     /// Encodes the row type.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![VERSION];
+        let version = if self.definition.is_some() {
+            VERSION_WITH_DEFINITION
+        } else {
+            VERSION
+        };
+        let mut out = vec![version];
         out.extend_from_slice(&(self.attributes.len() as u16).to_le_bytes());
         for a in &self.attributes {
             let flags = (if a.dropped { DROPPED } else { 0 })
@@ -77,13 +88,16 @@ impl RowType {
                 out.extend_from_slice(b);
             }
         }
+        if let Some(d) = &self.definition {
+            d.encode_into(&mut out);
+        }
         out
     }
 
     /// Decodes and checks a row type.
     pub fn decode(bytes: &[u8]) -> Result<RowType, FormatError> {
         let mut r = Reader::new(bytes, "row type");
-        r.version(VERSION)?;
+        let version = r.version_in(VERSION, VERSION_WITH_DEFINITION)?;
         let n = r.u16()?;
         let mut attributes = Vec::with_capacity(n as usize);
         for i in 0..n {
@@ -130,8 +144,16 @@ impl RowType {
                 missing,
             });
         }
+        let definition = if version == VERSION_WITH_DEFINITION {
+            Some(TableDefinition::decode_from(&mut r, attributes.len())?)
+        } else {
+            None
+        };
         r.end()?;
-        Ok(RowType { attributes })
+        Ok(RowType {
+            attributes,
+            definition,
+        })
     }
 }
 
@@ -141,6 +163,7 @@ mod tests {
 
     fn sample() -> RowType {
         RowType {
+            definition: None,
             attributes: vec![
                 Attribute {
                     attnum: 1,

@@ -1,0 +1,358 @@
+//! What the worker records at declaration, for each table, to recreate it after a DROP
+//! (`gsnap_format::definition`): defaults, generation expressions, identities, owned
+//! sequences and collations of the columns; primary key, unique, exclusion, check and
+//! foreign key constraints; other indexes; owner, persistence and row security flags.
+//!
+//! Everything is read from the relation cache and deparsed by PostgreSQL's own `ruleutils`
+//! (as `pg_dump` prints it), so the text is what `CREATE TABLE` and `ALTER TABLE` accept.
+//!
+//! Deparsing costs ~40 us a table, at every declaration: so definitions are cached per table
+//! (and qualified name) and dropped when PostgreSQL invalidates the relation cache entry of
+//! the table or of one of its indexes (every change of columns, defaults, constraints,
+//! indexes, owner or row security does), or all of them. The one change that sends no such
+//! invalidation, `ALTER SEQUENCE ... OWNED BY` alone, is recorded at the table's next change.
+
+use crate::ffi::catalog::string_from;
+use crate::ffi::list;
+use crate::ffi::relation::OpenRelation;
+use crate::ffi::tuple;
+use gsnap_format::definition::{
+    ColumnDefinition, Constraint, ConstraintKind, Identity, IndexDefinition, TableDefinition,
+};
+use pgrx::{pg_guard, pg_sys};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::CString;
+
+/// A cached definition: the table's name when it was read, and its indexes (whose
+/// invalidations drop it too).
+struct Cached {
+    qualified: String,
+    indexes: Vec<pg_sys::Oid>,
+    definition: TableDefinition,
+}
+
+/// What the relation cache invalidated since the cache was last looked at (None: all).
+enum Pending {
+    Some(Vec<pg_sys::Oid>),
+    All,
+}
+
+thread_local! {
+    static CACHE: RefCell<HashMap<pg_sys::Oid, Cached>> = RefCell::new(HashMap::new());
+    static PENDING: RefCell<Pending> = const { RefCell::new(Pending::Some(Vec::new())) };
+    static REGISTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// PostgreSQL's relation cache invalidation callback: notes what to drop (the cache itself
+/// is never touched here, so a callback during a lookup cannot disturb it).
+#[pg_guard]
+unsafe extern "C-unwind" fn invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        match &mut *p {
+            Pending::Some(list) if relid != pg_sys::InvalidOid && list.len() < 1024 => {
+                list.push(relid)
+            }
+            _ => *p = Pending::All,
+        }
+    });
+}
+
+/// Applies the invalidations noted since the last lookup.
+fn apply_invalidations() {
+    let pending =
+        PENDING.with(|p| std::mem::replace(&mut *p.borrow_mut(), Pending::Some(Vec::new())));
+    CACHE.with(|c| {
+        let mut cache = c.borrow_mut();
+        match pending {
+            Pending::All => cache.clear(),
+            Pending::Some(relids) if !relids.is_empty() => cache.retain(|relid, cached| {
+                !relids.contains(relid) && !cached.indexes.iter().any(|i| relids.contains(i))
+            }),
+            Pending::Some(_) => {}
+        }
+    });
+}
+
+/// The definition of an open table whose qualified name (as `quote_qualified_identifier`
+/// printed it) is `qualified`, from the cache if nothing changed it since.
+///
+/// # Safety
+/// `rel` is open and locked by this process; call in a transaction.
+pub unsafe fn definition_of(rel: &OpenRelation, qualified: &str) -> TableDefinition {
+    if !REGISTERED.get() {
+        // SAFETY: registers a callback with a static lifetime, once per process.
+        unsafe {
+            pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0usize))
+        };
+        REGISTERED.set(true);
+    }
+    apply_invalidations();
+    let relid = rel.oid();
+    let hit = CACHE.with(|c| {
+        c.borrow()
+            .get(&relid)
+            .filter(|cached| cached.qualified == qualified)
+            .map(|cached| cached.definition.clone())
+    });
+    if let Some(definition) = hit {
+        return definition;
+    }
+    // SAFETY: the caller's promise.
+    let definition = unsafe { read_definition(rel, qualified) };
+    // SAFETY: the open relation's index list (a copy).
+    let indexes = unsafe { list::oids(pg_sys::RelationGetIndexList(rel.as_ptr())) };
+    CACHE.with(|c| {
+        c.borrow_mut().insert(
+            relid,
+            Cached {
+                qualified: qualified.to_string(),
+                indexes,
+                definition: definition.clone(),
+            },
+        )
+    });
+    definition
+}
+
+/// Reads the definition of an open table from the catalog.
+///
+/// # Safety
+/// As for [`definition_of`].
+unsafe fn read_definition(rel: &OpenRelation, qualified: &str) -> TableDefinition {
+    let class = rel.class();
+    // SAFETY: a catalog lookup that returns NULL for a role that does not exist.
+    let owner_name = unsafe { pg_sys::GetUserNameFromId(class.relowner, true) };
+    TableDefinition {
+        owner: class.relowner.to_u32(),
+        owner_name: if owner_name.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a C string just returned.
+            unsafe { string_from(owner_name) }
+        },
+        unlogged: class.relpersistence as u8 == pg_sys::RELPERSISTENCE_UNLOGGED,
+        row_security: class.relrowsecurity,
+        force_row_security: class.relforcerowsecurity,
+        // SAFETY: the caller's promise.
+        columns: unsafe { columns(rel) },
+        // SAFETY: the caller's promise.
+        constraints: unsafe { constraints(rel) },
+        // SAFETY: the caller's promise.
+        indexes: unsafe { indexes(rel, qualified) },
+    }
+}
+
+/// Each attribute's column definition (empty for dropped attributes).
+unsafe fn columns(rel: &OpenRelation) -> Vec<ColumnDefinition> {
+    let desc = rel.descriptor();
+    let relid = rel.oid();
+    // SAFETY: the open relation's descriptor.
+    let (attrs, constr) = unsafe { (tuple::attributes(desc), (*desc).constr) };
+    let defaults: &[pg_sys::AttrDefault] = if constr.is_null() {
+        &[]
+    } else {
+        // SAFETY: the descriptor's defaults, `num_defval` of them.
+        unsafe {
+            let c = &*constr;
+            if c.defval.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(c.defval, usize::from(c.num_defval))
+            }
+        }
+    };
+    // SAFETY: in a transaction; a deparse context for expressions over this table.
+    let context = unsafe { pg_sys::deparse_context_for(rel.class().relname.data.as_ptr(), relid) };
+    // SAFETY: the table's owned sequences; each one's owner looked up in pg_depend.
+    let serial_columns: Vec<i32> = unsafe { list::oids(pg_sys::getOwnedSequences(relid)) }
+        .into_iter()
+        .filter_map(|seq| {
+            let (mut table, mut column) = (pg_sys::InvalidOid, 0i32);
+            // SAFETY: out-parameters of the lookup.
+            let owned = unsafe {
+                pg_sys::sequenceIsOwned(
+                    seq,
+                    pg_sys::DependencyType::DEPENDENCY_AUTO as std::ffi::c_char,
+                    &mut table,
+                    &mut column,
+                )
+            };
+            (owned && table == relid).then_some(column)
+        })
+        .collect();
+    attrs
+        .iter()
+        .map(|a| {
+            if a.attisdropped {
+                return ColumnDefinition::default();
+            }
+            let default = defaults
+                .iter()
+                .find(|d| d.adnum == a.attnum && !d.adbin.is_null())
+                // SAFETY: the default's expression tree in its stored form, deparsed over
+                // this table.
+                .map(|d| unsafe { deparse(d.adbin, context) });
+            // SAFETY: catalog lookup of the type's default collation.
+            let type_collation = unsafe { pg_sys::get_typcollation(a.atttypid) };
+            let collation = (a.attcollation != pg_sys::InvalidOid
+                && a.attcollation != type_collation)
+                // SAFETY: the column's collation, named as ruleutils names it.
+                .then(|| unsafe { string_from(pg_sys::generate_collation_name(a.attcollation)) });
+            ColumnDefinition {
+                serial: serial_columns.contains(&i32::from(a.attnum))
+                    && default.as_deref().is_some_and(|d| d.contains("nextval(")),
+                default,
+                generated: a.attgenerated as u8 == b's',
+                identity: match a.attidentity as u8 {
+                    b'a' => Some(Identity::Always),
+                    b'd' => Some(Identity::ByDefault),
+                    _ => None,
+                },
+                collation,
+            }
+        })
+        .collect()
+}
+
+/// An expression in its stored form (`nodeToString`), deparsed.
+unsafe fn deparse(stored: *const std::ffi::c_char, context: *mut pg_sys::List) -> String {
+    // SAFETY: the caller's promise: a stored expression and a deparse context for it.
+    unsafe {
+        let node = pg_sys::stringToNode(stored).cast::<pg_sys::Node>();
+        string_from(pg_sys::deparse_expression(node, context, false, false))
+    }
+}
+
+/// `pg_get_constraintdef(conoid)`.
+unsafe fn constraint_text(conoid: pg_sys::Oid) -> String {
+    // SAFETY: the built-in function found by its name, called with an OID; it returns text.
+    unsafe {
+        let function = pg_sys::fmgr_internal_function(c"pg_get_constraintdef".as_ptr());
+        let d =
+            pg_sys::OidFunctionCall1Coll(function, pg_sys::InvalidOid, pg_sys::Datum::from(conoid));
+        string_from(pg_sys::text_to_cstring(d.cast_mut_ptr()))
+    }
+}
+
+/// The table's constraints: those its indexes back, its checks, its foreign keys.
+unsafe fn constraints(rel: &OpenRelation) -> Vec<Constraint> {
+    let mut out = Vec::new();
+    // SAFETY: the open relation's index list (a copy).
+    for index in unsafe { list::oids(pg_sys::RelationGetIndexList(rel.as_ptr())) } {
+        // SAFETY: catalog lookups by OID.
+        let conoid = unsafe { pg_sys::get_index_constraint(index) };
+        if conoid == pg_sys::InvalidOid {
+            continue;
+        }
+        // SAFETY: the constraint's definition and name.
+        let (definition, name) = unsafe {
+            (
+                constraint_text(conoid),
+                string_from(pg_sys::get_constraint_name(conoid)),
+            )
+        };
+        let kind = if definition.starts_with("PRIMARY KEY") {
+            ConstraintKind::PrimaryKey
+        } else if definition.starts_with("EXCLUDE") {
+            ConstraintKind::Exclusion
+        } else {
+            ConstraintKind::Unique
+        };
+        out.push(Constraint {
+            name,
+            kind,
+            definition,
+        });
+    }
+    let desc = rel.descriptor();
+    // SAFETY: the open relation's descriptor and its check constraints.
+    let checks: &[pg_sys::ConstrCheck] = unsafe {
+        let constr = (*desc).constr;
+        if constr.is_null() || (*constr).check.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts((*constr).check, usize::from((*constr).num_check))
+        }
+    };
+    if !checks.is_empty() {
+        let relid = rel.oid();
+        // SAFETY: in a transaction; a deparse context for expressions over this table.
+        let context =
+            unsafe { pg_sys::deparse_context_for(rel.class().relname.data.as_ptr(), relid) };
+        for c in checks {
+            // SAFETY: the check's stored expression and name.
+            let (expr, name) = unsafe { (deparse(c.ccbin, context), string_from(c.ccname)) };
+            let mut definition = format!("CHECK ({expr})");
+            if c.ccnoinherit {
+                definition.push_str(" NO INHERIT");
+            }
+            if !c.ccvalid {
+                definition.push_str(" NOT VALID");
+            }
+            out.push(Constraint {
+                name,
+                kind: ConstraintKind::Check,
+                definition,
+            });
+        }
+    }
+    // SAFETY: the open relation's foreign keys (relcache entries).
+    for fk in unsafe {
+        list::iter::<pg_sys::ForeignKeyCacheInfo>(pg_sys::RelationGetFKeyList(rel.as_ptr()))
+    } {
+        // SAFETY: an entry of that list.
+        let conoid = unsafe { (*fk).conoid };
+        // SAFETY: the constraint's definition and name.
+        let (definition, name) = unsafe {
+            (
+                constraint_text(conoid),
+                string_from(pg_sys::get_constraint_name(conoid)),
+            )
+        };
+        out.push(Constraint {
+            name,
+            kind: ConstraintKind::ForeignKey,
+            definition,
+        });
+    }
+    out
+}
+
+/// The table's indexes that back no constraint.
+unsafe fn indexes(rel: &OpenRelation, qualified: &str) -> Vec<IndexDefinition> {
+    let mut out = Vec::new();
+    // SAFETY: the open relation's index list (a copy).
+    for index in unsafe { list::oids(pg_sys::RelationGetIndexList(rel.as_ptr())) } {
+        // SAFETY: catalog lookups by OID.
+        if unsafe { pg_sys::get_index_constraint(index) } != pg_sys::InvalidOid {
+            continue;
+        }
+        // SAFETY: catalog lookups by OID; the index exists (the table is locked).
+        let (text, name) = unsafe {
+            (
+                string_from(pg_sys::pg_get_indexdef_string(index)),
+                string_from(pg_sys::get_rel_name(index)),
+            )
+        };
+        let c_name = CString::new(name.as_str()).unwrap_or_default();
+        // SAFETY: quotes a C string.
+        let quoted = unsafe { string_from(pg_sys::quote_identifier(c_name.as_ptr())) };
+        let unique = text.starts_with("CREATE UNIQUE INDEX ");
+        let prefix = format!(
+            "CREATE {}INDEX {quoted} ON {qualified} USING ",
+            if unique { "UNIQUE " } else { "" }
+        );
+        if let Some(body) = text.strip_prefix(&prefix) {
+            out.push(IndexDefinition {
+                name,
+                unique,
+                body: body.to_string(),
+            });
+        } else {
+            pgrx::log!("gsnap: index {name} is not recorded: unexpected definition {text}");
+        }
+    }
+    out
+}

@@ -1,0 +1,274 @@
+"""Dropped tables (issue 10, point 2): each snapshot records what recreating a table needs
+(columns, defaults, identity, serial and generated columns, collations, constraints, indexes,
+owner), so a table dropped since can be listed, read and recreated from SQL.
+
+Differential: the rows gsnap_asof_dropped and gsnap_undrop give back equal the rows the table
+held at the snapshot (read with gsnap_asof before the DROP), after DROP, after DROP + CREATE of
+another table with the same name, after DROP SCHEMA CASCADE, with TOASTed values and dropped
+columns. Then the definition (constraints enforced again, sequences continuing), privileges
+(owner only), rollback, types gone, bad input.
+"""
+
+import random
+from collections import Counter
+
+import psycopg
+import pytest
+
+from cluster import gsnap_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from gsnap_cluster("undrop")
+
+
+@pytest.fixture()
+def conn(cluster):
+    with cluster.connect() as c:
+        c.autocommit = True
+        yield c
+
+
+def snapshot(conn) -> int:
+    return conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+
+
+def rows(conn, query: str, *args) -> Counter:
+    return Counter(conn.execute(query, args).fetchall())
+
+
+def big(rng: random.Random) -> str:
+    return "".join(f"{rng.getrandbits(64):016x}" for _ in range(300))  # TOASTed, incompressible
+
+
+def sqlstate(conn, query: str, *args) -> str | None:
+    try:
+        conn.execute(query, args)
+    except psycopg.Error as e:
+        return e.sqlstate
+    return None
+
+
+def notices(conn) -> list[str]:
+    seen: list[str] = []
+    conn.add_notice_handler(lambda d: seen.append(d.message_primary))
+    return seen
+
+
+def test_a_dropped_table_is_listed_read_and_recreated_with_its_rows(conn):
+    rng = random.Random(1)
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, gone int, note text, pad text) USING gsnap")
+    conn.execute("INSERT INTO orders SELECT g, g, 'n' || g, NULL FROM generate_series(1, 2000) g")
+    for i in rng.sample(range(1, 2001), 40):
+        conn.execute("UPDATE orders SET pad = %s WHERE id = %s", (big(rng), i))
+    conn.execute("ALTER TABLE orders DROP COLUMN gone")
+    conn.execute("DELETE FROM orders WHERE id % 17 = 0")
+    s = snapshot(conn)
+    truth = rows(conn, "SELECT * FROM gsnap_asof(NULL::orders, %s)", s)
+    assert sum(truth.values()) == 2000 - 2000 // 17
+    conn.execute("DROP TABLE orders")
+
+    listed = conn.execute("SELECT table_name, dropped FROM gsnap_snapshot_tables(%s) "
+                          "WHERE table_name = 'public.orders'", (s,)).fetchall()
+    assert listed == [("public.orders", True)]
+    read = rows(conn, "SELECT * FROM gsnap_asof_dropped('public.orders', %s) "
+                      "AS t(id int, note text, pad text)", s)
+    assert read == truth
+    # An unqualified name finds the table too; the time form finds the same snapshot.
+    assert rows(conn, "SELECT * FROM gsnap_asof_dropped('orders', %s) AS t(id int, note text, pad text)",
+                s) == truth
+    taken = conn.execute("SELECT taken_at FROM gsnap_snapshots() WHERE snap_id = %s", (s,)).fetchone()[0]
+    assert rows(conn, "SELECT * FROM gsnap_asof_dropped('orders', %s::timestamptz) "
+                      "AS t(id int, note text, pad text)", taken) == truth
+
+    seen = notices(conn)
+    assert conn.execute("SELECT gsnap_undrop('public.orders', %s)", (s,)).fetchone()[0] == len(list(truth.elements()))
+    assert any("loaded" in n for n in seen)
+    assert rows(conn, "SELECT * FROM orders") == truth
+    assert conn.execute("SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam "
+                        "WHERE c.oid = 'orders'::regclass").fetchone()[0] == "gsnap"
+    # The primary key is back under its name, and enforced.
+    assert conn.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'orders'::regclass "
+                        "AND contype = 'p'").fetchone()[0] == "orders_pkey"
+    assert sqlstate(conn, "INSERT INTO orders VALUES (1, 'x', NULL)") == "23505"
+    # The recreated table is captured like any other.
+    s2 = snapshot(conn)
+    assert rows(conn, "SELECT * FROM gsnap_asof(NULL::orders, %s)", s2) == truth
+
+
+def test_undrop_after_another_table_took_the_name_needs_a_new_name(conn):
+    conn.execute("CREATE TABLE reused (id int PRIMARY KEY, v text) USING gsnap")
+    conn.execute("CREATE INDEX reused_v ON reused (v)")
+    conn.execute("INSERT INTO reused SELECT g, 'old' || g FROM generate_series(1, 500) g")
+    s = snapshot(conn)
+    conn.execute("DROP TABLE reused")
+    conn.execute("CREATE TABLE reused (id int PRIMARY KEY, v text, w int) USING gsnap")
+    conn.execute("INSERT INTO reused VALUES (1, 'new', 1)")
+    s2 = snapshot(conn)
+    assert sqlstate(conn, "SELECT gsnap_undrop('reused', %s)", s) == "42P07"
+    assert conn.execute("SELECT gsnap_undrop('reused', %s, 'reused_old')", (s,)).fetchone()[0] == 500
+    assert rows(conn, "SELECT * FROM reused_old") == Counter((g, f"old{g}") for g in range(1, 501))
+    # PostgreSQL chose the names of the constraint and index of the copy; the live table kept its own.
+    idx = sorted(r[0] for r in conn.execute(
+        "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'reused_old'::regclass"))
+    assert idx == ["reused_old_pkey", "reused_old_v_idx"]
+    assert rows(conn, "SELECT * FROM reused") == Counter([(1, "new", 1)])
+    # Each snapshot resolves the name to the table it held then.
+    assert rows(conn, "SELECT * FROM gsnap_asof_dropped('reused', %s) AS t(id int, v text, w int)",
+                s2) == Counter([(1, "new", 1)])
+    assert conn.execute("SELECT dropped FROM gsnap_snapshot_tables(%s) WHERE table_name = 'public.reused'",
+                        (s2,)).fetchone()[0] is False
+
+
+def test_undrop_after_drop_schema_cascade(conn):
+    conn.execute("CREATE SCHEMA shop")
+    conn.execute('CREATE TABLE shop."Items" (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, '
+                 "name text NOT NULL COLLATE \"C\", qty int DEFAULT 1 CHECK (qty >= 0), "
+                 "total int GENERATED ALWAYS AS (qty * 10) STORED)")
+    conn.execute('ALTER TABLE shop."Items" SET ACCESS METHOD gsnap')
+    conn.execute('INSERT INTO shop."Items" (name, qty) SELECT \'i\' || g, g % 5 FROM generate_series(1, 300) g')
+    conn.execute('CREATE UNIQUE INDEX items_name ON shop."Items" (lower(name)) WHERE qty > 0')
+    s = snapshot(conn)
+    truth = rows(conn, 'SELECT * FROM gsnap_asof(NULL::shop."Items", %s)', s)
+    conn.execute("DROP SCHEMA shop CASCADE")
+    assert sqlstate(conn, "SELECT gsnap_undrop('shop.\"Items\"', %s)", s) == "3F000"
+    conn.execute("CREATE SCHEMA shop")
+    conn.execute("SELECT gsnap_undrop('shop.\"Items\"', %s)", (s,))
+    assert rows(conn, 'SELECT * FROM shop."Items"') == truth
+    # Identity continues after the highest id, the default, check, collation and generated
+    # column are back, and so is the partial unique index under its name.
+    conn.execute('INSERT INTO shop."Items" (name) VALUES (\'added\')')
+    assert conn.execute('SELECT id, qty, total FROM shop."Items" WHERE name = \'added\'').fetchone() == (301, 1, 10)
+    assert sqlstate(conn, 'INSERT INTO shop."Items" (name, qty) VALUES (\'neg\', -1)') == "23514"
+    assert sqlstate(conn, 'INSERT INTO shop."Items" (id, name) VALUES (999, \'x\')') == "428C9"
+    assert sqlstate(conn, 'INSERT INTO shop."Items" (name, qty) VALUES (\'I1\', 3)') == "23505"
+    assert conn.execute("SELECT collation_name FROM information_schema.columns WHERE table_schema = 'shop' "
+                        "AND column_name = 'name'").fetchone()[0] == "C"
+    definition = conn.execute("SELECT gsnap_table_definition('shop.\"Items\"', %s)", (s,)).fetchone()[0]
+    assert "GENERATED ALWAYS AS IDENTITY" in definition and "items_name" in definition
+
+
+def test_serial_columns_foreign_keys_and_rollback(conn):
+    conn.execute("CREATE TABLE parent_p (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO parent_p VALUES (1), (2)")
+    conn.execute("CREATE TABLE child_c (id serial PRIMARY KEY, p int REFERENCES parent_p, "
+                 "at date DEFAULT current_date) USING gsnap")
+    conn.execute("INSERT INTO child_c (p) SELECT 1 + g % 2 FROM generate_series(1, 100) g")
+    s = snapshot(conn)
+    truth = rows(conn, "SELECT * FROM gsnap_asof(NULL::child_c, %s)", s)
+    conn.execute("DROP TABLE child_c")
+    seen = notices(conn)
+    conn.execute("SELECT gsnap_undrop('child_c', %s)", (s,))
+    assert rows(conn, "SELECT * FROM child_c") == truth
+    assert any("foreign key child_c_p_fkey is not recreated" in n for n in seen)
+    # The serial column has a sequence of its own again, continuing after the rows loaded.
+    assert conn.execute("INSERT INTO child_c (p) VALUES (1) RETURNING id").fetchone()[0] == 101
+    # All or nothing: undone with its transaction.
+    conn.execute("DROP TABLE child_c")
+    conn.execute("BEGIN")
+    conn.execute("SELECT gsnap_undrop('child_c', %s)", (s,))
+    conn.execute("ROLLBACK")
+    assert conn.execute("SELECT to_regclass('child_c')").fetchone()[0] is None
+
+
+def test_only_the_owner_and_superusers_read_a_dropped_table(cluster, conn):
+    conn.execute("CREATE ROLE ud_owner LOGIN")
+    conn.execute("CREATE ROLE ud_reader LOGIN")
+    conn.execute("GRANT CREATE ON SCHEMA public TO ud_owner, ud_reader")
+    with cluster.connect(user="ud_owner") as o:
+        o.execute("CREATE TABLE secret (id int, v text) USING gsnap")
+        o.execute("INSERT INTO secret VALUES (1, 'hidden')")
+        o.execute("GRANT SELECT ON secret TO ud_reader")
+    s = snapshot(conn)
+    with cluster.connect(user="ud_reader") as r:
+        assert r.execute("SELECT count(*) FROM gsnap_asof(NULL::secret, %s)", (s,)).fetchone()[0] == 1
+    conn.execute("DROP TABLE secret")
+    with cluster.connect(user="ud_reader") as r:
+        # The grant died with the table: only its owner at the snapshot may read it now.
+        assert sqlstate(r, "SELECT * FROM gsnap_asof_dropped('secret', %s) AS t(id int, v text)", s) == "42501"
+        assert sqlstate(r, "SELECT gsnap_undrop('secret', %s)", s) == "42501"
+        assert sqlstate(r, "SELECT gsnap_table_definition('secret', %s)", s) == "42501"
+    with cluster.connect(user="ud_owner") as o:
+        assert o.execute("SELECT * FROM gsnap_asof_dropped('secret', %s) AS t(id int, v text)",
+                         (s,)).fetchall() == [(1, "hidden")]
+    # A superuser's undrop gives the table back to its owner.
+    conn.execute("SELECT gsnap_undrop('secret', %s)", (s,))
+    assert conn.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'secret'").fetchone()[0] == "ud_owner"
+
+
+def test_a_forced_row_security_table_is_readable_by_superusers_only(cluster, conn):
+    conn.execute("CREATE ROLE ud_rls LOGIN")
+    conn.execute("GRANT CREATE ON SCHEMA public TO ud_rls")
+    with cluster.connect(user="ud_rls") as o:
+        o.execute("CREATE TABLE forced (id int, owner_name text) USING gsnap")
+        o.execute("INSERT INTO forced VALUES (1, 'a'), (2, 'b')")
+        o.execute("ALTER TABLE forced ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY")
+        o.execute("CREATE POLICY only_a ON forced USING (owner_name = 'a')")
+    s = snapshot(conn)
+    conn.execute("DROP TABLE forced")
+    with cluster.connect(user="ud_rls") as o:
+        assert sqlstate(o, "SELECT * FROM gsnap_asof_dropped('forced', %s) AS t(id int, o text)", s) == "42501"
+    seen = notices(conn)
+    conn.execute("SELECT gsnap_undrop('forced', %s)", (s,))
+    assert any("policies are not recorded" in n for n in seen)
+    assert conn.execute("SELECT relrowsecurity, relforcerowsecurity FROM pg_class "
+                        "WHERE oid = 'forced'::regclass").fetchone() == (True, True)
+
+
+def test_bad_input_and_types_gone(conn):
+    conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
+    conn.execute("CREATE TABLE moods (id int, m mood) USING gsnap")
+    conn.execute("INSERT INTO moods VALUES (1, 'ok')")
+    s = snapshot(conn)
+    conn.execute("DROP TABLE moods")
+    conn.execute("DROP TYPE mood")
+    for query in ("SELECT * FROM gsnap_asof_dropped('moods', %s) AS t(id int, m text)",
+                  "SELECT gsnap_undrop('moods', %s)"):
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute(query, (s,))
+        assert e.value.sqlstate == "42704" and "mood" in e.value.diag.message_primary
+    conn.execute("CREATE TABLE shape (id int, v text) USING gsnap")
+    s2 = snapshot(conn)
+    conn.execute("DROP TABLE shape")
+    # A column list that does not match the recorded columns says which one would.
+    with pytest.raises(psycopg.Error) as e:
+        conn.execute("SELECT * FROM gsnap_asof_dropped('shape', %s) AS t(id int)", (s2,))
+    assert e.value.sqlstate == "42804" and "AS t(id integer, v text)" in e.value.diag.message_hint
+    assert sqlstate(conn, "SELECT * FROM gsnap_asof_dropped('nosuch', %s) AS t(id int)", s2) == "42P01"
+    assert sqlstate(conn, "SELECT * FROM gsnap_asof_dropped(NULL, %s) AS t(id int)", s2) == "22004"
+    assert sqlstate(conn, "SELECT * FROM gsnap_asof_dropped('shape', NULL::bigint) AS t(id int)") == "22004"
+    assert sqlstate(conn, "SELECT * FROM gsnap_asof_dropped('shape', 0) AS t(id int)") == "22023"
+    assert sqlstate(conn, "SELECT * FROM gsnap_asof_dropped('\"unterminated', %s) AS t(id int)", s2) == "42602"
+    assert sqlstate(conn, "SELECT * FROM gsnap_asof_dropped('shape', %s)", s2) == "42601"
+    assert sqlstate(conn, "SELECT gsnap_undrop('shape', %s, 'a.b.c.d')", s2) is not None
+
+
+def test_each_snapshot_records_the_definition_the_table_had_then(cluster, conn):
+    """The worker caches definitions between declarations: every kind of change must reach
+    the next snapshot (relation cache invalidations of the table or of its indexes)."""
+    conn.execute("CREATE ROLE ud_next LOGIN")
+    conn.execute("CREATE TABLE evolving (id int, v text) USING gsnap")
+    changes = [
+        ("ALTER TABLE evolving ADD PRIMARY KEY (id)", "PRIMARY KEY (id)"),
+        ("CREATE INDEX ev_v ON evolving (v)", "CREATE INDEX ev_v ON"),
+        ("ALTER INDEX ev_v RENAME TO ev_v2", "CREATE INDEX ev_v2 ON"),
+        ("ALTER TABLE evolving ALTER v SET DEFAULT 'd'", "DEFAULT 'd'::text"),
+        ("ALTER TABLE evolving ADD CONSTRAINT v_short CHECK (length(v) < 9)", "v_short CHECK"),
+        ("ALTER TABLE evolving RENAME CONSTRAINT v_short TO v_shorter", "v_shorter CHECK"),
+        ("ALTER TABLE evolving ALTER v TYPE varchar(20)", "character varying(20)"),
+        ("ALTER TABLE evolving RENAME TO evolved", "CREATE TABLE public.evolved"),
+    ]
+    before = conn.execute("SELECT gsnap_table_definition('evolving', %s)", (snapshot(conn),)).fetchone()[0]
+    for change, expected in changes:
+        conn.execute(change)
+        name = "evolved" if "RENAME TO evolved" in change else "evolving"
+        after = conn.execute("SELECT gsnap_table_definition(%s, %s)", (name, snapshot(conn))).fetchone()[0]
+        assert expected in after and expected not in before, (change, after)
+        before = after
+    conn.execute("ALTER TABLE evolved OWNER TO ud_next")
+    s = snapshot(conn)
+    conn.execute("DROP TABLE evolved")
+    with cluster.connect(user="ud_next") as o:
+        assert o.execute("SELECT count(*) FROM gsnap_asof_dropped('evolved', %s) AS t(id int, v varchar(20))",
+                         (s,)).fetchone()[0] == 0
