@@ -161,6 +161,13 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
     out.append(("gsnap_versions", [good_rel, "NULL", "NULL"], ["unknown", "unknown"]))
     for i in ids:
         out.append(("gsnap_snapshot_tables", [i], []))
+    # dropped tables: names odd in turn (quotes, too many parts, empty, NULL, another's)
+    names = ["'fz_t'", "'public.fz_t'", "NULL", "''", "'\"fz_t'", "'a.b.c.d'", "'pg_class'",
+             "'fz_nosuch'", "' fz_t '", "'public.'"]
+    for fn in ("gsnap_asof_dropped", "gsnap_table_definition", "gsnap_undrop"):
+        out += [(fn, [n, good_id], []) for n in names]
+        out += [(fn, ["'fz_t'", i], []) for i in ids]
+    out += [("gsnap_asof_dropped", ["'fz_t'", t], []) for t in times]
     for r in ctx.regclasses():
         out.append(("gsnap_written_blocks", [r], []))
         out.append(("gsnap_full_capture_pending", [r], []))
@@ -175,6 +182,10 @@ def statements(fn: str, args: list[str], types: list[str]) -> list[tuple[str, li
     """The contexts of one call: (context, statements run in order in one session)."""
     call = f"{fn}({', '.join(args)})"
     out = [("from", [f"SELECT * FROM {call}"]), ("select", [f"SELECT {call}"])]
+    if fn == "gsnap_asof_dropped":
+        # a record needs a column definition list in FROM: a right one and a wrong one
+        out.append(("from", [f"SELECT * FROM {call} AS x(id int, v text)"]))
+        out.append(("from", [f"SELECT * FROM {call} AS x(a int, b text, c int)"]))
     if fn == "gsnap_asof" and (args[0].startswith("ROW(") or args[0] == "NULL::record"):
         # a record needs a column definition list in FROM
         out.append(("from", [f"SELECT * FROM {call} AS x(a int, b text)"]))

@@ -233,6 +233,20 @@ unsafe fn asof_dropped(
     // SAFETY: the caller's promise.
     let call = unsafe { Call::new(fcinfo) };
     require_gsnap_database();
+    let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
+    // SAFETY: the call's info; the lookup resolves a record result from the column
+    // definition list the call site gave, if any (the descriptor is not kept).
+    let kind = unsafe { pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc) };
+    if kind != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
+        error(
+            PgSqlErrorCode::ERRCODE_SYNTAX_ERROR,
+            "gsnap_asof_dropped must be called in FROM with a column definition list",
+        )
+        .hint(
+            "SELECT * FROM gsnap_asof_dropped('public.orders', 42) AS t(id int, note text);              gsnap_table_definition() shows the columns.",
+        )
+        .raise();
+    }
     let name = text_argument(call, 0, "the table name of gsnap_asof_dropped");
     let snap = snapshot(call);
     let t = find(snap, &name);
