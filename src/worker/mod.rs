@@ -39,7 +39,10 @@ pub(crate) type Store = SnapshotStore<RocksBackend>;
 /// types, sealed group bodies). Bump it with any of their formats; an older store is then
 /// refused with a clear error instead of being misread. (The store's own records, the mapping
 /// log and group metadata included, are versioned by the store's format version.)
-const CONTENT_VERSION: u32 = 2;
+/// Version 3: row types may carry the table's definition (row type format 2).
+const CONTENT_VERSION: u32 = 3;
+/// The oldest content version this gsnap reads (a store of version 2 is raised to 3).
+const OLDEST_CONTENT_VERSION: u32 = 2;
 pub(crate) use catalog::{now_unix_us, UNIX_TO_PG_EPOCH_US};
 
 /// Registers the worker with the postmaster; called from `_PG_init` during preload.
@@ -372,6 +375,7 @@ impl Worker {
         let sysid = unsafe { pg_sys::GetSystemIdentifier() };
         let options = StoreOptions {
             content_version: CONTENT_VERSION,
+            oldest_content_version: OLDEST_CONTENT_VERSION,
             ..StoreOptions::new(sysid)
         };
         match Store::open_dir(std::path::Path::new(&dir), options) {

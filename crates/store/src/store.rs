@@ -45,8 +45,12 @@ pub struct StoreOptions {
     pub id_lease: u64,
     /// The version of what the caller stores in images, row types and groups (opaque to the
     /// store). Recorded when the store is created; opening a store recorded with another
-    /// version is refused (Incompatible). 0: no check.
+    /// version is refused (Incompatible), unless it is an older one the caller still reads
+    /// (`oldest_content_version`): the record is then raised to this version, so that the
+    /// build that wrote it refuses the store once newer content may be in it. 0: no check.
     pub content_version: u32,
+    /// The oldest content version the caller reads (0: only `content_version`).
+    pub oldest_content_version: u32,
     /// The shape of a new store's mapping log: entries per node and Skippy levels above
     /// level 0. Used only when the store is created (it is then recorded in the format
     /// record, and an existing store keeps its own).
@@ -63,6 +67,7 @@ impl StoreOptions {
             max_batch_bytes: 4 << 20,
             id_lease: 1 << 16,
             content_version: 0,
+            oldest_content_version: 0,
             mapping_log: SkippyConfig::default(),
         }
     }
@@ -180,7 +185,7 @@ impl<B: KvBackend> SnapshotStore<B> {
                 identity.system_identifier, options.system_identifier
             )));
         }
-        check_content_version(&backend, options.content_version, &where_)?;
+        check_content_version(&backend, &options, &where_)?;
         let ids = load_counters(&backend)?;
         let mut catalog = CatalogState::default();
         for entry in Scan::prefix(&backend, Cf::Catalog, &[keys::TAG_SNAPSHOT])? {
@@ -426,28 +431,45 @@ impl<B: KvBackend> SnapshotStore<B> {
 }
 
 /// Writes the format record and initial counters into an empty backend.
-/// Records (first time) or checks the caller's content version.
-fn check_content_version<B: KvBackend>(backend: &B, wanted: u32, where_: &str) -> Result<()> {
+/// Records (first time) or checks the caller's content version, raising an older one the
+/// caller reads to its own.
+fn check_content_version<B: KvBackend>(
+    backend: &B,
+    options: &StoreOptions,
+    where_: &str,
+) -> Result<()> {
+    let wanted = options.content_version;
     if wanted == 0 {
         return Ok(());
     }
-    match backend.get(Cf::Meta, keys::CONTENT_VERSION_KEY)? {
-        Some(v) => {
-            let found = v
-                .as_slice()
+    let oldest = match options.oldest_content_version {
+        0 => wanted,
+        v => v.min(wanted),
+    };
+    let found = match backend.get(Cf::Meta, keys::CONTENT_VERSION_KEY)? {
+        Some(v) => Some(
+            v.as_slice()
                 .try_into()
                 .map(u32::from_be_bytes)
-                .map_err(|_| StoreError::corrupt(format!("{where_}: content version record")))?;
-            if found != wanted {
-                return Err(StoreError::incompatible(format!(
-                    "{where_} holds snapshots written in content format {found}, and this gsnap \
-                     reads format {wanted}: keep it with the gsnap version that wrote it, or \
-                     move it aside to start a new store"
-                )));
-            }
-            Ok(())
+                .map_err(|_| StoreError::corrupt(format!("{where_}: content version record")))?,
+        ),
+        None => None,
+    };
+    match found {
+        Some(found) if found == wanted => Ok(()),
+        Some(found) if !(oldest..=wanted).contains(&found) => {
+            let reads = if oldest == wanted {
+                format!("format {wanted}")
+            } else {
+                format!("formats {oldest} to {wanted}")
+            };
+            Err(StoreError::incompatible(format!(
+                "{where_} holds snapshots written in content format {found}, and this gsnap \
+                 reads {reads}: keep it with the gsnap version that wrote it, or move it \
+                 aside to start a new store"
+            )))
         }
-        None => {
+        _ => {
             let mut b = WriteBatch::new();
             b.put(Cf::Meta, keys::CONTENT_VERSION_KEY, &wanted.to_be_bytes());
             backend.write(&b, true)

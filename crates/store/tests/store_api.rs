@@ -689,6 +689,44 @@ fn a_store_of_another_content_version_is_refused() {
 }
 
 #[test]
+fn an_older_content_version_the_caller_reads_is_raised_to_its_own() {
+    let backend = MemBackend::new();
+    let old = StoreOptions {
+        content_version: 2,
+        ..StoreOptions::new(42)
+    };
+    drop(SnapshotStore::open(backend.clone(), old.clone()).unwrap());
+    let new = StoreOptions {
+        content_version: 3,
+        oldest_content_version: 2,
+        ..StoreOptions::new(42)
+    };
+    drop(SnapshotStore::open(backend.clone(), new.clone()).unwrap());
+    // Raised: the build that wrote version 2 now refuses the store, the new one opens it.
+    let err = SnapshotStore::open(backend.clone(), old).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Incompatible);
+    assert!(
+        err.message().contains("content format 3"),
+        "{}",
+        err.message()
+    );
+    drop(SnapshotStore::open(backend.clone(), new).unwrap());
+    // A version older than the oldest read is still refused, naming the range.
+    let newer = StoreOptions {
+        content_version: 5,
+        oldest_content_version: 4,
+        ..StoreOptions::new(42)
+    };
+    let err = SnapshotStore::open(backend, newer).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Incompatible);
+    assert!(
+        err.message().contains("formats 4 to 5"),
+        "{}",
+        err.message()
+    );
+}
+
+#[test]
 fn a_format_1_store_is_refused_with_both_versions_named() {
     // A store of format version 1 (before the mapping log was kept once): its format record
     // has the version 1 and no mapping log shape.
