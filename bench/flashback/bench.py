@@ -9,6 +9,11 @@
             gsnap_asof(NULL::t, s)`. Each is timed inside a transaction that is then rolled
             back (and the table vacuumed), alternately, so both start from the same table;
             the restore's result is checked against the snapshot once per fraction.
+2. undrop   gsnap_undrop() of a dropped table of --undrop-mb MB (pgbench_accounts' width, a
+            primary key and one more index) against CREATE TABLE ... USING gsnap AS SELECT
+            from the same snapshot (gsnap_asof_dropped: the same reader), alone and followed
+            by the same index builds; each timed in a transaction then rolled back,
+            alternately; the undropped rows are checked against the snapshot once.
 
 Results: CSV and summary.json under --out, plots by plot.py. The machine is shared: the two
 ways are measured interleaved and compared as ratios within a round.
@@ -24,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import BenchBase, Cluster, arg_parser, log, md_table, write_csv  # noqa: E402
 
-BENCHMARKS = ["restore"]
+BENCHMARKS = ["restore", "undrop"]
 # Updates of a fraction of the rows, spread evenly: every id that is a multiple of the step.
 FRACTIONS = [(0.005, 200), (0.05, 20), (0.5, 2)]
 
@@ -97,17 +102,74 @@ def bench_restore(b: Bench) -> None:
     b.drop(c)
 
 
+def bench_undrop(b: Bench) -> None:
+    a = b.args
+    rows = a.undrop_mb * 8_400  # ~8,400 rows of this width per MB of heap
+    log(f"== 2. gsnap_undrop of a dropped table of {rows:,} rows (~{a.undrop_mb} MB) vs CREATE TABLE AS")
+    c = b.cluster("undrop")
+    conn = c.connect()
+    conn.execute("CREATE TABLE u (id int PRIMARY KEY, k int NOT NULL, v int NOT NULL, pad char(84) NOT NULL) "
+                 "USING gsnap")
+    conn.execute(f"INSERT INTO u SELECT g, g % 1000, g % 7, '' FROM generate_series(1, {rows}) g")
+    conn.execute("CREATE INDEX u_k ON u (k)")
+    conn.execute("VACUUM (FREEZE, ANALYZE) u")
+    mb = conn.execute("SELECT pg_relation_size('u') / 1048576").fetchone()[0]
+    t = time.perf_counter()
+    snap = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+    log(f"   table {mb} MB, snapshot {snap} taken in {time.perf_counter() - t:.1f} s")
+    want = conn.execute(f"SELECT count(*), sum(v), sum(k) FROM gsnap_asof(NULL::u, {snap})").fetchone()
+    conn.execute("DROP TABLE u")
+    cols = "id int, k int, v int, pad char(84)"
+    ctas = f"CREATE TABLE u USING gsnap AS SELECT * FROM gsnap_asof_dropped('u', {snap}) AS x({cols})"
+    indexes = ["ALTER TABLE u ADD PRIMARY KEY (id)", "CREATE INDEX u_k ON u (k)"]
+    ours = [f"SELECT gsnap_undrop('u', {snap})"]
+    conn.execute("BEGIN")
+    conn.execute(ours[0])
+    got = conn.execute("SELECT count(*), sum(v), sum(k) FROM u").fetchone()
+    conn.execute("ROLLBACK")
+    assert got == want, (got, want)
+    ways = [("gsnap_undrop", ours), ("ctas", [ctas]), ("ctas_indexes", [ctas, *indexes])]
+    out = []
+    for r in range(a.rounds):
+        order = ways if r % 2 == 0 else list(reversed(ways))
+        took = {}
+        for name, stmts in order:
+            conn.execute("BEGIN")
+            t = time.perf_counter()
+            for st in stmts:
+                conn.execute(st)
+            took[name] = time.perf_counter() - t
+            conn.execute("ROLLBACK")
+        out.append({"round": r, "undrop_s": took["gsnap_undrop"], "ctas_s": took["ctas"],
+                    "ctas_indexes_s": took["ctas_indexes"],
+                    "ratio_ctas": took["gsnap_undrop"] / took["ctas"],
+                    "ratio_ctas_indexes": took["gsnap_undrop"] / took["ctas_indexes"]})
+        log(f"   round {r}: undrop {took['gsnap_undrop']:.2f} s, CTAS {took['ctas']:.2f} s, "
+            f"CTAS + indexes {took['ctas_indexes']:.2f} s")
+    write_csv(b.out / "undrop.csv", out)
+    res = {k: statistics.median(x[k] for x in out)
+           for k in ("undrop_s", "ctas_s", "ctas_indexes_s", "ratio_ctas", "ratio_ctas_indexes")}
+    b.summary["undrop"] = {"rows": rows, "table_mb": mb, **res}
+    log(md_table(["", "gsnap_undrop (s)", "CTAS (s)", "CTAS + indexes (s)", "undrop / CTAS",
+                  "undrop / (CTAS + indexes)"],
+                 [[f"{mb} MB", f"{res['undrop_s']:.2f}", f"{res['ctas_s']:.2f}", f"{res['ctas_indexes_s']:.2f}",
+                   f"{res['ratio_ctas']:.3f}", f"{res['ratio_ctas_indexes']:.3f}"]]))
+    conn.close()
+    b.drop(c)
+
+
 def main() -> int:
     ap = arg_parser(__doc__, BENCHMARKS, HERE / "results", "a smoke run of about a minute")
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--undrop-mb", type=int, default=1024)
     a = ap.parse_args()
     if a.quick:
-        a.rows, a.rounds = 100_000, 2
+        a.rows, a.rounds, a.undrop_mb = 100_000, 2, 16
     b = Bench(a)
     only = set(a.only.split(","))
     b.keep_earlier(BENCHMARKS, only)
-    return b.run([("restore", bench_restore)], only)
+    return b.run([("restore", bench_restore), ("undrop", bench_undrop)], only)
 
 
 if __name__ == "__main__":

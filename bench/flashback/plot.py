@@ -4,6 +4,8 @@
 Usage: plot.py RESULTS_DIR. Writes next to the CSV files:
   restore.png  seconds to restore the table to the snapshot, gsnap_restore against DELETE +
                INSERT ... SELECT FROM gsnap_asof, per fraction of rows changed since.
+  undrop.png   seconds to bring back a dropped table, gsnap_undrop against CREATE TABLE AS
+               (alone, and with the same index builds), per round.
 """
 import os
 import sys
@@ -38,5 +40,22 @@ def plot_restore(out):
     save(fig, out, "restore.png")
 
 
+def plot_undrop(out):
+    data = rows(out, "undrop.csv")
+    if not data:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = range(len(data))
+    for off, key, label, color in ((-0.27, "undrop_s", "gsnap_undrop (PK + index)", "tab:green"),
+                                   (0.0, "ctas_s", "CREATE TABLE AS (no index)", "tab:grey"),
+                                   (0.27, "ctas_indexes_s", "CREATE TABLE AS + PK + index", "tab:blue")):
+        ax.bar([i + off for i in x], [float(r[key]) for r in data], width=0.27, label=label, color=color)
+    ax.set_xticks(list(x), [f"round {r['round']}" for r in data])
+    ax.set_ylabel("seconds")
+    ax.set_title("Bringing back a dropped table")
+    ax.legend()
+    save(fig, out, "undrop.png")
+
+
 if __name__ == "__main__":
-    main(__file__, [plot_restore])
+    main(__file__, [plot_restore, plot_undrop])
