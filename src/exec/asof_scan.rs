@@ -10,10 +10,13 @@
 //! composite value; its slot is virtual too.
 
 use super::node::{self, ExecMethods, ScanNode};
-use super::ScanTable;
+use super::{pruning, ScanTable};
 use crate::ffi::tuple::{self, item_pointer};
 use crate::read::asof::{AsofRows, Row};
+use crate::read::partitioned::PartitionedRows;
 use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CString;
 
 /// Unguarded declarations of the call made for every row (it cannot raise an ERROR here: the
 /// slot is ours and of the right kind), to spare the per-call error trap.
@@ -38,13 +41,40 @@ pub(super) struct AsofScan {
     /// The scan tuple ends with the whole row, as a value of the table's row type.
     whole_row: bool,
     /// The open reader (opened at the first fetch, again after a rescan).
-    rows: Option<AsofRows>,
+    rows: Option<Reader>,
+    /// Of a partitioned table: partitions at the snapshot and read, at the last open.
+    partitions: Option<(usize, usize)>,
     /// The tuple header handed out for a stored tuple.
     tuple: pg_sys::HeapTupleData,
 }
 
+/// The reader of a table, or of a partitioned table's partitions.
+enum Reader {
+    Table(Box<AsofRows>),
+    Partitioned(Box<PartitionedRows>),
+}
+
 /// The node's methods.
-pub(super) static METHODS: ExecMethods<AsofScan> = node::methods(c"gsnap AS OF", None);
+pub(super) static METHODS: ExecMethods<AsofScan> = node::methods(c"gsnap AS OF", Some(explain));
+
+/// EXPLAIN: of a partitioned table, the partitions the snapshot held and those read (the
+/// others pruned by the conditions), once the scan has run (EXPLAIN ANALYZE).
+#[pg_guard]
+unsafe extern "C-unwind" fn explain(
+    css: *mut pg_sys::CustomScanState,
+    _ancestors: *mut pg_sys::List,
+    es: *mut pg_sys::ExplainState,
+) {
+    // SAFETY: PostgreSQL passes our node's state.
+    let Some(scan) = (unsafe { node::node_of::<AsofScan>(css) }) else {
+        return;
+    };
+    if let Some((all, read)) = scan.partitions {
+        let text = CString::new(format!("{read} of {all} at the snapshot")).unwrap_or_default();
+        // SAFETY: EXPLAIN's state, given a label and a C string it copies.
+        unsafe { pg_sys::ExplainPropertyText(c"Partitions Read".as_ptr(), text.as_ptr(), es) };
+    }
+}
 
 impl ScanNode for AsofScan {
     unsafe fn begin(
@@ -72,6 +102,7 @@ impl ScanNode for AsofScan {
             columns,
             whole_row,
             rows: None,
+            partitions: None,
             tuple: pg_sys::HeapTupleData::default(),
         }
     }
@@ -115,6 +146,34 @@ unsafe fn use_heap_slot(css: *mut pg_sys::CustomScanState, estate: *mut pg_sys::
 }
 
 impl AsofScan {
+    /// Opens the reader: of the table, or of the partitions of a partitioned table that the
+    /// scan's conditions do not prune.
+    ///
+    /// # Safety
+    /// `css` is the node.
+    unsafe fn open(&mut self, css: *mut pg_sys::CustomScanState) {
+        // SAFETY: our node (the caller's promise).
+        let snap = unsafe { self.table.snapshot_argument(css, 0) };
+        let rel = self.table.rel();
+        let (relid, desc) = (rel.oid(), rel.descriptor());
+        if rel.class().relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
+            // SAFETY: the open table's current descriptor, valid while the scan runs.
+            self.rows = Some(Reader::Table(Box::new(unsafe {
+                AsofRows::open(relid, desc, snap, self.heap_slot)
+            })));
+            return;
+        }
+        // SAFETY: our node's plan and its conditions, as planned.
+        let quals = unsafe { node::plan_of(css).scan.plan.qual };
+        let columns = &self.columns;
+        // SAFETY: the node's own conditions, over its scan tuple; in a transaction.
+        let mut keep = |leaf: &_| !unsafe { pruning::refuted(leaf, quals, columns) };
+        // SAFETY: the open table's current descriptor, valid while the scan runs.
+        let rows = unsafe { PartitionedRows::open(relid, desc, snap, &mut keep) };
+        self.partitions = Some((rows.partitions, rows.read));
+        self.rows = Some(Reader::Partitioned(Box::new(rows)));
+    }
+
     /// Stores the next row in `slot`; false at the end. A row is valid until the next fetch:
     /// its page stays pinned, its decoded values live in the reader's scratch context.
     ///
@@ -127,14 +186,16 @@ impl AsofScan {
     ) -> bool {
         if self.rows.is_none() {
             // SAFETY: our node (the caller's promise).
-            let snap = unsafe { self.table.snapshot_argument(css, 0) };
-            let rel = self.table.rel();
-            // SAFETY: the open table's current descriptor, valid while the scan runs.
-            self.rows =
-                Some(unsafe { AsofRows::open(rel.oid(), rel.descriptor(), snap, self.heap_slot) });
+            unsafe { self.open(css) };
         }
-        let relid = self.table.relid;
-        let Some(row) = self.rows.as_mut().expect("opened above").next() else {
+        let (row, relid) = match self.rows.as_mut().expect("opened above") {
+            Reader::Table(rows) => (rows.next(), self.table.relid),
+            Reader::Partitioned(rows) => match rows.next_with_partition() {
+                Some((row, leaf)) => (Some(row), pg_sys::Oid::from(leaf)),
+                None => (None, pg_sys::InvalidOid),
+            },
+        };
+        let Some(row) = row else {
             return false;
         };
         match row {
@@ -193,6 +254,8 @@ impl AsofScan {
                     // SAFETY: a virtual slot of the table's live columns, given their values.
                     unsafe { tuple::store_virtual(slot, live) };
                 }
+                // SAFETY: our slot, holding the row just stored.
+                unsafe { (*slot).tts_tableOid = relid };
             }
         }
         true

@@ -13,6 +13,7 @@
 
 mod asof_scan;
 mod node;
+mod pruning;
 mod range_agg;
 mod range_scan;
 mod tables;

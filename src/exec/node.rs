@@ -128,6 +128,15 @@ unsafe fn node<'a, N>(css: *mut pg_sys::CustomScanState) -> Option<&'a mut N> {
     unsafe { (*css.cast::<NodeState<N>>()).node.as_mut() }
 }
 
+/// The node of `css` (see [`node`]), for a node's EXPLAIN callback.
+///
+/// # Safety
+/// `css` is a `NodeState<N>`.
+pub(super) unsafe fn node_of<'a, N>(css: *mut pg_sys::CustomScanState) -> Option<&'a mut N> {
+    // SAFETY: the caller's promise.
+    unsafe { node(css) }
+}
+
 /// Takes the node out of its state (so it is freed once).
 ///
 /// # Safety

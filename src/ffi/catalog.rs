@@ -67,3 +67,26 @@ pub fn input_function(type_oid: pg_sys::Oid) -> (pg_sys::Oid, pg_sys::Oid) {
     unsafe { pg_sys::getTypeInputInfo(type_oid, &mut in_fn, &mut ioparam) };
     (in_fn, ioparam)
 }
+
+/// Functions of PostgreSQL's partitioning code that pgrx's bindings leave out (their headers
+/// are not in its list), declared here with PostgreSQL 15's signatures and guarded like the
+/// bindings' own (an ERROR inside becomes a Rust panic caught at the boundary).
+pub mod partitioning {
+    use pgrx::pg_guard;
+    use pgrx::pg_sys::{Expr, List, Oid, LOCKMODE};
+
+    #[pg_guard]
+    unsafe extern "C-unwind" {
+        /// `catalog/partition.h`: the OIDs of a partition's ancestors, its parent first.
+        pub fn get_partition_ancestors(relid: Oid) -> *mut List;
+        /// `utils/partcache.h`: a partition's constraint, its ancestors' included, over its
+        /// own attribute numbers (NULL: none).
+        pub fn get_partition_qual_relid(relid: Oid) -> *mut Expr;
+        /// `catalog/pg_inherits.h`: a table and every table below it (locked `lockmode`).
+        pub fn find_all_inheritors(
+            parent: Oid,
+            lockmode: LOCKMODE,
+            numparents: *mut *mut List,
+        ) -> *mut List;
+    }
+}

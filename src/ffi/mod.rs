@@ -18,3 +18,8 @@ pub mod node;
 pub mod regclass;
 pub mod relation;
 pub mod tuple;
+
+/// What `#[pg_guard]` on an `extern` block expands to call (it names `crate::ffi`, pgrx's own
+/// module of that name): see `catalog::partitioning`.
+#[doc(hidden)]
+pub use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;

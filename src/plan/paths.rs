@@ -113,7 +113,8 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let Some(relid) = (unsafe { table_of_call(func) }) else {
         return;
     };
-    if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+    let partitioned = relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE);
+    if partitioned && kind.over_a_range() {
         return; // the function raises the right error
     }
     // SAFETY: the planner's relation and its range-table index.

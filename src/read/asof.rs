@@ -10,7 +10,8 @@ use super::decode::{current_columns, Decoder};
 use super::pages::{view_tuples, PageReader};
 use super::table::{self, TableAtSnapshot};
 use crate::ffi::memcx::OwnedContext;
-use gsnap_format::{columns, heap};
+use gsnap_format::columns::{self, Column};
+use gsnap_format::heap;
 use pgrx::pg_sys;
 
 /// A row of a table at a snapshot.
@@ -80,11 +81,26 @@ impl AsofRows {
     ) -> AsofRows {
         // SAFETY: the caller's promise.
         let current = unsafe { current_columns(desc) };
+        // SAFETY: the caller's promise.
+        unsafe { Self::open_columns(relid, current, snap, table, stored_tuples) }
+    }
+
+    /// [`AsofRows::open_at`] decoding into the columns `current`.
+    ///
+    /// # Safety
+    /// Call in a transaction.
+    pub unsafe fn open_columns(
+        relid: pg_sys::Oid,
+        current: Vec<Column>,
+        snap: u64,
+        table: TableAtSnapshot,
+        stored_tuples: bool,
+    ) -> AsofRows {
         let in_place = stored_tuples && columns::in_place(&table.row_type, &current);
         AsofRows {
             pages: PageReader::open(snap, &table),
             // SAFETY: the caller's promise.
-            decoder: unsafe { Decoder::new(snap, relid, table.row_type.clone(), desc) },
+            decoder: unsafe { Decoder::with_columns(snap, relid, table.row_type.clone(), current) },
             in_place,
             block: 0,
             tuples: Vec::new(),

@@ -78,6 +78,21 @@ impl Decoder {
     ) -> Decoder {
         // SAFETY: the caller's promise.
         let current = unsafe { current_columns(out_desc) };
+        // SAFETY: the caller's promise.
+        unsafe { Decoder::with_columns(snap, relid, row_type, current) }
+    }
+
+    /// [`Decoder::new`] into the columns `current` (a partition's columns laid out as its
+    /// partitioned table's are now, `super::partitioned`).
+    ///
+    /// # Safety
+    /// Call in a transaction.
+    pub unsafe fn with_columns(
+        snap: u64,
+        relid: pg_sys::Oid,
+        row_type: RowType,
+        current: Vec<Column>,
+    ) -> Decoder {
         let plans =
             columns::plan_columns(&row_type, &current, type_exists).unwrap_or_else(|e| match e {
                 FormatError::TypeGone {

@@ -14,6 +14,7 @@ pub mod asof;
 mod decode;
 pub mod diff;
 mod pages;
+pub mod partitioned;
 mod pins;
 pub mod range;
 pub mod recorded;

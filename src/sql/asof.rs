@@ -9,8 +9,10 @@
 use super::{reader_table, snapshot_argument};
 use crate::error::null_argument;
 use crate::ffi::fcinfo::Call;
+use crate::ffi::relation::relation_kind;
 use crate::ipc;
 use crate::read::asof::{AsofRows, Row};
+use crate::read::partitioned::PartitionedRows;
 use crate::v1_function_info;
 use crate::worker::UNIX_TO_PG_EPOCH_US;
 use pgrx::pg_sys;
@@ -31,6 +33,15 @@ unsafe fn asof(
     let relid = reader_table(call, "gsnap_asof");
     let snap = snapshot(call);
     let result = call.materialize();
+    if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+        // SAFETY: as below; every partition is read (a function scan has no conditions).
+        let mut rows = unsafe { PartitionedRows::open(relid, result.desc, snap, &mut |_| true) };
+        while let Some(Row::Values { values, nulls, .. }) = rows.next() {
+            // SAFETY: a row of the table's current row type, the result's.
+            unsafe { result.put_values(values, nulls) };
+        }
+        return pg_sys::Datum::from(0usize);
+    }
     // SAFETY: the result's descriptor is the table's current row type (the caller's promise),
     // valid during the call.
     let mut rows = unsafe { AsofRows::open(relid, result.desc, snap, false) };

@@ -40,18 +40,14 @@ pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
     let relid = relation_of_type(call.arg_type(0));
     let kind = relid.and_then(relation_kind);
     let relid = relid.unwrap_or(pg_sys::InvalidOid);
-    if kind == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
-        error(
-            PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
-            format!(
-                "{function} reads one table, and {} is partitioned",
-                relation_name(relid)
-            ),
-        )
-        .hint("Read each partition, for example with UNION ALL over its partitions.")
-        .raise();
+    let partitioned = kind == Some(pg_sys::RELKIND_PARTITIONED_TABLE);
+    if partitioned && !matches!(function, "gsnap_asof" | "gsnap_diff") {
+        refuse_partitioned(function, relid);
     }
-    if kind != Some(pg_sys::RELKIND_RELATION) && kind != Some(pg_sys::RELKIND_MATVIEW) {
+    if !partitioned
+        && kind != Some(pg_sys::RELKIND_RELATION)
+        && kind != Some(pg_sys::RELKIND_MATVIEW)
+    {
         error(
             PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
             format!("the first argument of {function} must name a table by its row type"),
@@ -65,6 +61,23 @@ pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
     // SAFETY: a lock request on a table just found in the catalog.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     relid
+}
+
+/// The ERROR of a reader that does not read partitioned tables (`gsnap_range`,
+/// `gsnap_versions`).
+pub fn refuse_partitioned(function: &str, relid: pg_sys::Oid) -> ! {
+    error(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        format!(
+            "{function} does not read partitioned tables, and {} is one",
+            relation_name(relid)
+        ),
+    )
+    .hint(
+        "gsnap_asof and gsnap_diff read partitioned tables; read ranges of snapshots \
+         partition by partition (gsnap_snapshot_tables() lists them).",
+    )
+    .raise()
 }
 
 /// Argument `i`, a snapshot id: not NULL, positive.

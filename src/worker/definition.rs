@@ -1,7 +1,9 @@
 //! What the worker records at declaration, for each table, to recreate it after a DROP
 //! (`gsnap_format::definition`): defaults, generation expressions, identities, owned
 //! sequences and collations of the columns; primary key, unique, exclusion, check and
-//! foreign key constraints; other indexes; owner, persistence and row security flags.
+//! foreign key constraints; other indexes; owner, persistence and row security flags; for a
+//! partition, its ancestors, partition constraint and bound (what reading a partitioned
+//! table as of a snapshot needs, `read::partitioned`).
 //!
 //! Everything is read from the relation cache and deparsed by PostgreSQL's own `ruleutils`
 //! (as `pg_dump` prints it), so the text is what `CREATE TABLE` and `ALTER TABLE` accept.
@@ -12,12 +14,14 @@
 //! indexes, owner or row security does), or all of them. The one change that sends no such
 //! invalidation, `ALTER SEQUENCE ... OWNED BY` alone, is recorded at the table's next change.
 
+use crate::ffi::catalog::partitioning;
 use crate::ffi::catalog::string_from;
 use crate::ffi::list;
 use crate::ffi::relation::OpenRelation;
 use crate::ffi::tuple;
 use gsnap_format::definition::{
-    ColumnDefinition, Constraint, ConstraintKind, Identity, IndexDefinition, TableDefinition,
+    Ancestor, ColumnDefinition, Constraint, ConstraintKind, Identity, IndexDefinition, PartitionOf,
+    TableDefinition,
 };
 use pgrx::{pg_guard, pg_sys};
 use std::cell::{Cell, RefCell};
@@ -141,6 +145,100 @@ unsafe fn read_definition(rel: &OpenRelation, qualified: &str) -> TableDefinitio
         constraints: unsafe { constraints(rel) },
         // SAFETY: the caller's promise.
         indexes: unsafe { indexes(rel, qualified) },
+        // SAFETY: the caller's promise.
+        partition: class.relispartition.then(|| unsafe { partition_of(rel) }),
+    }
+}
+
+/// The qualified name of relation `relid` (empty if it does not exist).
+unsafe fn qualified_name(relid: pg_sys::Oid) -> String {
+    // SAFETY: catalog lookups by OID (NULL for a relation that does not exist).
+    unsafe {
+        let name = pg_sys::get_rel_name(relid);
+        if name.is_null() {
+            return String::new();
+        }
+        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+        string_from(pg_sys::quote_qualified_identifier(schema, name))
+    }
+}
+
+/// Where a partition is: its ancestors (with the attribute each of its columns has in
+/// each), its partition constraint and its bound.
+///
+/// The ancestors cannot change their columns while the partition is locked (column changes
+/// of a partitioned table recurse to its partitions), nor detach it.
+unsafe fn partition_of(rel: &OpenRelation) -> PartitionOf {
+    let relid = rel.oid();
+    // SAFETY: the open relation's descriptor.
+    let attrs = unsafe { tuple::attributes(rel.descriptor()) };
+    // SAFETY: a catalog lookup of the partition's ancestors (pg_inherits).
+    let ancestors = unsafe { list::oids(partitioning::get_partition_ancestors(relid)) }
+        .into_iter()
+        .map(|a| Ancestor {
+            relid: a.to_u32(),
+            // SAFETY: a catalog lookup by OID.
+            name: unsafe { qualified_name(a) },
+            attnums: attrs
+                .iter()
+                .map(|att| {
+                    if att.attisdropped {
+                        0
+                    } else {
+                        // SAFETY: a catalog lookup of a column by name (0: none).
+                        unsafe { pg_sys::get_attnum(a, att.attname.data.as_ptr()) }
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    // SAFETY: the partition's constraint (the partition is locked), printed in stored form.
+    let constraint = unsafe {
+        let qual = partitioning::get_partition_qual_relid(relid);
+        if qual.is_null() {
+            String::new()
+        } else {
+            string_from(pg_sys::nodeToString(qual.cast()))
+        }
+    };
+    PartitionOf {
+        ancestors,
+        constraint,
+        // SAFETY: the caller's promise.
+        bound: unsafe { bound_of(relid) },
+    }
+}
+
+/// `pg_get_expr(relpartbound, relid)`: the partition's bound as SQL.
+unsafe fn bound_of(relid: pg_sys::Oid) -> String {
+    let cache = pg_sys::SysCacheIdentifier::RELOID as i32;
+    // SAFETY: a syscache lookup of the relation's pg_class row, released below.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(relid));
+        if tuple.is_null() {
+            return String::new();
+        }
+        let mut isnull = false;
+        let bound = pg_sys::SysCacheGetAttr(
+            cache,
+            tuple,
+            pg_sys::Anum_pg_class_relpartbound as i16,
+            &mut isnull,
+        );
+        let text = if isnull {
+            String::new()
+        } else {
+            let function = pg_sys::fmgr_internal_function(c"pg_get_expr".as_ptr());
+            let d = pg_sys::OidFunctionCall2Coll(
+                function,
+                pg_sys::InvalidOid,
+                bound,
+                pg_sys::Datum::from(relid),
+            );
+            string_from(pg_sys::text_to_cstring(d.cast_mut_ptr()))
+        };
+        pg_sys::ReleaseSysCache(tuple);
+        text
     }
 }
 

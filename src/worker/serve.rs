@@ -11,6 +11,7 @@ use super::declare::PendingDeclare;
 use super::{code_of, Store, Worker};
 use crate::ipc;
 use crate::shmem::{self, CACHE_SLOT_BYTES};
+use gsnap_format::rowtype::RowType;
 use gsnap_protocol::listing::{self, ScanHeader, SnapshotRow, TableRow};
 use gsnap_protocol::{
     ErrorCode, Kind, Page, PinnedEntry, Reply, Request, WorkerError, MAX_PINNED_PER_REPLY,
@@ -254,18 +255,33 @@ fn listed_state(state: SnapshotState, deleted: bool) -> listing::SnapshotState {
 
 fn tables(store: &Store, snap: SnapId) -> Result<Vec<u8>, WorkerError> {
     let info = store.snapshot(snap).map_err(|_| unknown(snap))?;
-    let rows: Vec<TableRow> = info
-        .decl
-        .relations
-        .iter()
-        .map(|r| TableRow {
+    // A partition's ancestors are in its row type's definition; row types are shared.
+    let mut ancestors_of: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut rows = Vec::with_capacity(info.decl.relations.len());
+    for r in &info.decl.relations {
+        let ancestors = match ancestors_of.get(&r.row_type.0) {
+            Some(a) => a.clone(),
+            None => {
+                let bytes = store.row_type(r.row_type).map_err(fail)?;
+                let a: Vec<u32> = RowType::decode(&bytes)
+                    .ok()
+                    .and_then(|t| t.definition)
+                    .and_then(|d| d.partition)
+                    .map(|p| p.ancestors.iter().map(|a| a.relid).collect())
+                    .unwrap_or_default();
+                ancestors_of.insert(r.row_type.0, a.clone());
+                a
+            }
+        };
+        rows.push(TableRow {
             relid: r.pg_relid,
             rel: r.rel,
             relfilenode: r.relfilenode,
             nblocks: r.nblocks,
             name: r.name.clone(),
-        })
-        .collect();
+            ancestors,
+        });
+    }
     listing::encode_tables(&rows).map_err(|e| unencodable("table listing", e))
 }
 

@@ -108,6 +108,29 @@ pub struct IndexDefinition {
     pub body: String,
 }
 
+/// A partitioned table above a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ancestor {
+    pub relid: u32,
+    /// Qualified name at the snapshot.
+    pub name: String,
+    /// For each attribute of the partition, the ancestor's attribute holding the same column
+    /// (0: none, or a dropped attribute of the partition).
+    pub attnums: Vec<i16>,
+}
+
+/// Where a partition was in its partitioned table.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PartitionOf {
+    /// Every partitioned table above it, its parent first.
+    pub ancestors: Vec<Ancestor>,
+    /// Its partition constraint, its ancestors' included, in PostgreSQL's stored node form
+    /// over its own attribute numbers (empty: no constraint, as a lone default partition).
+    pub constraint: String,
+    /// Its bound, as `pg_get_expr` prints it (`FOR VALUES FROM (1) TO (10)`, `DEFAULT`).
+    pub bound: String,
+}
+
 /// What a snapshot records to recreate a table (see the module's comment).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TableDefinition {
@@ -121,6 +144,8 @@ pub struct TableDefinition {
     pub columns: Vec<ColumnDefinition>,
     pub constraints: Vec<Constraint>,
     pub indexes: Vec<IndexDefinition>,
+    /// Set for a partition.
+    pub partition: Option<PartitionOf>,
 }
 
 impl TableDefinition {
@@ -170,6 +195,20 @@ impl TableDefinition {
             out.push(u8::from(i.unique));
             put_string(out, &i.name);
             put_long_string(out, &i.body);
+        }
+        out.push(u8::from(self.partition.is_some()));
+        if let Some(p) = &self.partition {
+            out.extend_from_slice(&(p.ancestors.len() as u16).to_le_bytes());
+            for a in &p.ancestors {
+                out.extend_from_slice(&a.relid.to_le_bytes());
+                put_string(out, &a.name);
+                out.extend_from_slice(&(a.attnums.len() as u16).to_le_bytes());
+                for n in &a.attnums {
+                    out.extend_from_slice(&n.to_le_bytes());
+                }
+            }
+            put_long_string(out, &p.constraint);
+            put_long_string(out, &p.bound);
         }
     }
 
@@ -243,7 +282,35 @@ impl TableDefinition {
                 body: r.long_string()?,
             });
         }
+        let partition = if r.u8()? == 0 {
+            None
+        } else {
+            let n = r.u16()?;
+            let mut ancestors = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let relid = r.u32()?;
+                let name = r.string()?;
+                let k = r.u16()? as usize;
+                if k != natts {
+                    return Err(FormatError::corrupt(format!(
+                        "table definition maps {k} attributes to an ancestor, of {natts}"
+                    )));
+                }
+                let attnums = (0..k).map(|_| r.i16()).collect::<Result<_, _>>()?;
+                ancestors.push(Ancestor {
+                    relid,
+                    name,
+                    attnums,
+                });
+            }
+            Some(PartitionOf {
+                ancestors,
+                constraint: r.long_string()?,
+                bound: r.long_string()?,
+            })
+        };
         Ok(TableDefinition {
+            partition,
             owner,
             owner_name,
             unlogged: flags & UNLOGGED != 0,
@@ -395,6 +462,15 @@ pub fn recreation(
             c.definition
         ));
     }
+    if let Some(p) = &def.partition {
+        if let Some(parent) = p.ancestors.first() {
+            notes.push(format!(
+                "it was a partition of {} and is recreated as a table of its own: ALTER TABLE \
+                 {} ATTACH PARTITION {target} {} puts it back",
+                parent.name, parent.name, p.bound
+            ));
+        }
+    }
     Ok(Recreation {
         create,
         row_columns: row_columns.join(", "),
@@ -512,6 +588,15 @@ mod tests {
                     unique: true,
                     body: "btree (lower(\"Note\")) WHERE (n > 0)".into(),
                 }],
+                partition: Some(PartitionOf {
+                    ancestors: vec![Ancestor {
+                        relid: 77,
+                        name: "public.parent".into(),
+                        attnums: vec![1, 0, 2, 4, 3],
+                    }],
+                    constraint: "({OPEXPR ...})".into(),
+                    bound: "FOR VALUES FROM (1) TO (10)".into(),
+                }),
             }),
         }
     }
@@ -532,6 +617,12 @@ mod tests {
             "a row type without a definition keeps format 1"
         );
         assert_eq!(RowType::decode(&plain).unwrap(), without);
+        let mut no_partition = rt.clone();
+        no_partition.definition.as_mut().unwrap().partition = None;
+        assert_eq!(
+            RowType::decode(&no_partition.encode()).unwrap(),
+            no_partition
+        );
     }
 
     #[test]
@@ -562,8 +653,11 @@ mod tests {
             ]
         );
         assert_eq!(r.sequences, vec!["id".to_string(), "n".to_string()]);
-        assert_eq!(r.notes.len(), 1);
+        assert_eq!(r.notes.len(), 2);
         assert!(r.notes[0].contains("FOREIGN KEY (n) REFERENCES u(n)"));
+        assert!(r.notes[1].contains(
+            "ALTER TABLE public.parent ATTACH PARTITION public.t FOR VALUES FROM (1) TO (10)"
+        ));
     }
 
     #[test]

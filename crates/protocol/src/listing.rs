@@ -107,6 +107,9 @@ pub struct TableRow {
     pub relfilenode: u32,
     pub nblocks: u32,
     pub name: String,
+    /// The partitioned tables the table was a partition of at the snapshot, its parent
+    /// first (empty: not a partition).
+    pub ancestors: Vec<u32>,
 }
 
 /// Whether an index group still grows.
@@ -324,19 +327,28 @@ pub fn encode_tables(list: &[TableRow]) -> Result<Vec<u8>, EncodeError> {
             .u32(t.relfilenode)
             .u32(t.nblocks)
             .str(&t.name)?;
+        w.u32(t.ancestors.len() as u32);
+        for a in &t.ancestors {
+            w.u32(*a);
+        }
         Ok(())
     })
 }
 
 /// Decodes a snapshot's tables.
 pub fn decode_tables(bytes: &[u8]) -> Result<Vec<TableRow>, DecodeError> {
-    decode_rows(TABLES, "table listing", bytes, 20, |r| {
+    decode_rows(TABLES, "table listing", bytes, 24, |r| {
+        let (relid, rel, relfilenode, nblocks) = (r.u32()?, RelId(r.u32()?), r.u32()?, r.u32()?);
+        let name = r.str("table name")?;
+        let n = r.u32()?;
+        let ancestors = (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?;
         Ok(TableRow {
-            relid: r.u32()?,
-            rel: RelId(r.u32()?),
-            relfilenode: r.u32()?,
-            nblocks: r.u32()?,
-            name: r.str("table name")?,
+            relid,
+            rel,
+            relfilenode,
+            nblocks,
+            name,
+            ancestors,
         })
     })
 }
@@ -432,8 +444,10 @@ mod tests {
             relfilenode: 3,
             nblocks: 4,
             name: "t".into(),
+            ancestors: vec![7, 8],
         }])
         .unwrap();
+        assert_eq!(decode_tables(&tables).unwrap()[0].ancestors, vec![7, 8]);
         assert!(matches!(
             decode_snapshots(&tables),
             Err(DecodeError::UnknownTag {
@@ -484,7 +498,8 @@ mod tests {
             relfilenode: 1,
             nblocks: 1,
             name: String::new(),
+            ancestors: Vec::new(),
         };
-        assert_eq!(encode_tables(&[table]).unwrap().len(), 1 + 4 + 20);
+        assert_eq!(encode_tables(&[table]).unwrap().len(), 1 + 4 + 24);
     }
 }

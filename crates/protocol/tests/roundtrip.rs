@@ -232,13 +232,17 @@ fn snapshot_rows() -> impl Strategy<Value = Vec<SnapshotRow>> {
 }
 
 fn table_rows() -> impl Strategy<Value = Vec<TableRow>> {
-    let row = (any::<[u32; 4]>(), text()).prop_map(|(n, name)| TableRow {
-        relid: n[0],
-        rel: RelId(n[1]),
-        relfilenode: n[2],
-        nblocks: n[3],
-        name,
-    });
+    let row =
+        (any::<[u32; 4]>(), text(), vec(any::<u32>(), 0..4)).prop_map(|(n, name, ancestors)| {
+            TableRow {
+                relid: n[0],
+                rel: RelId(n[1]),
+                relfilenode: n[2],
+                nblocks: n[3],
+                name,
+                ancestors,
+            }
+        });
     vec(row, 0..12)
 }
 

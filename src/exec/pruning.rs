@@ -1,0 +1,96 @@
+//! Partition pruning for the AS OF scan of a partitioned table: a partition at the snapshot
+//! is not read if the query's conditions refute its partition constraint, as PostgreSQL's
+//! constraint exclusion decides for a live table (`predicate_refuted_by`).
+//!
+//! The constraint recorded at the snapshot is over the partition's own attribute numbers; its
+//! Vars are mapped to the partitioned table's attributes (recorded with it), then to the
+//! scan's columns (the node's conditions are over its scan tuple, `INDEX_VAR`), and compared
+//! with the node's conditions as planned. Conditions on parameters of a generic plan refute
+//! nothing (every partition is read); a column whose type changed since the snapshot makes
+//! its Vars differ from the query's, which refutes nothing either.
+
+use crate::read::partitioned::Leaf;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::{c_void, CString};
+
+/// What the walk over a recorded constraint does to its Vars: the scan column of each
+/// partition attribute (0: none), and whether every Var had one.
+struct Remap {
+    columns: Vec<i16>,
+    all_mapped: bool,
+}
+
+/// True if `quals` (the node's conditions, implicitly AND-ed, over its scan tuple) refute
+/// `leaf`'s partition constraint: the partition has no row to return. `scan_columns` are the
+/// partitioned table's attributes (0-based) behind the scan tuple's columns.
+///
+/// # Safety
+/// `quals` is NIL or a valid list of the node's condition expressions; in a transaction.
+pub unsafe fn refuted(leaf: &Leaf, quals: *mut pg_sys::List, scan_columns: &[usize]) -> bool {
+    if quals.is_null() || leaf.constraint.is_empty() {
+        return false;
+    }
+    let Ok(stored) = CString::new(leaf.constraint.as_str()) else {
+        return false;
+    };
+    let columns = leaf
+        .attnums
+        .iter()
+        .map(|&a| {
+            scan_columns
+                .iter()
+                .position(|&c| i32::from(a) == c as i32 + 1)
+                .map_or(0, |k| k as i16 + 1)
+        })
+        .collect();
+    let mut remap = Remap {
+        columns,
+        all_mapped: true,
+    };
+    // SAFETY: the recorded constraint in PostgreSQL's stored node form (written by
+    // nodeToString at the snapshot), a fresh tree changed in place; the conditions copied
+    // before they are changed; predicate_refuted_by only reads both.
+    unsafe {
+        let constraint = pg_sys::stringToNode(stored.as_ptr()).cast::<pg_sys::Node>();
+        remap_vars(constraint, std::ptr::from_mut(&mut remap).cast());
+        if !remap.all_mapped {
+            return false;
+        }
+        let quals = pg_sys::copyObjectImpl(quals.cast()).cast::<pg_sys::Node>();
+        remap_vars(quals, std::ptr::null_mut());
+        let predicate = pg_sys::make_ands_implicit(constraint.cast());
+        pg_sys::predicate_refuted_by(predicate, quals.cast(), false)
+    }
+}
+
+/// With a [`Remap`] context: points each Var of the constraint (over the partition, entry
+/// 1) at its scan column. Without: leaves the Vars where they are. Either way each Var's
+/// syntactic referent becomes the Var itself (`varnosyn`, `varattnosyn`), which PostgreSQL 15
+/// compares when it matches Vars, and which the query's and the constraint's set apart.
+#[pg_guard]
+unsafe extern "C-unwind" fn remap_vars(node: *mut pg_sys::Node, context: *mut c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: a node of the expression being walked (a Var by its tag); the context is the
+    // caller's Remap or null.
+    unsafe {
+        if (*node).type_ == pg_sys::NodeTag::T_Var {
+            let var = node.cast::<pg_sys::Var>();
+            if let Some(remap) = context.cast::<Remap>().as_mut() {
+                let column = usize::try_from((*var).varattno - 1)
+                    .ok()
+                    .and_then(|i| remap.columns.get(i).copied())
+                    .unwrap_or(0);
+                remap.all_mapped &= column > 0 && (*var).varlevelsup == 0;
+                (*var).varno = pg_sys::INDEX_VAR;
+                (*var).varattno = column;
+            }
+            (*var).varnosyn = (*var).varno as pg_sys::Index;
+            (*var).varattnosyn = (*var).varattno;
+            return false;
+        }
+        pg_sys::expression_tree_walker(node, Some(remap_vars), context)
+    }
+}

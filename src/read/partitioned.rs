@@ -1,0 +1,315 @@
+//! A partitioned table at a snapshot: the rows of the partitions it had then (README,
+//! "Partitioned tables").
+//!
+//! A partitioned table has no storage and is in no snapshot; its partitions are, and each
+//! records its ancestors at the snapshot, with the attribute each of its columns has in each
+//! ancestor (`gsnap_format::definition::PartitionOf`). So the partitions of table P at snapshot
+//! s are the tables of s that had P among their ancestors: partitions detached or dropped
+//! since included, partitions attached since excluded.
+//!
+//! A partition's tuples are decoded in its own layout recorded at s, into the columns P has
+//! *now*, matched through the attribute numbers recorded at s (attribute numbers survive
+//! renames): a column P has gained since is NULL, a column whose type changed is converted
+//! as for a plain table (`decode`), a column dropped since is not there.
+//!
+//! Every partition P has now must be a gsnap table, or rows of a partition no snapshot holds
+//! would be silently missing: otherwise an ERROR names it.
+
+use super::asof::{AsofRows, Row};
+use super::table::{self, TableAtSnapshot};
+use crate::error::error;
+use crate::ffi::catalog::partitioning;
+use crate::ffi::list;
+use crate::ffi::memcx::OwnedContext;
+use crate::ffi::relation::{relation_name, OpenRelation};
+use crate::ffi::tuple;
+use crate::ipc;
+use gsnap_format::columns::Column;
+use gsnap_protocol::SnapId;
+use pgrx::pg_sys;
+use pgrx::PgSqlErrorCode;
+
+/// One partition of the partitioned table at the snapshot.
+pub struct Leaf {
+    pub relid: u32,
+    pub table: TableAtSnapshot,
+    /// Per attribute of the partition: the partitioned table's attribute with the same
+    /// column (0: none).
+    pub attnums: Vec<i16>,
+    /// Its partition constraint in stored node form, over its own attributes (empty: none).
+    pub constraint: String,
+}
+
+/// How a partition's tuples become rows of the partitioned table: the columns to decode
+/// them into (its attributes, typed as the partitioned table's columns are now) and, per
+/// column of the partitioned table, the partition attribute it takes its value from.
+pub struct Layout {
+    pub columns: Vec<Column>,
+    pub project: Vec<Option<usize>>,
+}
+
+/// The partitions partitioned table `parent` had at snapshot `snap` (none: an empty list).
+pub fn leaves(snap: u64, parent: pg_sys::Oid) -> Vec<Leaf> {
+    let p = parent.to_u32();
+    ipc::snapshot_tables(SnapId(snap))
+        .into_iter()
+        .filter(|t| t.ancestors.contains(&p))
+        .map(|t| {
+            let table = table::at(snap, pg_sys::Oid::from(t.relid));
+            let part = table
+                .row_type
+                .definition
+                .as_ref()
+                .and_then(|d| d.partition.as_ref());
+            let (attnums, constraint) = part
+                .and_then(|part| {
+                    let a = part.ancestors.iter().find(|a| a.relid == p)?;
+                    Some((a.attnums.clone(), part.constraint.clone()))
+                })
+                .unwrap_or_else(|| {
+                    crate::error::corrupt(format_args!(
+                        "snapshot {snap} lists table {} under {} without recording where",
+                        t.name,
+                        relation_name(parent)
+                    ))
+                });
+            Leaf {
+                relid: t.relid,
+                table,
+                attnums,
+                constraint,
+            }
+        })
+        .collect()
+}
+
+/// Raises an ERROR if a partition `parent` has now is not a gsnap table (its rows are in no
+/// snapshot, and reading the partitioned table would silently miss them).
+pub fn require_gsnap_partitions(parent: pg_sys::Oid) {
+    // SAFETY: a catalog lookup by name.
+    let am = unsafe { pg_sys::get_am_oid(c"gsnap".as_ptr(), false) };
+    // SAFETY: the partitions below `parent`, locked as a SELECT of it would lock them.
+    let all = unsafe {
+        list::oids(partitioning::find_all_inheritors(
+            parent,
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+            std::ptr::null_mut(),
+        ))
+    };
+    for relid in all {
+        let Some(rel) = OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE) else {
+            continue;
+        };
+        let class = rel.class();
+        let storage = matches!(
+            class.relkind as u8,
+            pg_sys::RELKIND_RELATION | pg_sys::RELKIND_MATVIEW
+        );
+        if storage && class.relam != am {
+            error(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                format!(
+                    "partition {} of {} does not use the gsnap access method: no snapshot holds \
+                     its rows",
+                    relation_name(relid),
+                    relation_name(parent)
+                ),
+            )
+            .hint(
+                "Convert it (ALTER TABLE ... SET ACCESS METHOD gsnap), or read the gsnap \
+                 partitions one by one.",
+            )
+            .raise();
+        }
+    }
+}
+
+/// The layout of `leaf`'s rows in the partitioned table whose descriptor is `desc` now.
+///
+/// # Safety
+/// `desc` is a valid descriptor.
+pub unsafe fn layout(desc: pg_sys::TupleDesc, leaf: &Leaf) -> Layout {
+    // SAFETY: the caller's promise.
+    let parent = unsafe { tuple::attributes(desc) };
+    let live = |j: i16| {
+        usize::try_from(j - 1)
+            .ok()
+            .and_then(|j| parent.get(j).map(|a| (j, a)))
+            .filter(|(_, a)| !a.attisdropped)
+    };
+    let columns = leaf
+        .attnums
+        .iter()
+        .map(|&j| match live(j) {
+            Some((_, a)) => Column {
+                dropped: false,
+                type_oid: a.atttypid.to_u32(),
+                typmod: a.atttypmod,
+                collation: a.attcollation.to_u32(),
+            },
+            None => Column {
+                dropped: true,
+                type_oid: 0,
+                typmod: -1,
+                collation: 0,
+            },
+        })
+        .collect();
+    let mut project = vec![None; parent.len()];
+    for (i, &j) in leaf.attnums.iter().enumerate() {
+        if let Some((j, _)) = live(j) {
+            project[j] = Some(i);
+        }
+    }
+    Layout { columns, project }
+}
+
+/// Values of a row of the partitioned table, from a partition row decoded by its layout.
+pub fn project(
+    layout: &Layout,
+    values: &[pg_sys::Datum],
+    nulls: &[bool],
+    out_values: &mut Vec<pg_sys::Datum>,
+    out_nulls: &mut Vec<bool>,
+) {
+    out_values.clear();
+    out_nulls.clear();
+    for p in &layout.project {
+        match *p {
+            Some(i) => {
+                out_values.push(values[i]);
+                out_nulls.push(nulls[i]);
+            }
+            None => {
+                out_values.push(pg_sys::Datum::from(0usize));
+                out_nulls.push(true);
+            }
+        }
+    }
+}
+
+/// The partition being read.
+struct Current {
+    relid: u32,
+    rows: AsofRows,
+    layout: Layout,
+}
+
+/// The rows of a partitioned table at a snapshot, partition after partition.
+pub struct PartitionedRows {
+    snap: u64,
+    desc: pg_sys::TupleDesc,
+    /// The partitions still to read, the next last.
+    pending: Vec<Leaf>,
+    current: Option<Current>,
+    values: Vec<pg_sys::Datum>,
+    nulls: Vec<bool>,
+    block: u32,
+    lp: u16,
+    /// Where a consumer forms tuples of the current row (reset at the next row).
+    scratch: OwnedContext,
+    /// Partitions at the snapshot, and those read (the others were pruned).
+    pub partitions: usize,
+    pub read: usize,
+}
+
+impl PartitionedRows {
+    /// Opens partitioned table `parent` (descriptor `desc` now) at snapshot `snap`, reading
+    /// the partitions `keep` keeps.
+    ///
+    /// # Safety
+    /// `desc` stays valid while the rows are read; call in a transaction.
+    pub unsafe fn open(
+        parent: pg_sys::Oid,
+        desc: pg_sys::TupleDesc,
+        snap: u64,
+        keep: &mut dyn FnMut(&Leaf) -> bool,
+    ) -> PartitionedRows {
+        require_gsnap_partitions(parent);
+        let all = leaves(snap, parent);
+        let partitions = all.len();
+        let mut pending: Vec<Leaf> = all.into_iter().filter(|l| keep(l)).collect();
+        let read = pending.len();
+        pending.reverse();
+        PartitionedRows {
+            snap,
+            desc,
+            pending,
+            current: None,
+            values: Vec::new(),
+            nulls: Vec::new(),
+            block: 0,
+            lp: 0,
+            scratch: OwnedContext::new("gsnap partitioned AS OF rows"),
+            partitions,
+            read,
+        }
+    }
+
+    /// Opens the next partition; false when all are read.
+    fn open_next(&mut self) -> bool {
+        let Some(leaf) = self.pending.pop() else {
+            return false;
+        };
+        // SAFETY: the descriptor stays valid while the rows are read (`open`'s promise).
+        let layout = unsafe { layout(self.desc, &leaf) };
+        let relid = pg_sys::Oid::from(leaf.relid);
+        // SAFETY: in a transaction (`open`'s promise).
+        let rows = unsafe {
+            AsofRows::open_columns(relid, layout.columns.clone(), self.snap, leaf.table, false)
+        };
+        self.current = Some(Current {
+            relid: leaf.relid,
+            rows,
+            layout,
+        });
+        true
+    }
+
+    /// The next row, in the partitioned table's current row type; valid until the next call.
+    pub fn next(&mut self) -> Option<Row<'_>> {
+        self.next_with_partition().map(|(row, _)| row)
+    }
+
+    /// [`PartitionedRows::next`], with the OID of the partition the row comes from.
+    pub fn next_with_partition(&mut self) -> Option<(Row<'_>, u32)> {
+        // SAFETY: the previous row is consumed (the caller asked for the next).
+        unsafe { self.scratch.reset() };
+        loop {
+            if self.current.is_none() && !self.open_next() {
+                return None;
+            }
+            let current = self.current.as_mut().expect("opened above");
+            match current.rows.next() {
+                Some(Row::Values {
+                    block,
+                    lp,
+                    values,
+                    nulls,
+                    ..
+                }) => {
+                    project(
+                        &current.layout,
+                        values,
+                        nulls,
+                        &mut self.values,
+                        &mut self.nulls,
+                    );
+                    (self.block, self.lp) = (block, lp);
+                    break;
+                }
+                Some(Row::Tuple { .. }) => unreachable!("opened without stored tuples"),
+                None => self.current = None,
+            }
+        }
+        let relid = self.current.as_ref().map_or(0, |c| c.relid);
+        let row = Row::Values {
+            block: self.block,
+            lp: self.lp,
+            values: &self.values,
+            nulls: &self.nulls,
+            scratch: &self.scratch,
+        };
+        Some((row, relid))
+    }
+}
