@@ -31,7 +31,9 @@ CREATE TYPE ae_composite AS (a int);
 SELECT sqlstate_of(format('SELECT * FROM gsnap_asof(NULL::ae_composite, %s)', :s));
 CREATE VIEW ae_view AS SELECT * FROM ae;
 SELECT sqlstate_of(format('SELECT * FROM gsnap_asof(NULL::ae_view, %s)', :s));
+-- a partitioned table reads its gsnap partitions; one of its partitions is not a gsnap table
 CREATE TABLE ae_parted (id int) PARTITION BY RANGE (id);
+CREATE TABLE ae_parted_heap PARTITION OF ae_parted FOR VALUES FROM (0) TO (10);
 SELECT sqlstate_of(format('SELECT * FROM gsnap_asof(NULL::ae_parted, %s)', :s));
 -- listing the tables of an unknown snapshot
 SELECT sqlstate_of('SELECT * FROM gsnap_snapshot_tables(123456789)');

@@ -285,6 +285,7 @@ def test_identity_and_generated_columns_are_restored(conn):
 def test_bad_input_is_refused_clearly(conn):
     conn.execute("CREATE TABLE rb (id int PRIMARY KEY) USING gsnap")
     conn.execute("CREATE TABLE rb_parted (id int) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE rb_parted_heap PARTITION OF rb_parted FOR VALUES FROM (0) TO (10)")
     conn.execute("CREATE VIEW rb_view AS SELECT 1 AS x")
     snap = snapshot(conn)
     for call, error in [

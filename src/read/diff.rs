@@ -8,23 +8,35 @@
 //! a non-HOT update that changed nothing) is no change (`cancel_moves`), rows compared by
 //! their formed `rec` datums.
 
-use super::decode::Decoder;
+use super::decode::{current_columns, Decoder};
+use super::partitioned;
 use super::pins::{GroupPins, ImageBatches};
 use super::range::form_record;
 use super::table::{self, TableAtSnapshot};
 use crate::error::{corrupt, corrupt_index, error};
-use crate::ffi::relation::relation_name;
+use crate::ffi::relation::{relation_kind, relation_name};
 use gsnap_core::{PageDiff, RelId, SnapId};
+use gsnap_format::columns::Column;
 use gsnap_format::diff::{cancel_moves, changed_tuples, Change};
 use gsnap_format::view;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 use std::collections::BTreeMap;
 
-/// One side of a diff: the decoder of its row type and the table's size in blocks then.
+/// One side of a diff: the decoder of its row type, the table's size in blocks then, and
+/// for a partition, which decoded value each column of the partitioned table takes.
 struct Side {
     decoder: Decoder,
     nblocks: u32,
+    project: Option<Vec<Option<usize>>>,
+}
+
+/// What one side of a diff reads: the table at the snapshot, the columns to decode its
+/// tuples into and, for a partition, the projection to the partitioned table's columns.
+pub struct SideInput {
+    pub table: TableAtSnapshot,
+    pub columns: Vec<Column>,
+    pub project: Option<Vec<Option<usize>>>,
 }
 
 /// The bytes of a formed `rec` datum (a composite with a 4-byte varlena header), the
@@ -41,8 +53,8 @@ fn rec_bytes(rec: &pg_sys::Datum) -> &[u8] {
 
 /// The pages whose image differs between the two sides (block, before, after).
 fn changed_pages(
-    a: (u64, &Option<TableAtSnapshot>, &GroupPins),
-    b: (u64, &Option<TableAtSnapshot>, &GroupPins),
+    a: (u64, Option<&TableAtSnapshot>, &GroupPins),
+    b: (u64, Option<&TableAtSnapshot>, &GroupPins),
 ) -> Vec<PageDiff> {
     let mut pages = Vec::new();
     match (a.1, b.1) {
@@ -92,7 +104,10 @@ fn changed_pages(
 
 /// Calls `emit(change, rec)` for each row that differs between snapshots `a` and `b` (added
 /// rows first, then removed ones). A snapshot that does not hold the table has no rows of
-/// it; neither holding it is an ERROR.
+/// it; neither holding it is an ERROR. A partitioned table's rows are those of the
+/// partitions it had at each snapshot (`super::partitioned`): partitions in both are
+/// compared page by page, a partition in one only counts all its rows; a row that moved
+/// between partitions unchanged is no change.
 ///
 /// # Safety
 /// `row_desc` is the table's current row type; call in a transaction.
@@ -103,35 +118,116 @@ pub unsafe fn diff_rows(
     row_desc: pg_sys::TupleDesc,
     emit: &mut dyn FnMut(Change, pg_sys::Datum),
 ) {
-    let ta = table::held_by(a, relid);
-    let tb = table::held_by(b, relid);
-    if ta.is_none() && tb.is_none() {
-        error(
-            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
-            format!(
-                "table {} is in neither snapshot {a} nor snapshot {b}",
-                relation_name(relid)
-            ),
-        )
-        .hint(crate::error::HINT_TABLES_OF_SNAPSHOT)
-        .raise();
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+        partitioned::require_gsnap_partitions(relid);
+        let (la, lb) = (partitioned::leaves(a, relid), partitioned::leaves(b, relid));
+        if la.is_empty() && lb.is_empty() {
+            neither(relid, a, b);
+        }
+        let mut relids: Vec<u32> = la.iter().chain(&lb).map(|l| l.relid).collect();
+        relids.sort_unstable();
+        relids.dedup();
+        let (mut la, mut lb) = (la, lb);
+        for leaf in relids {
+            let side = |list: &mut Vec<partitioned::Leaf>| {
+                let i = list.iter().position(|l| l.relid == leaf)?;
+                let l = list.swap_remove(i);
+                // SAFETY: the caller's promise.
+                let layout = unsafe { partitioned::layout(row_desc, &l) };
+                Some(SideInput {
+                    table: l.table,
+                    columns: layout.columns,
+                    project: Some(layout.project),
+                })
+            };
+            let (sa, sb) = (side(&mut la), side(&mut lb));
+            let leaf = pg_sys::Oid::from(leaf);
+            // SAFETY: the caller's promise.
+            unsafe { collect(leaf, (a, sa), (b, sb), row_desc, &mut added, &mut removed) };
+        }
+    } else {
+        let (ta, tb) = (table::held_by(a, relid), table::held_by(b, relid));
+        if ta.is_none() && tb.is_none() {
+            neither(relid, a, b);
+        }
+        let side = |t: Option<TableAtSnapshot>| {
+            t.map(|table| SideInput {
+                table,
+                // SAFETY: the caller's promise.
+                columns: unsafe { current_columns(row_desc) },
+                project: None,
+            })
+        };
+        // SAFETY: the caller's promise.
+        unsafe {
+            collect(
+                relid,
+                (a, side(ta)),
+                (b, side(tb)),
+                row_desc,
+                &mut added,
+                &mut removed,
+            )
+        };
     }
+    let removed_keys: Vec<&[u8]> = removed.iter().map(rec_bytes).collect();
+    let added_keys: Vec<&[u8]> = added.iter().map(rec_bytes).collect();
+    let net = cancel_moves(&removed_keys, &added_keys);
+    for i in net.added {
+        emit(Change::Added, added[i]);
+    }
+    for i in net.removed {
+        emit(Change::Removed, removed[i]);
+    }
+}
+
+/// The ERROR of a diff of two snapshots neither of which holds the table.
+fn neither(relid: pg_sys::Oid, a: u64, b: u64) -> ! {
+    error(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+        format!(
+            "table {} is in neither snapshot {a} nor snapshot {b}",
+            relation_name(relid)
+        ),
+    )
+    .hint(crate::error::HINT_TABLES_OF_SNAPSHOT)
+    .raise()
+}
+
+/// Adds to `added` and `removed` the rows of table `relid` (one table, or one partition)
+/// that differ between its two sides, formed as rows of `row_desc`.
+///
+/// # Safety
+/// `row_desc` is the (partitioned) table's current row type; call in a transaction.
+unsafe fn collect(
+    relid: pg_sys::Oid,
+    (a, ia): (u64, Option<SideInput>),
+    (b, ib): (u64, Option<SideInput>),
+    row_desc: pg_sys::TupleDesc,
+    added: &mut Vec<pg_sys::Datum>,
+    removed: &mut Vec<pg_sys::Datum>,
+) {
     let pins_a = GroupPins::pin(a, a, true);
     let pins_b = GroupPins::pin(b, b, true);
-    for (snap, t) in [(a, &ta), (b, &tb)] {
+    for (snap, t) in [(a, &ia), (b, &ib)] {
         if let Some(t) = t {
-            table::confirm_readable(&[snap], t.lease);
+            table::confirm_readable(&[snap], t.table.lease);
         }
     }
-    let pages = changed_pages((a, &ta, &pins_a), (b, &tb, &pins_b));
-    let side = |t: &Option<TableAtSnapshot>, snap: u64| {
-        t.as_ref().map(|t| Side {
-            // SAFETY: the caller's promise.
-            decoder: unsafe { Decoder::new(snap, relid, t.row_type.clone(), row_desc) },
-            nblocks: t.nblocks,
+    let (ta, tb) = (ia.as_ref().map(|s| &s.table), ib.as_ref().map(|s| &s.table));
+    let pages = changed_pages((a, ta, &pins_a), (b, tb, &pins_b));
+    let side = |i: Option<SideInput>, snap: u64| {
+        i.map(|i| Side {
+            // SAFETY: in a transaction (the caller's promise).
+            decoder: unsafe {
+                Decoder::with_columns(snap, relid, i.table.row_type.clone(), i.columns)
+            },
+            nblocks: i.table.nblocks,
+            project: i.project,
         })
     };
-    let mut sides = [side(&ta, a), side(&tb, b)];
+    let mut sides = [side(ia, a), side(ib, b)];
     // Each page's images, the two sides pinned together: key (page, side).
     let mut images: ImageBatches<(usize, usize)> = ImageBatches::default();
     for (i, d) in pages.iter().enumerate() {
@@ -146,7 +242,7 @@ pub unsafe fn diff_rows(
             images.push_group(&group);
         }
     }
-    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let (mut values, mut nulls) = (Vec::new(), Vec::new());
     while let Some(batch) = images.next_batch() {
         let mut at = 0;
         while at < batch.len() {
@@ -165,9 +261,16 @@ pub unsafe fn diff_rows(
             changed_tuples(&views[0], &views[1], |change, t| {
                 let side = usize::from(change == Change::Added);
                 let s = sides[side].as_mut().expect("the side has this page");
-                let (values, nulls) = s.decoder.decode_tuple(block, t.lp, t.bytes);
+                let (v, n) = s.decoder.decode_tuple(block, t.lp, t.bytes);
+                let (v, n) = match &s.project {
+                    Some(project) => {
+                        partitioned::project(project, v, n, &mut values, &mut nulls);
+                        (values.as_slice(), nulls.as_slice())
+                    }
+                    None => (v, n),
+                };
                 // SAFETY: the values match the table's current row type.
-                let rec = unsafe { form_record(row_desc, values, nulls) };
+                let rec = unsafe { form_record(row_desc, v, n) };
                 if change == Change::Added {
                     added.push(rec);
                 } else {
@@ -175,14 +278,5 @@ pub unsafe fn diff_rows(
                 }
             });
         }
-    }
-    let removed_keys: Vec<&[u8]> = removed.iter().map(rec_bytes).collect();
-    let added_keys: Vec<&[u8]> = added.iter().map(rec_bytes).collect();
-    let net = cancel_moves(&removed_keys, &added_keys);
-    for i in net.added {
-        emit(Change::Added, added[i]);
-    }
-    for i in net.removed {
-        emit(Change::Removed, removed[i]);
     }
 }

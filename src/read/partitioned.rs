@@ -166,7 +166,7 @@ pub unsafe fn layout(desc: pg_sys::TupleDesc, leaf: &Leaf) -> Layout {
 
 /// Values of a row of the partitioned table, from a partition row decoded by its layout.
 pub fn project(
-    layout: &Layout,
+    project: &[Option<usize>],
     values: &[pg_sys::Datum],
     nulls: &[bool],
     out_values: &mut Vec<pg_sys::Datum>,
@@ -174,7 +174,7 @@ pub fn project(
 ) {
     out_values.clear();
     out_nulls.clear();
-    for p in &layout.project {
+    for p in project {
         match *p {
             Some(i) => {
                 out_values.push(values[i]);
@@ -289,7 +289,7 @@ impl PartitionedRows {
                     ..
                 }) => {
                     project(
-                        &current.layout,
+                        &current.layout.project,
                         values,
                         nulls,
                         &mut self.values,

@@ -3,7 +3,9 @@
 //! differ; or writes the snapshot's rows into a new table (`into_table`).
 //!
 //! How (README, "Restore"):
-//! 1. checks: an ordinary table (partitioned ones are refused: restore each partition);
+//! 1. checks: an ordinary or partitioned table (every partition a gsnap table: its rows are
+//!    those of the partitions it had at the snapshot, `read::partitioned`, matched across
+//!    partitions, changed by partition and `ctid`, inserted through the partitioned table);
 //!    SELECT, INSERT, UPDATE and DELETE on it, all named at once (the statements below would
 //!    each need one anyway); gsnap_asof's own checks (the snapshot holds the table, RLS);
 //! 2. locks the table EXCLUSIVE until the transaction ends, as Oracle's FLASHBACK TABLE does:
@@ -97,16 +99,21 @@ struct Table {
     relid: pg_sys::Oid,
     /// Schema-qualified and quoted.
     name: String,
-    /// Its access method's name, quoted.
+    /// Its access method's name, quoted (gsnap for a partitioned table, whose partitions
+    /// are gsnap tables).
     access_method: String,
     columns: Vec<Column>,
+    /// A partitioned table: its rows are in its partitions, each row named by its
+    /// partition (`tableoid`) and its `ctid` there.
+    partitioned: bool,
 }
 
 impl Table {
     fn read(client: &SpiClient<'_>, relid: pg_sys::Oid) -> Table {
         let oid = i64::from(relid.to_u32());
         let row = spi(client.select(
-            "SELECT format('%I.%I', n.nspname, c.relname), quote_ident(coalesce(a.amname, 'heap')) \
+            "SELECT format('%I.%I', n.nspname, c.relname), quote_ident(coalesce(a.amname, \
+             CASE c.relkind WHEN 'p' THEN 'gsnap' ELSE 'heap' END)), c.relkind = 'p' \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              LEFT JOIN pg_am a ON a.oid = c.relam WHERE c.oid = $1::oid",
             Some(1),
@@ -115,6 +122,7 @@ impl Table {
         .first();
         let name: String = spi(row.get(1)).unwrap_or_default();
         let access_method: String = spi(row.get(2)).unwrap_or_default();
+        let partitioned: bool = spi(row.get(3)).unwrap_or(false);
         let mut columns = Vec::new();
         for row in spi(client.select(
             "SELECT quote_ident(a.attname), a.attgenerated <> '', \
@@ -137,6 +145,17 @@ impl Table {
             name,
             access_method,
             columns,
+            partitioned,
+        }
+    }
+
+    /// `ONLY` for a table, nothing for a partitioned table (whose rows are in its
+    /// partitions).
+    fn only(&self) -> &'static str {
+        if self.partitioned {
+            ""
+        } else {
+            "ONLY"
         }
     }
 
@@ -181,15 +200,9 @@ fn restore(
         .0;
     match relation_kind(relid) {
         Some(pg_sys::RELKIND_RELATION) => {}
-        Some(pg_sys::RELKIND_PARTITIONED_TABLE) => error(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!(
-                "gsnap_restore restores one table, and {} is partitioned",
-                relation_name(relid)
-            ),
-        )
-        .hint("Restore each of its partitions.")
-        .raise(),
+        Some(pg_sys::RELKIND_PARTITIONED_TABLE) => {
+            crate::read::partitioned::require_gsnap_partitions(relid)
+        }
         Some(_) => error(
             PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
             format!("{} is not a table", relation_name(relid)),
@@ -275,38 +288,55 @@ fn restore_in_place(
     } else {
         disable_triggers(client, table)
     };
-    let t = &table.name;
-    let deleted = spi(client.update(
-        &format!(
-            "DELETE FROM ONLY {t} WHERE ctid = ANY(ARRAY(SELECT tid FROM {diff} WHERE op = 'd'))"
-        ),
-        None,
-        &[],
-    ))
-    .len() as i64;
+    let (t, only) = (&table.name, table.only());
+    // Rows are changed by identity, partition by partition (one for a table): a TID scan of
+    // each reads only the rows that change.
+    let partitions = |client: &SpiClient<'_>, op: &str| -> Vec<i64> {
+        spi(client.select(
+            &format!("SELECT DISTINCT toid::oid::int8 FROM {diff} WHERE op = $1"),
+            None,
+            &[op.into()],
+        ))
+        .map(|row| spi(row.get::<i64>(1)).unwrap_or_default())
+        .collect()
+    };
+    let mut deleted = 0;
+    for toid in partitions(client, "d") {
+        deleted += spi(client.update(
+            &format!(
+                "DELETE FROM {only} {t} WHERE tableoid = $1::oid AND ctid = ANY(ARRAY(\
+                 SELECT tid FROM {diff} WHERE op = 'd' AND toid = $1::oid))"
+            ),
+            None,
+            &[toid.into()],
+        ))
+        .len() as i64;
+    }
     let set: Vec<&Column> = table
         .columns
         .iter()
         .filter(|c| !c.generated && !c.key)
         .collect();
-    let updated = if set.is_empty() {
-        0
-    } else {
+    let mut updated = 0;
+    if !set.is_empty() {
         let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
         let values: Vec<String> = set.iter().map(|c| format!("(d.r).{}", c.name)).collect();
-        spi(client.update(
-            &format!(
-                "UPDATE ONLY {t} x SET ({}) = ROW({}) FROM {diff} d \
-                 WHERE d.op = 'u' AND x.ctid = d.tid \
-                 AND x.ctid = ANY(ARRAY(SELECT tid FROM {diff} WHERE op = 'u'))",
-                names.join(", "),
-                values.join(", ")
-            ),
-            None,
-            &[],
-        ))
-        .len() as i64
-    };
+        for toid in partitions(client, "u") {
+            updated += spi(client.update(
+                &format!(
+                    "UPDATE {only} {t} x SET ({}) = ROW({}) FROM {diff} d \
+                     WHERE d.op = 'u' AND x.ctid = d.tid AND d.toid = $1::oid \
+                     AND x.tableoid = $1::oid AND x.ctid = ANY(ARRAY(\
+                     SELECT tid FROM {diff} WHERE op = 'u' AND toid = $1::oid))",
+                    names.join(", "),
+                    values.join(", ")
+                ),
+                None,
+                &[toid.into()],
+            ))
+            .len() as i64;
+        }
+    }
     let columns = table.written(|c| c.to_string());
     let values = table.written(|c| format!("(d.r).{c}"));
     let inserted = spi(client.update(
@@ -318,7 +348,7 @@ fn restore_in_place(
         &[],
     ))
     .len() as i64;
-    enable_triggers(client, table, &disabled);
+    enable_triggers(client, &disabled);
     spi(client.update(&format!("DROP TABLE {diff}"), None, &[]));
     (deleted, updated, inserted)
 }
@@ -327,7 +357,7 @@ fn restore_in_place(
 /// (same key, other content) or 'i' (a snapshot row the table lacks), the live row's `tid`
 /// and the snapshot's row `r`. With a filter: the keys it matches in either.
 fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
-    let t = &table.name;
+    let (t, only) = (&table.name, table.only());
     let m = filter.unwrap_or("true");
     let on: Vec<String> = table
         .columns
@@ -338,9 +368,9 @@ fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
     format!(
         "WITH s AS (SELECT x.* FROM gsnap_asof(NULL::{t}, $1) x), \
          o AS (SELECT s::{t} AS r, true AS here, {m} AS m FROM s), \
-         l AS (SELECT x AS r, x.ctid AS tid, {m} AS m FROM ONLY {t} x) \
+         l AS (SELECT x AS r, x.ctid AS tid, x.tableoid AS toid, {m} AS m FROM {only} {t} x) \
          SELECT CASE WHEN l.tid IS NULL THEN 'i' WHEN o.here IS NULL THEN 'd' ELSE 'u' END AS op, \
-         l.tid, o.r FROM o FULL JOIN l ON {} \
+         l.tid, l.toid, o.r FROM o FULL JOIN l ON {} \
          WHERE (coalesce(o.m, false) OR coalesce(l.m, false)) \
          AND (l.tid IS NULL OR o.here IS NULL OR NOT o.r OPERATOR(pg_catalog.*=) l.r)",
         on.join(" AND ")
@@ -350,15 +380,15 @@ fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
 /// The rows to change, matched by content as multisets (the n-th copy of a row matches the
 /// n-th copy): 'd' or 'i' as in [`diff_by_key`]. With a filter: the rows it matches.
 fn diff_by_content(table: &Table, filter: Option<&str>) -> String {
-    let t = &table.name;
+    let (t, only) = (&table.name, table.only());
     let m = filter.unwrap_or("true");
     format!(
         "WITH s AS (SELECT x.* FROM gsnap_asof(NULL::{t}, $1) x WHERE {m}), \
          o AS (SELECT s::{t} AS r, record_send(s::{t}) AS img, \
          row_number() OVER (PARTITION BY record_send(s::{t})) AS n FROM s), \
-         l AS (SELECT x.ctid AS tid, record_send(x) AS img, \
-         row_number() OVER (PARTITION BY record_send(x)) AS n FROM ONLY {t} x WHERE {m}) \
-         SELECT CASE WHEN l.tid IS NULL THEN 'i' ELSE 'd' END AS op, l.tid, o.r \
+         l AS (SELECT x.ctid AS tid, x.tableoid AS toid, record_send(x) AS img, \
+         row_number() OVER (PARTITION BY record_send(x)) AS n FROM {only} {t} x WHERE {m}) \
+         SELECT CASE WHEN l.tid IS NULL THEN 'i' ELSE 'd' END AS op, l.tid, l.toid, o.r \
          FROM o FULL JOIN l ON o.img = l.img AND o.n = l.n \
          WHERE o.img IS NULL OR l.img IS NULL"
     )
@@ -427,28 +457,43 @@ fn lock(client: &mut SpiClient<'_>, table: &Table) {
             .raise();
         }
     }
+    // A partitioned table: its partitions too (writers may name them directly).
     spi(client.update(
-        &format!("LOCK TABLE ONLY {} IN EXCLUSIVE MODE", table.name),
+        &format!(
+            "LOCK TABLE {} {} IN EXCLUSIVE MODE",
+            table.only(),
+            table.name
+        ),
         None,
         &[],
     ));
 }
 
-/// Turns the table's enabled user triggers off (ownership needed, as for ALTER TABLE);
-/// returns them with the mode to turn them back on in.
-fn disable_triggers(client: &mut SpiClient<'_>, table: &Table) -> Vec<(String, String)> {
+/// A user trigger turned off while restoring: its table (quoted), name (quoted) and the mode
+/// to turn it back on in.
+struct Trigger {
+    table: String,
+    name: String,
+    mode: String,
+}
+
+/// Turns the table's enabled user triggers off (ownership needed, as for ALTER TABLE); of a
+/// partitioned table, those of every table of its tree (a trigger defined on a partitioned
+/// table is turned off there, which turns off its clones on the partitions). Returns them.
+fn disable_triggers(client: &mut SpiClient<'_>, table: &Table) -> Vec<Trigger> {
     let oid = i64::from(table.relid.to_u32());
-    let enabled: Vec<(String, String)> = spi(client.select(
-        "SELECT quote_ident(tgname), tgenabled::text FROM pg_trigger \
-         WHERE tgrelid = $1::oid AND NOT tgisinternal AND tgenabled <> 'D' ORDER BY tgname",
+    let enabled: Vec<Trigger> = spi(client.select(
+        "SELECT t.tgrelid::regclass::text, quote_ident(t.tgname), t.tgenabled::text \
+         FROM pg_trigger t WHERE NOT t.tgisinternal AND t.tgenabled <> 'D' AND t.tgparentid = 0 \
+         AND t.tgrelid IN (SELECT $1::oid UNION SELECT relid FROM pg_partition_tree($1::oid)) \
+         ORDER BY 1, 2",
         None,
         &[oid.into()],
     ))
-    .map(|row| {
-        (
-            spi(row.get::<String>(1)).unwrap_or_default(),
-            spi(row.get::<String>(2)).unwrap_or_default(),
-        )
+    .map(|row| Trigger {
+        table: spi(row.get::<String>(1)).unwrap_or_default(),
+        name: spi(row.get::<String>(2)).unwrap_or_default(),
+        mode: spi(row.get::<String>(3)).unwrap_or_default(),
     })
     .collect();
     if enabled.is_empty() {
@@ -467,9 +512,9 @@ fn disable_triggers(client: &mut SpiClient<'_>, table: &Table) -> Vec<(String, S
         .hint("Pass triggers => true to fire them instead, or ask the table's owner.")
         .raise();
     }
-    for (name, _) in &enabled {
+    for t in &enabled {
         spi(client.update(
-            &format!("ALTER TABLE {} DISABLE TRIGGER {name}", table.name),
+            &format!("ALTER TABLE {} DISABLE TRIGGER {}", t.table, t.name),
             None,
             &[],
         ));
@@ -477,15 +522,15 @@ fn disable_triggers(client: &mut SpiClient<'_>, table: &Table) -> Vec<(String, S
     enabled
 }
 
-fn enable_triggers(client: &mut SpiClient<'_>, table: &Table, triggers: &[(String, String)]) {
-    for (name, mode) in triggers {
-        let how = match mode.as_str() {
+fn enable_triggers(client: &mut SpiClient<'_>, triggers: &[Trigger]) {
+    for t in triggers {
+        let how = match t.mode.as_str() {
             "A" => "ENABLE ALWAYS",
             "R" => "ENABLE REPLICA",
             _ => "ENABLE",
         };
         spi(client.update(
-            &format!("ALTER TABLE {} {how} TRIGGER {name}", table.name),
+            &format!("ALTER TABLE {} {how} TRIGGER {}", t.table, t.name),
             None,
             &[],
         ));
