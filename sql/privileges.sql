@@ -19,7 +19,7 @@ RESET ROLE;
 
 -- a grant on some columns lets a query read those columns AS OF, as it does now; a query
 -- that reads another one (output, condition, sub-query), or whole rows (a whole-row
--- reference, rec itself, gsnap_diff), is refused
+-- reference, rec itself, gsnap_diff's rec), is refused
 GRANT SELECT (id) ON pv TO pv_reader;
 SET ROLE pv_reader;
 SELECT id FROM pv ORDER BY id;
@@ -45,7 +45,9 @@ SELECT sqlstate_of(format('SELECT (rec).id FROM gsnap_versions(NULL::pv, %s, %s)
 SELECT sqlstate_of(format('SELECT (SELECT (g.rec).secret) FROM gsnap_range(NULL::pv, %s, %s) g', :s, :s));
 SELECT sqlstate_of(format('SELECT l.x FROM gsnap_range(NULL::pv, %s, %s) g, LATERAL (SELECT (g.rec).secret AS x OFFSET 0) l', :s, :s));
 SELECT sqlstate_of(format('SELECT count(*) FROM gsnap_range(NULL::pv, %s, %s) g WHERE row_to_json(g.rec) IS NOT NULL', :s, :s));
-SELECT sqlstate_of(format('SELECT change FROM gsnap_diff(NULL::pv, %s, %s)', :s, :s));
+SELECT sqlstate_of(format('SELECT change, (rec).id FROM gsnap_diff(NULL::pv, %s, %s)', :s, :s));
+SELECT sqlstate_of(format('SELECT change, (rec).secret FROM gsnap_diff(NULL::pv, %s, %s)', :s, :s));
+SELECT sqlstate_of(format('SELECT gsnap_diff(NULL::pv, %s, %s)', :s, :s));
 RESET ROLE;
 GRANT SELECT (id, secret) ON pv TO pv_reader;
 SET ROLE pv_reader;
@@ -60,6 +62,7 @@ GRANT SELECT ON pv TO pv_reader;
 ALTER TABLE pv ENABLE ROW LEVEL SECURITY;
 CREATE POLICY pv_only_visible ON pv FOR SELECT USING (secret = 'visible');
 UPDATE pv SET secret = 'hidden now' WHERE id = 2;  -- the snapshot still has 'visible'
+SELECT gsnap_snapshot() AS s2 \gset
 CREATE FUNCTION pv_leak(text) RETURNS bool LANGUAGE plpgsql COST 0.0000001 AS
     $$ BEGIN RAISE NOTICE 'leak saw %', $1; RETURN true; END $$;
 GRANT EXECUTE ON FUNCTION pv_leak(text) TO pv_reader;
@@ -77,9 +80,11 @@ SELECT (rec).id FROM gsnap_range(NULL::pv, :s, :s) WHERE pv_leak((rec).secret);
 SELECT first_snap = :s AS at_s, (rec).* FROM gsnap_versions(NULL::pv, :s, :s);
 SELECT snap_id = :s AS at_s, count(*) FROM gsnap_range(NULL::pv, :s, :s) GROUP BY snap_id;
 EXPLAIN (COSTS OFF) SELECT (rec).id FROM gsnap_range(NULL::pv, 1, 2);
+-- a diff too, on each row of either side
+SELECT change, (rec).* FROM gsnap_diff(NULL::pv, :s, :s2) ORDER BY 2;
 -- a function scan has no place for them
 SELECT sqlstate_of(format('SELECT * FROM gsnap_range(NULL::pv, %s, %s) WITH ORDINALITY', :s, :s));
-SELECT sqlstate_of(format('SELECT * FROM gsnap_diff(NULL::pv, %s, %s)', :s, :s));
+SELECT sqlstate_of(format('SELECT gsnap_diff(NULL::pv, %s, %s)', :s, :s));
 SET row_security = off;
 SELECT sqlstate_of(format('SELECT * FROM gsnap_asof(NULL::pv, %s)', :s));
 RESET row_security;

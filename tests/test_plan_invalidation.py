@@ -34,7 +34,8 @@ The oracle:
 
 Function-scan path vs custom scan: in FROM, gsnap_asof and gsnap_range run as custom scans;
 the readers `fn_select` (the call in the select list) and `fn_lateral` (a LATERAL reference to
-an outer column) run them as plain set-returning functions. gsnap_diff is always a function.
+an outer column) run them as plain set-returning functions; gsnap_diff in FROM is a custom
+scan too, and `diff_fn` (WITH ORDINALITY) runs it as a function.
 
 Rescans (correlated subqueries, a nested loop with the custom scan on the inner side) are at
 the end, before and after a change, and a self-check that a backend killed by SIGSEGV is
@@ -101,6 +102,8 @@ READERS = {
     "versions": ("SELECT * FROM gsnap_versions(NULL::{t}, {a}, {b})", ("s1", "s2")),
     "range_agg": ("SELECT snap_id, count(*) FROM gsnap_range(NULL::{t}, {a}, {b}) GROUP BY snap_id", ("s1", "s2")),
     "diff": ("SELECT change, (rec).* FROM gsnap_diff(NULL::{t}, {a}, {b})", ("s1", "s2")),
+    "diff_fn": ("SELECT d.change, (d.rec).* FROM gsnap_diff(NULL::{t}, {a}, {b}) WITH ORDINALITY d",
+                ("s1", "s2")),
     "fn_select": ("SELECT gsnap_asof(NULL::{t}, {a})", ("s1",)),
     "fn_lateral": ("SELECT r.* FROM (VALUES ({a}::bigint), ({b}::bigint)) v(s),"
                    " LATERAL gsnap_asof(NULL::{t}, v.s) r", ("s1", "s2")),
@@ -512,7 +515,7 @@ def test_custom_scan_is_used_where_expected(env):
                 q, _ = reader_sql(reader, tab.name, tab)
                 plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {q}").fetchall())
                 custom = "Custom Scan (gsnap" in plan
-                want = reader in ("asof_id", "asof_time", "range", "versions", "range_agg")
+                want = reader in ("asof_id", "asof_time", "range", "versions", "range_agg", "diff")
                 assert custom == want, f"{reader}: {'custom scan' if custom else 'function scan'}:\n{plan}"
             # the inlined SQL function's kept plan reads through the custom scan too
             q, _ = reader_sql("asof_id", tab.name, tab)

@@ -4,7 +4,8 @@ Differential: for each role, what it reads of the live table at the moment of a 
 (policies applied by PostgreSQL) must equal what it reads later AS OF that snapshot, after
 the rows changed (policies applied by gsnap to the old rows): permissive policies OR-ed,
 restrictive ones AND-ed, policies on current_user, FORCE ROW LEVEL SECURITY for the owner,
-BYPASSRLS, no policy for a role (no row). The same through gsnap_range and gsnap_versions.
+BYPASSRLS, no policy for a role (no row). The same through gsnap_range, gsnap_versions and
+gsnap_diff.
 Column grants: the columns a role may read, AS OF and over a range, and nothing more.
 """
 
@@ -67,6 +68,10 @@ def test_each_role_reads_as_of_what_it_read_then(cluster):
             assert [row[1:] for row in rng if row[0] == snap2] == later[r], r
             versions = as_role(conn, r, f"SELECT (rec).* FROM gsnap_versions(NULL::docs, {snap}, {snap2})")
             assert sorted(set(versions)) == sorted(set(then[r]) | set(later[r])), r
+            # A diff shows the rows the role could see on either side, and only those.
+            diff = as_role(conn, r, f"SELECT change, (rec).* FROM gsnap_diff(NULL::docs, {snap}, {snap2})")
+            assert [row[1:] for row in diff if row[0] == "added"] == sorted(set(later[r]) - set(then[r])), r
+            assert [row[1:] for row in diff if row[0] == "removed"] == sorted(set(then[r]) - set(later[r])), r
         # Carol has no policy: no row (PostgreSQL's default deny); the auditor bypasses them.
         assert then["carol"] == [] and len(then["auditor"]) == 300
         assert 0 < len(then["bob"]) < len(then["alice"]) < 300
@@ -87,6 +92,7 @@ def test_column_grants_read_only_their_columns(cluster):
             f"SELECT count(*) FROM gsnap_asof(NULL::pay, {snap}) WHERE name LIKE 'n%'",
             f"SELECT snap_id, (rec).name FROM gsnap_range(NULL::pay, {snap}, {snap}) WHERE (rec).id < 10",
             f"SELECT first_snap, (rec).id FROM gsnap_versions(NULL::pay, {snap}, {snap})",
+            f"SELECT change, (rec).id, (rec).name FROM gsnap_diff(NULL::pay, {snap}, {snap})",
         ]
         refused = [
             f"SELECT * FROM gsnap_asof(NULL::pay, {snap})",
@@ -97,12 +103,15 @@ def test_column_grants_read_only_their_columns(cluster):
             f"SELECT snap_id, sum((rec).salary) FROM gsnap_range(NULL::pay, {snap}, {snap}) GROUP BY 1",
             f"SELECT rec FROM gsnap_versions(NULL::pay, {snap}, {snap})",
             f"SELECT * FROM gsnap_diff(NULL::pay, {snap}, {snap})",
+            f"SELECT change FROM gsnap_diff(NULL::pay, {snap}, {snap}) WHERE (rec).salary > 0",
+            f"SELECT change, rec FROM gsnap_diff(NULL::pay, {snap}, {snap})",
         ]
         with cluster.connect(user="colreader") as r:
             assert len(r.execute(allowed[0]).fetchall()) == 50
             assert r.execute(allowed[1]).fetchone()[0] == 50
             assert len(r.execute(allowed[2]).fetchall()) == 9
             assert len(r.execute(allowed[3]).fetchall()) == 50
+            assert r.execute(allowed[4]).fetchall() == []
             for q in refused:
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     r.execute(q)

@@ -1,7 +1,9 @@
 //! The executor side of gsnap's custom scans: the "gsnap AS OF" node (`asof_scan.rs`) fills
-//! scan slots from [`crate::read::asof::AsofRows`], the "gsnap range" and "gsnap versions"
-//! nodes (`range_scan.rs`) from [`crate::read::range::RangeCursor`] and
-//! [`crate::read::versions::VersionsCursor`].
+//! scan slots from [`crate::read::asof::AsofRows`] (or the partitions of a partitioned
+//! table, pruned by `pruning.rs`), the "gsnap range" and "gsnap versions" nodes
+//! (`range_scan.rs`) from [`crate::read::range::RangeCursor`] and
+//! [`crate::read::versions::VersionsCursor`], the "gsnap diff" node (`diff_scan.rs`) from
+//! [`crate::read::diff::diff_rows`].
 //!
 //! What both nodes do the same way is here: at executor start the table is opened and locked
 //! ACCESS SHARE (the lock stays until the transaction ends, the relation stays open while the
@@ -12,6 +14,7 @@
 //! the query's memory context, which releases its pins.
 
 mod asof_scan;
+mod diff_scan;
 mod node;
 mod pruning;
 mod range_agg;
@@ -40,6 +43,8 @@ pub unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> 
         node::create_state(&range_scan::VERSIONS_METHODS)
     } else if plan.kind == ScanKind::RangeAggregate {
         node::create_state(&range_agg::METHODS)
+    } else if plan.kind == ScanKind::Diff {
+        node::create_state(&diff_scan::METHODS)
     } else {
         node::create_state(&asof_scan::METHODS)
     }
@@ -135,6 +140,8 @@ impl ScanTable {
             (ScanKind::Versions, _) => "the last snapshot of gsnap_versions",
             (ScanKind::RangeAggregate, 0) => "the first snapshot of gsnap_range",
             (ScanKind::RangeAggregate, _) => "the last snapshot of gsnap_range",
+            (ScanKind::Diff, 0) => "the first snapshot of gsnap_diff",
+            (ScanKind::Diff, _) => "the second snapshot of gsnap_diff",
         };
         let Some(value) = value else {
             null_argument(what)

@@ -1,7 +1,8 @@
 //! The custom scan plan nodes: "gsnap AS OF" (`FROM gsnap_asof(NULL::t, id or time)`),
-//! "gsnap range" (`FROM gsnap_range(NULL::t, from, to)`) and "gsnap versions" (`FROM
-//! gsnap_versions(NULL::t, from, to)`), built from the paths of `paths.rs`, and the one place
-//! that knows the layout of their private lists.
+//! "gsnap range" (`FROM gsnap_range(NULL::t, from, to)`), "gsnap versions" (`FROM
+//! gsnap_versions(NULL::t, from, to)`) and "gsnap diff" (`FROM gsnap_diff(NULL::t, a, b)`),
+//! built from the paths of `paths.rs`, and the one place that knows the layout of their
+//! private lists.
 //!
 //! A path's `custom_private` is [`PathPlan`]: the table, the kind of scan, and the call's
 //! snapshot arguments. A node's `custom_private` is [`ScanPlan`]: the table, the kind of
@@ -32,6 +33,8 @@ pub enum ScanKind {
     Versions = 3,
     /// `GROUP BY snap_id` over `gsnap_range(NULL::t, from, to)` (`aggregates.rs`).
     RangeAggregate = 4,
+    /// `gsnap_diff(NULL::t, a, b)`.
+    Diff = 5,
 }
 
 impl ScanKind {
@@ -41,13 +44,14 @@ impl ScanKind {
             1 => ScanKind::AsofTime,
             2 => ScanKind::Range,
             3 => ScanKind::Versions,
-            _ => ScanKind::RangeAggregate,
+            4 => ScanKind::RangeAggregate,
+            _ => ScanKind::Diff,
         }
     }
 
     /// The snapshot arguments (after the table's `NULL::t`).
     pub fn snapshot_args(self) -> usize {
-        if self.over_a_range() {
+        if self.over_a_range() || self == ScanKind::Diff {
             2
         } else {
             1
@@ -62,9 +66,19 @@ impl ScanKind {
         )
     }
 
+    /// The column holding the row as a `rec` value (range, versions and diff scans).
+    pub fn rec_column(self) -> Option<i32> {
+        match self {
+            ScanKind::Range | ScanKind::Diff => Some(2),
+            ScanKind::Versions => Some(3),
+            ScanKind::RangeAggregate | ScanKind::AsofId | ScanKind::AsofTime => None,
+        }
+    }
+
     /// The name EXPLAIN shows.
     const fn name(self) -> &'static CStr {
         match self {
+            ScanKind::Diff => c"gsnap diff",
             ScanKind::Range => c"gsnap range",
             ScanKind::Versions => c"gsnap versions",
             ScanKind::RangeAggregate => c"gsnap range aggregate",
@@ -225,12 +239,14 @@ static ASOF_METHODS: Methods = Methods::of(ScanKind::AsofId);
 static RANGE_METHODS: Methods = Methods::of(ScanKind::Range);
 static VERSIONS_METHODS: Methods = Methods::of(ScanKind::Versions);
 static AGGREGATE_METHODS: Methods = Methods::of(ScanKind::RangeAggregate);
+static DIFF_METHODS: Methods = Methods::of(ScanKind::Diff);
 
 fn methods(kind: ScanKind) -> &'static Methods {
     match kind {
         ScanKind::Range => &RANGE_METHODS,
         ScanKind::Versions => &VERSIONS_METHODS,
         ScanKind::RangeAggregate => &AGGREGATE_METHODS,
+        ScanKind::Diff => &DIFF_METHODS,
         ScanKind::AsofId | ScanKind::AsofTime => &ASOF_METHODS,
     }
 }
@@ -277,6 +293,7 @@ pub fn register() {
         ScanKind::Range,
         ScanKind::Versions,
         ScanKind::RangeAggregate,
+        ScanKind::Diff,
     ];
     for kind in kinds {
         // SAFETY: _PG_init; the methods live for the process.
@@ -360,6 +377,16 @@ pub(super) unsafe fn attributes_read(
     attrs
 }
 
+/// The scan tuple of a diff scan: `(change text, rec)`, `rec` of the table's row type.
+fn change_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
+    let change = (pg_sys::TEXTOID, -1, pg_sys::DEFAULT_COLLATION_OID);
+    let rec = (relation_row_type(relid), -1, pg_sys::InvalidOid);
+    list_of(&[
+        var_entry(rti, 1, change, 1, c"change"),
+        var_entry(rti, 2, rec, 2, c"rec"),
+    ])
+}
+
 /// The scan tuple of a versions scan: `(first_snap bigint, last_snap bigint, rec)`, `rec` of
 /// the table's row type.
 fn run_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
@@ -438,11 +465,11 @@ unsafe extern "C-unwind" fn plan_path(
         .unwrap_or((std::ptr::null_mut(), pg_sys::InvalidOid));
     // The columns the query reads, for the privilege check (None: all of them).
     let columns: Option<Vec<i16>>;
-    let (qual, exprs, scan_tlist) = if path.kind.over_a_range() {
-        let (rec_attno, scan_tlist) = if path.kind == ScanKind::Range {
-            (2, snap_id_and_rec(path.relid, rti))
-        } else {
-            (3, run_and_rec(path.relid, rti))
+    let (qual, exprs, scan_tlist) = if let Some(rec_attno) = path.kind.rec_column() {
+        let scan_tlist = match path.kind {
+            ScanKind::Range => snap_id_and_rec(path.relid, rti),
+            ScanKind::Diff => change_and_rec(path.relid, rti),
+            _ => run_and_rec(path.relid, rti),
         };
         // The policies over the fields of `rec`.
         // SAFETY: the policies' conditions (NIL: none), over this scan's entry; two lists in
@@ -453,8 +480,15 @@ unsafe extern "C-unwind" fn plan_path(
         };
         // SAFETY: the planner's state; the scan's range-table index and rec column.
         columns = unsafe { super::fields::read_through_rec(root, rti, rec_attno as i16) };
-        // SAFETY: the scan's conditions, over its range-table entry.
-        let (per_version, per_row) = unsafe { split_range_conditions(quals, rti, rec_attno) };
+        // SAFETY: the scan's conditions, over its range-table entry. (A diff's rows are each
+        // a row version once: its conditions are all per row, the plan's Filter.)
+        let (per_version, per_row) = if path.kind == ScanKind::Diff {
+            // SAFETY: a List of the scan's conditions.
+            (Vec::new(), unsafe { list::iter::<c_void>(quals) }.collect())
+        } else {
+            // SAFETY: as above.
+            unsafe { split_range_conditions(quals, rti, rec_attno) }
+        };
         let exprs = list_of(&[path.args[0], path.args[1], list_of(&per_version).cast()]);
         (list_of(&per_row), exprs, scan_tlist)
     } else {

@@ -2,7 +2,7 @@
 //!
 //! A set-returning function in FROM is a function scan, which materializes all its rows in a
 //! tuplestore before the first one reaches the executor. A `set_rel_pathlist_hook`
-//! recognizes a function RTE calling `gsnap_asof`, `gsnap_range` or `gsnap_versions` (by the C
+//! recognizes a function RTE calling `gsnap_asof`, `gsnap_range`, `gsnap_versions` or `gsnap_diff` (by the C
 //! function behind it, whatever its schema) and replaces the function scan with a streaming
 //! custom scan.
 //! Cases it does not handle keep the function scan, which returns the same rows: WITH
@@ -28,14 +28,14 @@ pub fn init() {
     }
 }
 
-/// Which scan a reader function gets, if any (`gsnap_diff` keeps its function scan).
+/// Which scan a reader function gets.
 fn scan_kind(funcid: pg_sys::Oid) -> Option<ScanKind> {
     match reader_kind(funcid)? {
         Reader::AsofId => Some(ScanKind::AsofId),
         Reader::AsofTime => Some(ScanKind::AsofTime),
         Reader::Range => Some(ScanKind::Range),
         Reader::Versions => Some(ScanKind::Versions),
-        Reader::Diff => None,
+        Reader::Diff => Some(ScanKind::Diff),
     }
 }
 
@@ -89,7 +89,7 @@ unsafe fn needs_function_scan(
         list::iter::<pg_sys::Node>((*(*rel).reltarget).exprs)
             .all(|n| is_a(n, pg_sys::NodeTag::T_Var))
     };
-    (attrs.contains(0) && kind.over_a_range()) || !all_vars
+    (attrs.contains(0) && kind.rec_column().is_some()) || !all_vars
 }
 
 /// The planner hook: swaps the function scan of a reader call for the custom scan.
@@ -130,6 +130,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         ScanKind::Range | ScanKind::RangeAggregate => 10.0,
         ScanKind::Versions => 2.0,
         ScanKind::AsofId | ScanKind::AsofTime => 1.0,
+        ScanKind::Diff => 0.1,
     };
     let tuples = per_table * f64::from(table.class().reltuples).max(1.0);
     let pages = f64::from(table.class().relpages.max(1));

@@ -2,13 +2,13 @@
 //!
 //! - SELECT on what the query reads, as for the live table: the table, or each column the
 //!   query reads (the custom scans know which: an AS OF scan's columns, the fields of `rec`
-//!   a range or versions query selects, `plan::fields`; the function scans and `gsnap_diff`
-//!   return whole rows, so they need every column);
-//! - row-level security: the AS OF custom scan applies the policies that apply to the caller
-//!   now (PostgreSQL's own `get_row_security_policies`, as for a query of the live table)
-//!   to the old rows, before the query's own conditions (`plan::security`), in the AS OF,
-//!   range and versions scans; where there is no place to apply them (the function scans:
-//!   `gsnap_diff`, a reader outside FROM, WITH ORDINALITY or in a LATERAL call) or a policy
+//!   a range, versions or diff query selects, `plan::fields`; the function scans return
+//!   whole rows, so they need every column);
+//! - row-level security: the custom scans apply the policies that apply to the caller now
+//!   (PostgreSQL's own `get_row_security_policies`, as for a query of the live table) to the
+//!   old rows, before the query's own conditions (`plan::security`), in the AS OF, range,
+//!   versions and diff scans; where there is no place to apply them (the function scans: a
+//!   reader outside FROM, WITH ORDINALITY or in a LATERAL call) or a policy
 //!   has a sub-query, it refuses rather than show rows a policy would hide (owners and
 //!   BYPASSRLS roles, to whom policies do not apply, can read);
 //! - the database must be the one gsnap serves (`gsnap.database`): table OIDs are per
@@ -107,17 +107,16 @@ pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>, rls_us
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!(
                 "table {} has row-level security, which gsnap applies to snapshots only in \
-                 scans of gsnap_asof, gsnap_range and gsnap_versions in FROM",
+                 scans of gsnap_asof, gsnap_range, gsnap_versions and gsnap_diff in FROM",
                 relation_name(relid)
             ),
         )
         .detail(
-            "This query reads the table through a function scan (gsnap_diff, or a reader WITH \
-             ORDINALITY, in a LATERAL call or outside FROM), which has no place to apply the \
-             policies.",
+            "This query reads the table through a function scan (a reader WITH ORDINALITY, in a \
+             LATERAL call or outside FROM), which has no place to apply the policies.",
         )
         .hint(
-            "Read gsnap_asof(...) or gsnap_range(...) in FROM; the table owner, or a role \
+            "Read gsnap_asof(...), gsnap_range(...) or gsnap_diff(...) in FROM; the table owner, or a role \
              with BYPASSRLS, can read all of its snapshots.",
         )
         .raise();
