@@ -92,7 +92,7 @@ impl ScanNode for DiffScan {
         };
         // SAFETY: our virtual slot of (change text, rec of the table's row type); the datums
         // live in the node's memory until a rescan.
-        unsafe { tuple::store_virtual(slot, [(change, false), (rec, false)].into_iter()) };
+        unsafe { tuple::store_virtual(slot, [(change, false), (rec, false)]) };
         true
     }
 
