@@ -10,9 +10,11 @@
 
 use super::node::{self, ExecMethods, ScanNode};
 use super::ScanTable;
+use crate::ffi::relation::relation_kind;
 use crate::ffi::tuple::{self, row_type_copy};
 use crate::ffi::{expr, list};
 use crate::plan::nodes::ScanKind;
+use crate::read::partitioned;
 use crate::read::range::RangeCursor;
 use crate::read::versions::VersionsCursor;
 use pgrx::pg_sys;
@@ -38,6 +40,9 @@ pub(super) struct RangeScan {
 enum Cursor {
     Range(Box<RangeCursor>),
     Versions(Box<VersionsCursor>),
+    /// Of a partitioned table: one cursor per partition, and the one being read.
+    PartitionedRange(Vec<RangeCursor>, usize),
+    PartitionedVersions(Vec<VersionsCursor>, usize),
 }
 
 /// The node's methods.
@@ -143,19 +148,40 @@ impl RangeScan {
                     self.table.snapshot_argument(css, 1),
                 )
             };
-            // SAFETY: the table's current row type, copied at begin, lives with the query.
-            let range = unsafe { RangeCursor::open(self.table.relid, from, to, self.row_desc) };
-            self.cursor = Some(if self.table.kind == ScanKind::Versions {
-                Cursor::Versions(Box::new(VersionsCursor::new(range)))
-            } else {
-                Cursor::Range(Box::new(range))
-            });
+            let versions = self.table.kind == ScanKind::Versions;
+            let relid = self.table.relid;
+            self.cursor = Some(
+                if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+                    // SAFETY: the table's current row type, copied at begin, lives with the query.
+                    let cursors =
+                        unsafe { partitioned::range_cursors(relid, from, to, self.row_desc) };
+                    if versions {
+                        Cursor::PartitionedVersions(
+                            cursors.into_iter().map(VersionsCursor::new).collect(),
+                            0,
+                        )
+                    } else {
+                        Cursor::PartitionedRange(cursors, 0)
+                    }
+                } else {
+                    // SAFETY: as above.
+                    let range = unsafe { RangeCursor::open(relid, from, to, self.row_desc) };
+                    if versions {
+                        Cursor::Versions(Box::new(VersionsCursor::new(range)))
+                    } else {
+                        Cursor::Range(Box::new(range))
+                    }
+                },
+            );
         }
         if self.next_snap >= self.snaps.len() {
             // SAFETY: our node's expression context, set up by ExecInitCustomScan.
             let econtext = unsafe { (*css).ss.ps.ps_ExprContext };
             let filter = self.row_filter;
-            let versions = matches!(self.cursor, Some(Cursor::Versions(_)));
+            let versions = matches!(
+                self.cursor,
+                Some(Cursor::Versions(_) | Cursor::PartitionedVersions(..))
+            );
             // SAFETY: the row filter was prepared for this node and reads its scan slot, given
             // a row of that type; `rec` is the cursor's until its next row.
             let mut keep = |rec: pg_sys::Datum, snap: u64| unsafe {
@@ -170,7 +196,7 @@ impl RangeScan {
                     let Some((snaps, rec)) = range.next_row(&mut keep) else {
                         return false;
                     };
-                    (snaps, rec)
+                    (Some(snaps), rec)
                 }
                 Cursor::Versions(cursor) => {
                     let Some((first, last, rec)) = cursor.next_run(&mut keep) else {
@@ -181,10 +207,34 @@ impl RangeScan {
                     unsafe { store(slot, &[first, last], rec) };
                     return true;
                 }
+                Cursor::PartitionedVersions(cursors, at) => loop {
+                    let Some(cursor) = cursors.get_mut(*at) else {
+                        return false;
+                    };
+                    if let Some((first, last, rec)) = cursor.next_run(&mut keep) {
+                        // SAFETY: as above.
+                        unsafe { store(slot, &[first, last], rec) };
+                        return true;
+                    }
+                    *at += 1;
+                },
+                Cursor::PartitionedRange(cursors, at) => loop {
+                    let Some(cursor) = cursors.get_mut(*at) else {
+                        return false;
+                    };
+                    if let Some((snaps, rec)) = cursor.next_row(&mut keep) {
+                        self.snaps.clear();
+                        self.snaps.extend_from_slice(snaps);
+                        break (None, rec);
+                    }
+                    *at += 1;
+                },
             };
             self.rec = rec;
-            self.snaps.clear();
-            self.snaps.extend_from_slice(snaps);
+            if let Some(snaps) = snaps {
+                self.snaps.clear();
+                self.snaps.extend_from_slice(snaps);
+            }
             self.next_snap = 0;
         }
         // SAFETY: our virtual slot; the row version is the cursor's until its next row.

@@ -210,6 +210,13 @@ unsafe fn aggregate_path(
         }
         let range = range_path(input_rel)?;
         let plan = PathPlan::decode((*range).custom_private);
+        // A partitioned table is read partition by partition (`read::partitioned`); the
+        // aggregate node reads one table.
+        if crate::ffi::relation::relation_kind(plan.relid)
+            == Some(pg_sys::RELKIND_PARTITIONED_TABLE)
+        {
+            return None;
+        }
         // Row-level security: the range scan below applies the policies to each row; the
         // aggregate node has no place for them.
         let rls = pg_sys::check_enable_rls(plan.relid, pg_sys::InvalidOid, true);

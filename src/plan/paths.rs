@@ -13,7 +13,7 @@ use super::deps::{reader_kind, table_of_call, Reader};
 use super::nodes::{attributes_read, new_path, PathPlan, ScanKind};
 use crate::ffi::list;
 use crate::ffi::node::is_a;
-use crate::ffi::relation::{relation_kind, relation_row_type, OpenRelation};
+use crate::ffi::relation::{relation_row_type, OpenRelation};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -113,10 +113,6 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let Some(relid) = (unsafe { table_of_call(func) }) else {
         return;
     };
-    let partitioned = relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE);
-    if partitioned && kind.over_a_range() {
-        return; // the function raises the right error
-    }
     // SAFETY: the planner's relation and its range-table index.
     if unsafe { needs_function_scan(rel, rti, kind) } {
         return; // the function scan serves the query

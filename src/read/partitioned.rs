@@ -16,6 +16,7 @@
 //! would be silently missing: otherwise an ERROR names it.
 
 use super::asof::{AsofRows, Row};
+use super::range::RangeCursor;
 use super::table::{self, TableAtSnapshot};
 use crate::error::error;
 use crate::ffi::catalog::partitioning;
@@ -25,6 +26,7 @@ use crate::ffi::relation::{relation_name, OpenRelation};
 use crate::ffi::tuple;
 use crate::ipc;
 use gsnap_format::columns::Column;
+use gsnap_format::rowtype::RowType;
 use gsnap_protocol::SnapId;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
@@ -130,6 +132,24 @@ pub fn require_gsnap_partitions(parent: pg_sys::Oid) {
 /// `desc` is a valid descriptor.
 pub unsafe fn layout(desc: pg_sys::TupleDesc, leaf: &Leaf) -> Layout {
     // SAFETY: the caller's promise.
+    unsafe { layout_of(desc, &leaf.attnums) }
+}
+
+/// For each attribute of a partition whose row type is `row_type`, the attribute of its
+/// ancestor `parent` with the same column; None if it was not a partition of `parent`.
+pub fn attnums_in(row_type: &RowType, parent: pg_sys::Oid) -> Option<Vec<i16>> {
+    let part = row_type.definition.as_ref()?.partition.as_ref()?;
+    let a = part.ancestors.iter().find(|a| a.relid == parent.to_u32())?;
+    Some(a.attnums.clone())
+}
+
+/// The layout of the rows of a partition whose attributes hold the partitioned table's
+/// attributes `attnums` (0: none), in that table whose descriptor is `desc` now.
+///
+/// # Safety
+/// `desc` is a valid descriptor.
+pub unsafe fn layout_of(desc: pg_sys::TupleDesc, attnums: &[i16]) -> Layout {
+    // SAFETY: the caller's promise.
     let parent = unsafe { tuple::attributes(desc) };
     let live = |j: i16| {
         usize::try_from(j - 1)
@@ -137,8 +157,7 @@ pub unsafe fn layout(desc: pg_sys::TupleDesc, leaf: &Leaf) -> Layout {
             .and_then(|j| parent.get(j).map(|a| (j, a)))
             .filter(|(_, a)| !a.attisdropped)
     };
-    let columns = leaf
-        .attnums
+    let columns = attnums
         .iter()
         .map(|&j| match live(j) {
             Some((_, a)) => Column {
@@ -156,12 +175,68 @@ pub unsafe fn layout(desc: pg_sys::TupleDesc, leaf: &Leaf) -> Layout {
         })
         .collect();
     let mut project = vec![None; parent.len()];
-    for (i, &j) in leaf.attnums.iter().enumerate() {
+    for (i, &j) in attnums.iter().enumerate() {
         if let Some((j, _)) = live(j) {
             project[j] = Some(i);
         }
     }
     Layout { columns, project }
+}
+
+/// The readable snapshots of `from..=to` (an ERROR if there is none), and the partitions
+/// `parent` had at any of them.
+pub fn in_range(parent: pg_sys::Oid, from: u64, to: u64) -> (Vec<u64>, Vec<u32>) {
+    let readable: Vec<u64> = ipc::snapshots()
+        .into_iter()
+        .filter(|s| s.state.is_readable() && (from..=to).contains(&s.id.0))
+        .map(|s| s.id.0)
+        .collect();
+    if readable.is_empty() {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("no readable snapshot from snapshot {from} to snapshot {to}"),
+        )
+        .hint("gsnap_snapshots() lists the snapshots and their states.")
+        .raise();
+    }
+    let p = parent.to_u32();
+    let mut leaves: Vec<u32> = readable
+        .iter()
+        .flat_map(|&s| ipc::snapshot_tables(SnapId(s)))
+        .filter(|t| t.ancestors.contains(&p))
+        .map(|t| t.relid)
+        .collect();
+    leaves.sort_unstable();
+    leaves.dedup();
+    (readable, leaves)
+}
+
+/// The range cursors of the partitions `parent` had over `from..=to`, one per partition,
+/// each over the snapshots at which it was one (`RangeCursor::open_partition`).
+///
+/// # Safety
+/// `row_desc` is `parent`'s current row type, alive as long as the cursors; in a
+/// transaction.
+pub unsafe fn range_cursors(
+    parent: pg_sys::Oid,
+    from: u64,
+    to: u64,
+    row_desc: pg_sys::TupleDesc,
+) -> Vec<RangeCursor> {
+    if from > to {
+        // The plain cursor's own ERROR for an empty range.
+        // SAFETY: the caller's promise.
+        drop(unsafe { RangeCursor::open(parent, from, to, row_desc) });
+    }
+    require_gsnap_partitions(parent);
+    let (all, leaves) = in_range(parent, from, to);
+    leaves
+        .into_iter()
+        // SAFETY: the caller's promise.
+        .map(|leaf| unsafe {
+            RangeCursor::open_partition(pg_sys::Oid::from(leaf), parent, &all, row_desc)
+        })
+        .collect()
 }
 
 /// Values of a row of the partitioned table, from a partition row decoded by its layout.

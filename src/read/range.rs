@@ -11,6 +11,7 @@
 
 use super::decode::Decoder;
 use super::pages::view_tuples;
+use super::partitioned;
 use super::pins::{GroupPins, ImageBatches, PinnedBatch};
 use super::table::{self, TableAtSnapshot};
 use crate::error::{corrupt_index, error};
@@ -30,6 +31,12 @@ struct Decoders {
     row_desc: pg_sys::TupleDesc,
     list: Vec<Decoder>,
     by_row_type: HashMap<Vec<u8>, usize>,
+    /// Reading a partition of this partitioned table: each decoder's projection to its
+    /// columns (`super::partitioned`), and room for a projected row.
+    parent: Option<pg_sys::Oid>,
+    projections: Vec<Option<Vec<Option<usize>>>>,
+    values: Vec<pg_sys::Datum>,
+    nulls: Vec<bool>,
 }
 
 impl Decoders {
@@ -40,8 +47,21 @@ impl Decoders {
         }
         let (snap, relid, desc) = (self.snap, self.relid, self.row_desc);
         let row_type = t.row_type.clone();
-        // SAFETY: `row_desc` is the table's current row type (see RangeCursor::open).
-        let d = cx.run(|| unsafe { Decoder::new(snap, relid, row_type, desc) });
+        let d = match self.parent {
+            Some(parent) => {
+                let attnums = partitioned::attnums_in(&t.row_type, parent).unwrap_or_default();
+                // SAFETY: `row_desc` is the partitioned table's current row type.
+                let layout = unsafe { partitioned::layout_of(desc, &attnums) };
+                self.projections.push(Some(layout.project));
+                // SAFETY: in a transaction (see RangeCursor::open).
+                cx.run(|| unsafe { Decoder::with_columns(snap, relid, row_type, layout.columns) })
+            }
+            None => {
+                self.projections.push(None);
+                // SAFETY: `row_desc` is the table's current row type (see RangeCursor::open).
+                cx.run(|| unsafe { Decoder::new(snap, relid, row_type, desc) })
+            }
+        };
         self.list.push(d);
         self.by_row_type
             .insert(t.row_type_bytes.clone(), self.list.len() - 1);
@@ -114,6 +134,10 @@ pub struct RangeCursor {
     decoders: Decoders,
     /// The decoder of each snapshot's row type (by position in `snaps`).
     decoder_of: Vec<usize>,
+    /// Reading a partition: the readable snapshots of the range (positions are among them,
+    /// so that a partition detached for a while does not join its runs across the gap), and
+    /// the position of each of `snaps` among them.
+    all: Option<(Vec<u64>, Vec<usize>)>,
     /// Decoders live in `_long`; rows and what decoding allocates in `block_cx`, reset when
     /// the cursor moves to another block.
     _long: OwnedContext,
@@ -142,6 +166,50 @@ impl RangeCursor {
             .raise();
         }
         let snaps = table::in_range(relid, from, to);
+        // SAFETY: the caller's promise.
+        unsafe { Self::over(relid, snaps, row_desc, None, from) }
+    }
+
+    /// Opens partition `leaf` of `parent` over `all`, the readable snapshots of a range: the
+    /// snapshots among them at which it was a partition of `parent`, its rows formed as rows
+    /// of `parent` (whose current row type is `row_desc`).
+    ///
+    /// # Safety
+    /// As for [`RangeCursor::open`].
+    pub unsafe fn open_partition(
+        leaf: pg_sys::Oid,
+        parent: pg_sys::Oid,
+        all: &[u64],
+        row_desc: pg_sys::TupleDesc,
+    ) -> RangeCursor {
+        let mut snaps = Vec::new();
+        let mut at = Vec::new();
+        for (i, &s) in all.iter().enumerate() {
+            if let Some(t) = table::held_by(s, leaf) {
+                if partitioned::attnums_in(&t.row_type, parent).is_some() {
+                    snaps.push((s, t));
+                    at.push(i);
+                }
+            }
+        }
+        let from = all.first().copied().unwrap_or(1);
+        // SAFETY: the caller's promise.
+        let mut cursor = unsafe { Self::over(leaf, snaps, row_desc, Some(parent), from) };
+        cursor.all = Some((all.to_vec(), at));
+        cursor
+    }
+
+    /// The cursor over `snaps` (the snapshots that hold table `relid`, ascending).
+    ///
+    /// # Safety
+    /// As for [`RangeCursor::open`].
+    unsafe fn over(
+        relid: pg_sys::Oid,
+        snaps: Vec<(u64, TableAtSnapshot)>,
+        row_desc: pg_sys::TupleDesc,
+        parent: Option<pg_sys::Oid>,
+        from: u64,
+    ) -> RangeCursor {
         let mut segments = Vec::new();
         let mut start = 0;
         for segment in snaps.chunk_by(|a, b| a.1.rel == b.1.rel) {
@@ -162,6 +230,10 @@ impl RangeCursor {
             row_desc,
             list: Vec::new(),
             by_row_type: HashMap::new(),
+            parent,
+            projections: Vec::new(),
+            values: Vec::new(),
+            nulls: Vec::new(),
         };
         let decoder_of = snaps
             .iter()
@@ -188,6 +260,7 @@ impl RangeCursor {
             versions_of: None,
             decoders,
             decoder_of,
+            all: None,
             _long: long,
             block_cx: OwnedContext::new("gsnap range block"),
         }
@@ -206,12 +279,18 @@ impl RangeCursor {
 
     /// How many snapshots of the range hold the table (positions `0..len`).
     pub fn len(&self) -> usize {
-        self.snaps.len()
+        match &self.all {
+            Some((all, _)) => all.len(),
+            None => self.snaps.len(),
+        }
     }
 
     /// The snapshot at `position` (see [`Version::positions`]).
     pub fn snap_at(&self, position: usize) -> u64 {
-        self.snaps[position].0
+        match &self.all {
+            Some((all, _)) => all[position],
+            None => self.snaps[position].0,
+        }
     }
 
     /// [`RangeCursor::next_row`], with where the version is and whether it continues one
@@ -240,11 +319,27 @@ impl RangeCursor {
                     };
                     let kept = known.unwrap_or_else(|| {
                         let (snaps, _, decoder) = &self.holders[self.holder];
-                        let decoder = &mut self.decoders.list[*decoder];
+                        let Decoders {
+                            list,
+                            projections,
+                            values: out_values,
+                            nulls: out_nulls,
+                            row_desc,
+                            ..
+                        } = &mut self.decoders;
+                        let projection = &projections[*decoder];
+                        let decoder = &mut list[*decoder];
                         let rec = self.block_cx.run(|| {
                             let (values, nulls) = decoder.decode_tuple(run.block, lp, bytes);
+                            let (values, nulls) = match projection {
+                                Some(p) => {
+                                    partitioned::project(p, values, nulls, out_values, out_nulls);
+                                    (out_values.as_slice(), out_nulls.as_slice())
+                                }
+                                None => (values, nulls),
+                            };
                             // SAFETY: the values match the table's current row type.
-                            unsafe { form_record(self.decoders.row_desc, values, nulls) }
+                            unsafe { form_record(*row_desc, values, nulls) }
                         });
                         Kept {
                             rec,
@@ -324,9 +419,13 @@ impl RangeCursor {
             })
             .collect();
         for same in holding.chunk_by(|&a, &b| self.decoder_of[a] == self.decoder_of[b]) {
+            let positions = match &self.all {
+                Some((_, at)) => same.iter().map(|&i| at[i]).collect(),
+                None => same.to_vec(),
+            };
             self.holders.push((
                 same.iter().map(|&i| self.snaps[i].0).collect(),
-                same.to_vec(),
+                positions,
                 self.decoder_of[same[0]],
             ));
         }

@@ -29,7 +29,7 @@ pub mod versions;
 
 use crate::error::{error, no_such_snapshot, null_argument};
 use crate::ffi::fcinfo::Call;
-use crate::ffi::relation::{relation_kind, relation_name, relation_of_type};
+use crate::ffi::relation::{relation_kind, relation_of_type};
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 
@@ -41,9 +41,6 @@ pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
     let kind = relid.and_then(relation_kind);
     let relid = relid.unwrap_or(pg_sys::InvalidOid);
     let partitioned = kind == Some(pg_sys::RELKIND_PARTITIONED_TABLE);
-    if partitioned && !matches!(function, "gsnap_asof" | "gsnap_diff") {
-        refuse_partitioned(function, relid);
-    }
     if !partitioned
         && kind != Some(pg_sys::RELKIND_RELATION)
         && kind != Some(pg_sys::RELKIND_MATVIEW)
@@ -61,23 +58,6 @@ pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
     // SAFETY: a lock request on a table just found in the catalog.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     relid
-}
-
-/// The ERROR of a reader that does not read partitioned tables (`gsnap_range`,
-/// `gsnap_versions`).
-pub fn refuse_partitioned(function: &str, relid: pg_sys::Oid) -> ! {
-    error(
-        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-        format!(
-            "{function} does not read partitioned tables, and {} is one",
-            relation_name(relid)
-        ),
-    )
-    .hint(
-        "gsnap_asof and gsnap_diff read partitioned tables; read ranges of snapshots \
-         partition by partition (gsnap_snapshot_tables() lists them).",
-    )
-    .raise()
 }
 
 /// Argument `i`, a snapshot id: not NULL, positive.

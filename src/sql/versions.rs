@@ -3,13 +3,12 @@
 //! range, once per run of consecutive snapshots holding it. (In FROM it is planned as the
 //! "gsnap versions" custom scan instead, `exec::range_scan`.)
 
-use super::range::rec_descriptor;
+use super::range::{range_cursors, rec_descriptor};
 use super::{reader_table, snapshot_argument};
 use crate::error::error;
 use crate::ffi::fcinfo::Call;
 use crate::ffi::memcx::OwnedContext;
 use crate::ffi::tuple;
-use crate::read::range::RangeCursor;
 use crate::read::versions::VersionsCursor;
 use crate::v1_function_info;
 use pgrx::pg_sys;
@@ -38,21 +37,23 @@ pub unsafe extern "C-unwind" fn gsnap_versions(fcinfo: pg_sys::FunctionCallInfo)
         .raise();
     }
     // SAFETY: the result's third column is `rec`, of the table's current row type, which the
-    // copy keeps for the cursor.
-    let range = unsafe { RangeCursor::open(relid, from, to, rec_descriptor(result.desc, 2)) };
-    let mut cursor = VersionsCursor::new(range);
+    // copy keeps for the cursors.
+    let ranges = unsafe { range_cursors(relid, from, to, rec_descriptor(result.desc, 2)) };
     let rows = OwnedContext::new("gsnap_versions rows");
-    while let Some((first, last, rec)) = cursor.next_run(&mut |_, _| true) {
-        let values = [
-            pg_sys::Datum::from(first as i64),
-            pg_sys::Datum::from(last as i64),
-            rec,
-        ];
-        // SAFETY: the rows are (bigint, bigint, rec), `rec` of the table's row type; the
-        // tuplestore copies them.
-        rows.run(|| unsafe { result.put_values(&values, &[false; 3]) });
-        // SAFETY: the tuplestore copied the row formed in the context.
-        unsafe { rows.reset() };
+    for range in ranges {
+        let mut cursor = VersionsCursor::new(range);
+        while let Some((first, last, rec)) = cursor.next_run(&mut |_, _| true) {
+            let values = [
+                pg_sys::Datum::from(first as i64),
+                pg_sys::Datum::from(last as i64),
+                rec,
+            ];
+            // SAFETY: the rows are (bigint, bigint, rec), `rec` of the table's row type; the
+            // tuplestore copies them.
+            rows.run(|| unsafe { result.put_values(&values, &[false; 3]) });
+            // SAFETY: the tuplestore copied the row formed in the context.
+            unsafe { rows.reset() };
+        }
     }
     pg_sys::Datum::from(0usize)
 }
