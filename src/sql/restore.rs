@@ -283,6 +283,10 @@ fn restore_in_place(
         None,
         &[snap.into()],
     ));
+    // Statistics of the rows to change, so the statements below join them by hash with a
+    // TID scan of the table: without them the planner guesses a handful of rows and loops,
+    // checking each row against the whole TID array (quadratic: minutes at 1M rows).
+    spi(client.update(&format!("ANALYZE {diff}"), None, &[]));
     let disabled = if triggers {
         Vec::new()
     } else {
