@@ -362,7 +362,9 @@ fn restore_in_place(
 /// and the snapshot's row `r`. With a filter: the keys it matches in either.
 fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
     let (t, only) = (&table.name, table.only());
-    let m = filter.unwrap_or("true");
+    let Some(m) = filter else {
+        return diff_whole_by_key(table);
+    };
     let on: Vec<String> = table
         .columns
         .iter()
@@ -377,6 +379,35 @@ fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
          l.tid, l.toid, o.r FROM o FULL JOIN l ON {} \
          WHERE (coalesce(o.m, false) OR coalesce(l.m, false)) \
          AND (l.tid IS NULL OR o.here IS NULL OR NOT o.r OPERATOR(pg_catalog.*=) l.r)",
+        on.join(" AND ")
+    )
+}
+
+/// [`diff_by_key`] of the whole table, written so that the snapshot's side is the AS OF custom
+/// scan (plain columns, no value computed on the outer join's nullable side, which would
+/// make it a function scan materializing every row): a key column is NULL only on the side
+/// a row is missing from (key columns are NOT NULL), and the snapshot's row is formed from
+/// its columns only where it is compared or returned.
+fn diff_whole_by_key(table: &Table) -> String {
+    let (t, only) = (&table.name, table.only());
+    let key: Vec<&Column> = table.columns.iter().filter(|c| c.key).collect();
+    let k0 = &key[0].name;
+    let on: Vec<String> = key
+        .iter()
+        .map(|c| format!("o.{0} = (l.r).{0}", c.name))
+        .collect();
+    let all: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| format!("o.{}", c.name))
+        .collect();
+    let row = format!("ROW({})::{t}", all.join(", "));
+    format!(
+        "SELECT CASE WHEN l.tid IS NULL THEN 'i' WHEN o.{k0} IS NULL THEN 'd' ELSE 'u' END AS op, \
+         l.tid, l.toid, CASE WHEN o.{k0} IS NOT NULL THEN {row} END AS r \
+         FROM gsnap_asof(NULL::{t}, $1) o \
+         FULL JOIN (SELECT x AS r, x.ctid AS tid, x.tableoid AS toid FROM {only} {t} x) l ON {} \
+         WHERE l.tid IS NULL OR o.{k0} IS NULL OR NOT {row} OPERATOR(pg_catalog.*=) l.r",
         on.join(" AND ")
     )
 }
