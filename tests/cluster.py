@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import psycopg
@@ -21,6 +22,25 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 PGBIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def snapshot(conn: psycopg.Connection) -> int:
+    """Declares a snapshot and returns its id."""
+    return conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+
+
+def rows(conn: psycopg.Connection, query: str, *args) -> Counter:
+    """The rows of `query` as a multiset."""
+    return Counter(conn.execute(query, args or None).fetchall())
+
+
+def sqlstate(conn: psycopg.Connection, query: str, *args) -> str | None:
+    """The SQLSTATE of the error `query` raises, None if it succeeds."""
+    try:
+        conn.execute(query, args or None)
+    except psycopg.Error as e:
+        return e.sqlstate
+    return None
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):

@@ -17,7 +17,7 @@ from collections import Counter
 import psycopg
 import pytest
 
-from cluster import gsnap_cluster
+from cluster import gsnap_cluster, snapshot, rows, sqlstate
 
 
 @pytest.fixture(scope="module")
@@ -30,22 +30,6 @@ def conn(cluster):
     with cluster.connect() as c:
         c.autocommit = True
         yield c
-
-
-def snapshot(conn) -> int:
-    return conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
-
-
-def rows(conn, query: str, *args) -> Counter:
-    return Counter(conn.execute(query, args).fetchall())
-
-
-def sqlstate(conn, query: str, *args) -> str | None:
-    try:
-        conn.execute(query, args)
-    except psycopg.Error as e:
-        return e.sqlstate
-    return None
 
 
 def make_tree(conn, name: str, keyed: bool) -> None:

@@ -17,7 +17,7 @@ from collections import Counter
 import psycopg
 import pytest
 
-from cluster import gsnap_cluster
+from cluster import gsnap_cluster, snapshot, rows
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,6 @@ def conn(cluster):
     with cluster.connect() as c:
         c.autocommit = True
         yield c
-
-
-def snapshot(conn) -> int:
-    return conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
-
-
-def rows(conn, query: str) -> Counter:
-    return Counter(conn.execute(query).fetchall())
 
 
 def restore(conn, call: str) -> tuple:

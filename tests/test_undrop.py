@@ -15,7 +15,7 @@ from collections import Counter
 import psycopg
 import pytest
 
-from cluster import gsnap_cluster
+from cluster import gsnap_cluster, snapshot, rows, sqlstate
 
 
 @pytest.fixture(scope="module")
@@ -30,24 +30,8 @@ def conn(cluster):
         yield c
 
 
-def snapshot(conn) -> int:
-    return conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
-
-
-def rows(conn, query: str, *args) -> Counter:
-    return Counter(conn.execute(query, args).fetchall())
-
-
 def big(rng: random.Random) -> str:
     return "".join(f"{rng.getrandbits(64):016x}" for _ in range(300))  # TOASTed, incompressible
-
-
-def sqlstate(conn, query: str, *args) -> str | None:
-    try:
-        conn.execute(query, args)
-    except psycopg.Error as e:
-        return e.sqlstate
-    return None
 
 
 def notices(conn) -> list[str]:

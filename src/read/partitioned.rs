@@ -186,19 +186,7 @@ pub unsafe fn layout_of(desc: pg_sys::TupleDesc, attnums: &[i16]) -> Layout {
 /// The readable snapshots of `from..=to` (an ERROR if there is none), and the partitions
 /// `parent` had at any of them.
 pub fn in_range(parent: pg_sys::Oid, from: u64, to: u64) -> (Vec<u64>, Vec<u32>) {
-    let readable: Vec<u64> = ipc::snapshots()
-        .into_iter()
-        .filter(|s| s.state.is_readable() && (from..=to).contains(&s.id.0))
-        .map(|s| s.id.0)
-        .collect();
-    if readable.is_empty() {
-        error(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("no readable snapshot from snapshot {from} to snapshot {to}"),
-        )
-        .hint("gsnap_snapshots() lists the snapshots and their states.")
-        .raise();
-    }
+    let readable = table::readable_in_range(from, to);
     let p = parent.to_u32();
     let mut leaves: Vec<u32> = readable
         .iter()

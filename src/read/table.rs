@@ -92,9 +92,8 @@ pub fn at(snap: u64, relid: pg_sys::Oid) -> TableAtSnapshot {
     held_by(snap, relid).unwrap_or_else(|| not_in_snapshot(&relation_name(relid), snap))
 }
 
-/// The readable snapshots in `from..=to` that hold `relid`, with the table as each holds it,
-/// oldest first. A range with no readable snapshot, or none holding the table, is an ERROR.
-pub fn in_range(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnapshot)> {
+/// The readable snapshots in `from..=to`, ascending; none is an ERROR.
+pub fn readable_in_range(from: u64, to: u64) -> Vec<u64> {
     let readable: Vec<u64> = ipc::snapshots()
         .into_iter()
         .filter(|s| s.state.is_readable() && (from..=to).contains(&s.id.0))
@@ -108,6 +107,13 @@ pub fn in_range(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnap
         .hint("gsnap_snapshots() lists the snapshots and their states.")
         .raise();
     }
+    readable
+}
+
+/// The readable snapshots in `from..=to` that hold `relid`, with the table as each holds it,
+/// oldest first. A range with no readable snapshot, or none holding the table, is an ERROR.
+pub fn in_range(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnapshot)> {
+    let readable = readable_in_range(from, to);
     let holding: Vec<(u64, TableAtSnapshot)> = readable
         .into_iter()
         .filter_map(|s| held_by(s, relid).map(|t| (s, t)))
