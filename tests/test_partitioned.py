@@ -135,9 +135,29 @@ def test_a_partitioned_table_reads_the_partitions_it_had_at_each_snapshot(conn):
                             first_last).fetchall()
         for s in snaps:
             assert Counter(r[2:7] for r in runs if r[0] <= s <= r[1]) == want_at[s], (form, s)
+    # Conditions on rec prune partitions over the range too, per snapshot; same answers.
+    for cond in ("(rec).id >= 0 AND (rec).id < 1000", "(rec).id = 2500 AND (rec).region = 'us'",
+                 "(rec).id > 4000", "(rec).region = 'eu' AND (rec).id BETWEEN 2000 AND 2999"):
+        for reader, cols in (("gsnap_range", "snap_id"), ("gsnap_versions", "first_snap, last_snap")):
+            pruned = rows(conn, f"SELECT {cols}, (rec).* FROM {reader}(NULL::pt, %s, %s) WHERE {cond}",
+                          *first_last)
+            full = rows(conn, f"SELECT {cols}, (rec).* FROM {reader}(NULL::pt, %s, %s) WITH ORDINALITY "
+                              f"WHERE {cond}", *first_last)
+            assert pruned == full, (reader, cond)
+    plan = [r[0] for r in conn.execute(
+        "EXPLAIN ANALYZE SELECT * FROM gsnap_range(NULL::pt, %s, %s) WHERE (rec).id >= 0 AND (rec).id < 1000",
+        first_last)]
+    assert any("Partitions Read: 1 of 5 over the range" in line for line in plan), plan
     counts = dict(conn.execute("SELECT snap_id, count(*) FROM gsnap_range(NULL::pt, %s, %s) GROUP BY 1",
                                first_last).fetchall())
     assert counts == {s: sum(t.values()) for s, t in truths.items()}
+    # The planner estimates the rows from the partitions' statistics (the partitioned
+    # table itself has none).
+    conn.execute("ANALYZE pt")
+    live = conn.execute("SELECT count(*) FROM pt").fetchone()[0]
+    plan = conn.execute("EXPLAIN SELECT * FROM gsnap_asof(NULL::pt, %s)", (first,)).fetchone()[0]
+    estimate = int(plan.split("rows=")[1].split()[0])
+    assert live / 2 <= estimate <= live * 2, (plan, live)
     # An intermediate partitioned table reads its own partitions.
     want_c = Counter({(*k, None): c for k, c in truths[first].items() if 2000 <= k[0] < 3000})
     assert rows(conn, "SELECT * FROM gsnap_asof(NULL::pt_c, %s)", first) == want_c

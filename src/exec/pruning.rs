@@ -64,6 +64,52 @@ pub unsafe fn refuted(leaf: &Leaf, quals: *mut pg_sys::List, scan_columns: &[usi
     }
 }
 
+/// True if `quals` (a range or versions node's Row Filter, implicitly AND-ed, over the fields
+/// of its `rec` column `rec_column`, of row type `row_type`) refute the partition constraint
+/// `constraint` of a partition whose attributes hold the partitioned table's `attnums`: the
+/// partition has no row version to return at that snapshot.
+///
+/// # Safety
+/// `quals` is NIL or a valid list of the node's conditions; in a transaction.
+pub unsafe fn refuted_over_rec(
+    constraint: &str,
+    attnums: &[i16],
+    quals: *mut pg_sys::List,
+    rec_column: i16,
+    row_type: pg_sys::Oid,
+) -> bool {
+    if quals.is_null() || constraint.is_empty() {
+        return false;
+    }
+    let Ok(stored) = CString::new(constraint) else {
+        return false;
+    };
+    let mut remap = Remap {
+        columns: attnums.to_vec(),
+        all_mapped: true,
+    };
+    // SAFETY: as in `refuted`; the constraint's Vars become the partitioned table's columns
+    // (INDEX_VAR), then fields of the node's `rec` (an INDEX_VAR column too).
+    unsafe {
+        let constraint = pg_sys::stringToNode(stored.as_ptr()).cast::<pg_sys::Node>();
+        remap_vars(constraint, std::ptr::from_mut(&mut remap).cast());
+        if !remap.all_mapped {
+            return false;
+        }
+        let rti = pg_sys::INDEX_VAR;
+        let (fields, unsupported) =
+            crate::plan::security::as_rec_fields(constraint, rti, rec_column, row_type);
+        if unsupported {
+            return false;
+        }
+        remap_vars(fields, std::ptr::null_mut());
+        let quals = pg_sys::copyObjectImpl(quals.cast()).cast::<pg_sys::Node>();
+        remap_vars(quals, std::ptr::null_mut());
+        let predicate = pg_sys::make_ands_implicit(fields.cast());
+        pg_sys::predicate_refuted_by(predicate, quals.cast(), false)
+    }
+}
+
 /// With a [`Remap`] context: points each Var of the constraint (over the partition, entry
 /// 1) at its scan column. Without: leaves the Vars where they are. Either way each Var's
 /// syntactic referent becomes the Var itself (`varnosyn`, `varattnosyn`), which PostgreSQL 15

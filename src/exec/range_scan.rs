@@ -9,7 +9,7 @@
 //! over the versions cursor: one `(first_snap, last_snap, rec)` row per run of a version.
 
 use super::node::{self, ExecMethods, ScanNode};
-use super::ScanTable;
+use super::{pruning, ScanTable};
 use crate::ffi::relation::relation_kind;
 use crate::ffi::tuple::{self, row_type_copy};
 use crate::ffi::{expr, list};
@@ -19,6 +19,7 @@ use crate::read::range::RangeCursor;
 use crate::read::versions::VersionsCursor;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::ffi::CString;
 
 /// What the node keeps between fetches.
 pub(super) struct RangeScan {
@@ -29,6 +30,9 @@ pub(super) struct RangeScan {
     row_desc: pg_sys::TupleDesc,
     /// The open cursor (opened at the first fetch, again after a rescan).
     cursor: Option<Cursor>,
+    /// Of a partitioned table: its partitions over the range, and those read (at one
+    /// snapshot at least; the others pruned), at the last open.
+    partitions: Option<(usize, usize)>,
     /// The current row version and its snapshots left to hand out.
     rec: pg_sys::Datum,
     snaps: Vec<u64>,
@@ -46,11 +50,34 @@ enum Cursor {
 }
 
 /// The node's methods.
-pub(super) static METHODS: ExecMethods<RangeScan> = node::methods(c"gsnap range", Some(explain));
+pub(super) static METHODS: ExecMethods<RangeScan> =
+    node::methods(c"gsnap range", Some(explain_range));
 
 /// The methods of the versions node.
 pub(super) static VERSIONS_METHODS: ExecMethods<RangeScan> =
-    node::methods(c"gsnap versions", Some(explain));
+    node::methods(c"gsnap versions", Some(explain_range));
+
+/// EXPLAIN of a range or versions node: its Row Filter ([`explain`]) and, of a partitioned
+/// table, the partitions over the range and those read (the others pruned at every
+/// snapshot), once the scan has run (EXPLAIN ANALYZE).
+#[pg_guard]
+unsafe extern "C-unwind" fn explain_range(
+    css: *mut pg_sys::CustomScanState,
+    ancestors: *mut pg_sys::List,
+    es: *mut pg_sys::ExplainState,
+) {
+    // SAFETY: PostgreSQL's own arguments, for our range or versions node.
+    unsafe { explain(css, ancestors, es) };
+    // SAFETY: as above: the state of a RangeScan.
+    let Some(scan) = (unsafe { node::node_of::<RangeScan>(css) }) else {
+        return;
+    };
+    if let Some((all, read)) = scan.partitions {
+        let text = CString::new(format!("{read} of {all} over the range")).unwrap_or_default();
+        // SAFETY: EXPLAIN's state, given a label and a C string it copies.
+        unsafe { pg_sys::ExplainPropertyText(c"Partitions Read".as_ptr(), text.as_ptr(), es) };
+    }
+}
 
 /// The conditions on `rec` alone (a List of conditions, NIL for none), after the snapshot
 /// arguments in the plan's expressions (plan/nodes.rs).
@@ -79,6 +106,7 @@ impl ScanNode for RangeScan {
             table,
             row_filter,
             cursor: None,
+            partitions: None,
             rec: pg_sys::Datum::from(0usize),
             snaps: Vec::new(),
             next_snap: 0,
@@ -152,9 +180,20 @@ impl RangeScan {
             let relid = self.table.relid;
             self.cursor = Some(
                 if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+                    // SAFETY: our node's plan: its Row Filter (conditions on `rec` alone).
+                    let quals = unsafe { row_filter_of(node::plan_of(css)) };
+                    let rec_column = if versions { 3 } else { 2 };
+                    let row_type = rel_type_id(relid);
+                    // SAFETY: the node's own conditions, over its scan tuple; in a transaction.
+                    let mut refuted = |constraint: &str, attnums: &[i16]| unsafe {
+                        pruning::refuted_over_rec(constraint, attnums, quals, rec_column, row_type)
+                    };
                     // SAFETY: the table's current row type, copied at begin, lives with the query.
-                    let cursors =
-                        unsafe { partitioned::range_cursors(relid, from, to, self.row_desc) };
+                    let cursors = unsafe {
+                        partitioned::range_cursors(relid, from, to, self.row_desc, &mut refuted)
+                    };
+                    let read = cursors.iter().filter(|c| !c.is_empty()).count();
+                    self.partitions = Some((cursors.len(), read));
                     if versions {
                         Cursor::PartitionedVersions(
                             cursors.into_iter().map(VersionsCursor::new).collect(),

@@ -14,7 +14,7 @@ pub mod deps;
 mod fields;
 pub mod nodes;
 mod paths;
-mod security;
+pub(crate) mod security;
 
 pub use aggregates::AggKind;
 

@@ -11,6 +11,7 @@
 
 use super::deps::{reader_kind, table_of_call, Reader};
 use super::nodes::{attributes_read, new_path, PathPlan, ScanKind};
+use crate::ffi::catalog::partitioning;
 use crate::ffi::list;
 use crate::ffi::node::is_a;
 use crate::ffi::relation::{relation_row_type, OpenRelation};
@@ -128,8 +129,13 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         ScanKind::AsofId | ScanKind::AsofTime => 1.0,
         ScanKind::Diff => 0.1,
     };
-    let tuples = per_table * f64::from(table.class().reltuples).max(1.0);
-    let pages = f64::from(table.class().relpages.max(1));
+    let (tuples, pages) = if table.class().relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE {
+        partitions_size(relid)
+    } else {
+        let class = table.class();
+        (f64::from(class.reltuples), f64::from(class.relpages))
+    };
+    let (tuples, pages) = (per_table * tuples.max(1.0), pages.max(1.0));
     drop(table);
     // SAFETY: the planner's state and the relation's conditions.
     let rows = unsafe {
@@ -163,6 +169,38 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let path = new_path(kind, private, rel, pathtarget, rows, cost);
     // SAFETY: the planner's state and relation.
     unsafe { replace_paths(root, rel, relid, path) };
+}
+
+/// The rows and pages of the partitions a partitioned table has now (the statistics of
+/// each, as the catalog has them; a partition never analyzed counts as empty).
+fn partitions_size(relid: pg_sys::Oid) -> (f64, f64) {
+    // SAFETY: the tables below `relid` (no lock: only their statistics are read, from the
+    // catalog cache).
+    let all = unsafe {
+        list::oids(partitioning::find_all_inheritors(
+            relid,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            std::ptr::null_mut(),
+        ))
+    };
+    let cache = pg_sys::SysCacheIdentifier::RELOID as i32;
+    let (mut tuples, mut pages) = (0.0, 0.0);
+    for oid in all {
+        // SAFETY: a catalog cache lookup by OID, released below; a pg_class row's fixed part.
+        unsafe {
+            let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(oid));
+            if tuple.is_null() {
+                continue;
+            }
+            let class = &*pg_sys::GETSTRUCT(tuple).cast::<pg_sys::FormData_pg_class>();
+            if class.relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
+                tuples += f64::from(class.reltuples).max(0.0);
+                pages += f64::from(class.relpages);
+            }
+            pg_sys::ReleaseSysCache(tuple);
+        }
+    }
+    (tuples, pages)
 }
 
 /// Makes `path` the only path of `rel`, and the plan depend on table `relid` and its row

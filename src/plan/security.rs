@@ -149,6 +149,30 @@ pub(super) unsafe fn over_rec(
     quals.cast()
 }
 
+/// `expr` with every Var of range-table entry `rti` (a column of a table whose row type is
+/// `row_type`) replaced by the field of `rec`, column `rec_attno` of the same entry, that
+/// holds it; and whether it had a Var that cannot be (a system column). Used by partition
+/// pruning of range and versions scans (`exec::pruning`), whose conditions are over `rec`.
+///
+/// # Safety
+/// `expr` is an expression tree; in a memory context that outlives the result.
+pub(crate) unsafe fn as_rec_fields(
+    expr: *mut pg_sys::Node,
+    rti: i32,
+    rec_attno: i16,
+    row_type: pg_sys::Oid,
+) -> (*mut pg_sys::Node, bool) {
+    let mut context = RecFields {
+        rti,
+        rec_attno,
+        row_type,
+        unsupported: false,
+    };
+    // SAFETY: the caller's promise; the mutator copies what it changes.
+    let expr = unsafe { to_rec_fields(expr, (&mut context as *mut RecFields).cast()) };
+    (expr, context.unsupported)
+}
+
 /// The mutator of [`over_rec`].
 ///
 /// # Safety

@@ -200,7 +200,9 @@ pub fn in_range(parent: pg_sys::Oid, from: u64, to: u64) -> (Vec<u64>, Vec<u32>)
 }
 
 /// The range cursors of the partitions `parent` had over `from..=to`, one per partition,
-/// each over the snapshots at which it was one (`RangeCursor::open_partition`).
+/// each over the snapshots at which it was one (`RangeCursor::open_partition`) and that
+/// `refuted(constraint, attnums)` does not exclude (the partition's constraint and
+/// attribute map recorded at that snapshot).
 ///
 /// # Safety
 /// `row_desc` is `parent`'s current row type, alive as long as the cursors; in a
@@ -210,6 +212,7 @@ pub unsafe fn range_cursors(
     from: u64,
     to: u64,
     row_desc: pg_sys::TupleDesc,
+    refuted: &mut dyn FnMut(&str, &[i16]) -> bool,
 ) -> Vec<RangeCursor> {
     if from > to {
         // The plain cursor's own ERROR for an empty range.
@@ -218,11 +221,33 @@ pub unsafe fn range_cursors(
     }
     require_gsnap_partitions(parent);
     let (all, leaves) = in_range(parent, from, to);
+    // Whether a partition at a snapshot is pruned, by its row type (shared by snapshots).
+    let mut known: std::collections::HashMap<Vec<u8>, bool> = std::collections::HashMap::new();
+    let mut pruned = |t: &TableAtSnapshot| {
+        *known.entry(t.row_type_bytes.clone()).or_insert_with(|| {
+            let part = t
+                .row_type
+                .definition
+                .as_ref()
+                .and_then(|d| d.partition.as_ref());
+            let attnums = attnums_in(&t.row_type, parent);
+            match (part, attnums) {
+                (Some(part), Some(attnums)) => refuted(&part.constraint, &attnums),
+                _ => false,
+            }
+        })
+    };
     leaves
         .into_iter()
         // SAFETY: the caller's promise.
         .map(|leaf| unsafe {
-            RangeCursor::open_partition(pg_sys::Oid::from(leaf), parent, &all, row_desc)
+            RangeCursor::open_partition(
+                pg_sys::Oid::from(leaf),
+                parent,
+                &all,
+                row_desc,
+                &mut pruned,
+            )
         })
         .collect()
 }

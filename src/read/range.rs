@@ -171,8 +171,9 @@ impl RangeCursor {
     }
 
     /// Opens partition `leaf` of `parent` over `all`, the readable snapshots of a range: the
-    /// snapshots among them at which it was a partition of `parent`, its rows formed as rows
-    /// of `parent` (whose current row type is `row_desc`).
+    /// snapshots among them at which it was a partition of `parent` and that `pruned` does
+    /// not exclude, its rows formed as rows of `parent` (whose current row type is
+    /// `row_desc`).
     ///
     /// # Safety
     /// As for [`RangeCursor::open`].
@@ -181,12 +182,13 @@ impl RangeCursor {
         parent: pg_sys::Oid,
         all: &[u64],
         row_desc: pg_sys::TupleDesc,
+        pruned: &mut dyn FnMut(&TableAtSnapshot) -> bool,
     ) -> RangeCursor {
         let mut snaps = Vec::new();
         let mut at = Vec::new();
         for (i, &s) in all.iter().enumerate() {
             if let Some(t) = table::held_by(s, leaf) {
-                if partitioned::attnums_in(&t.row_type, parent).is_some() {
+                if partitioned::attnums_in(&t.row_type, parent).is_some() && !pruned(&t) {
                     snaps.push((s, t));
                     at.push(i);
                 }
@@ -275,6 +277,11 @@ impl RangeCursor {
         keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
     ) -> Option<(&[u64], pg_sys::Datum)> {
         self.next_version(keep).map(|v| (v.snaps, v.rec))
+    }
+
+    /// True if no snapshot of the range is read (a partition pruned at every one).
+    pub fn is_empty(&self) -> bool {
+        self.snaps.is_empty()
     }
 
     /// How many snapshots of the range hold the table (positions `0..len`).

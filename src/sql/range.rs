@@ -76,7 +76,7 @@ pub(super) unsafe fn range_cursors(
 ) -> Vec<RangeCursor> {
     if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
         // SAFETY: the caller's promise.
-        unsafe { partitioned::range_cursors(relid, from, to, row_desc) }
+        unsafe { partitioned::range_cursors(relid, from, to, row_desc, &mut |_, _| false) }
     } else {
         // SAFETY: the caller's promise.
         vec![unsafe { RangeCursor::open(relid, from, to, row_desc) }]
