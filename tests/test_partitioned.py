@@ -263,3 +263,15 @@ def test_a_partition_detached_for_a_while_has_two_runs_of_versions(conn):
     at = conn.execute("SELECT snap_id, count(*) FROM gsnap_range(NULL::pg, %s, %s) GROUP BY 1 ORDER BY 1",
                       (s1, s4)).fetchall()
     assert at == [(s1, 2), (s2, 1), (s3, 1), (s4, 2)]
+
+
+def test_the_planner_estimates_rows_of_tables_never_analyzed(conn):
+    """An AS OF scan of a table never analyzed is estimated from its size, as PostgreSQL
+    estimates the live table (it used to be one row, which misplans joins)."""
+    conn.execute("CREATE TABLE pn (id int, v text) USING gsnap WITH (autovacuum_enabled = off)")
+    conn.execute("INSERT INTO pn SELECT g, 'v' || g FROM generate_series(1, 20000) g")
+    s = snapshot(conn)
+    live = conn.execute("EXPLAIN SELECT * FROM pn").fetchone()[0]
+    asof = conn.execute("EXPLAIN SELECT * FROM gsnap_asof(NULL::pn, %s)", (s,)).fetchone()[0]
+    estimate = int(asof.split("rows=")[1].split()[0])
+    assert estimate == int(live.split("rows=")[1].split()[0]) and 10000 <= estimate <= 40000, (live, asof)

@@ -122,7 +122,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         return;
     };
     // Estimate the rows from the table's current size (a range: as if of 10 snapshots; its
-    // versions: as if a tenth of the rows changed in each).
+    // versions: as if a tenth of the rows changed in each; a diff: a tenth of the rows).
     let per_table = match kind {
         ScanKind::Range | ScanKind::RangeAggregate => 10.0,
         ScanKind::Versions => 2.0,
@@ -132,8 +132,20 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let (tuples, pages) = if table.class().relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE {
         partitions_size(relid)
     } else {
-        let class = table.class();
-        (f64::from(class.reltuples), f64::from(class.relpages))
+        // The size PostgreSQL's planner would estimate for the table now (its statistics, or,
+        // never analyzed, its blocks times a tuple density from its columns' widths).
+        let (mut pages, mut tuples, mut all_visible) = (0, 0.0, 0.0);
+        // SAFETY: the open table; the estimate reads its size and statistics.
+        unsafe {
+            pg_sys::estimate_rel_size(
+                table.as_ptr(),
+                std::ptr::null_mut(),
+                &mut pages,
+                &mut tuples,
+                &mut all_visible,
+            )
+        };
+        (tuples, f64::from(pages))
     };
     let (tuples, pages) = (per_table * tuples.max(1.0), pages.max(1.0));
     drop(table);
