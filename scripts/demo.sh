@@ -86,6 +86,14 @@ psql -c "SELECT * FROM gsnap_restore('pgbench_tellers', $last, condition => 'bid
 psql -c "SELECT count(*) AS tellers_as_at_the_snapshot
          FROM pgbench_tellers t JOIN gsnap_asof(NULL::pgbench_tellers, $last) s USING (tid)
          WHERE t.tbalance = s.tbalance"
+log "a table dropped by mistake: listed as dropped in the snapshot, then brought back as it was"
+psql -c "DROP TABLE pgbench_branches"
+psql -c "SELECT table_name, dropped FROM gsnap_snapshot_tables($last) WHERE dropped"
+psql -c "SELECT gsnap_undrop('public.pgbench_branches', $last) AS rows_loaded"
+psql -c "SELECT count(*) AS branches_as_at_the_snapshot
+         FROM pgbench_branches b
+         JOIN gsnap_asof_dropped('public.pgbench_branches', $last) AS s(bid int, bbalance int, filler char(88))
+         USING (bid) WHERE b.bbalance = s.bbalance"
 log "lifetimes: what a policy would keep (gsnap.retention), and what deleting each snapshot frees"
 psql -c "SELECT p.snap_id, p.rank, p.action, p.rule, pg_size_pretty(s.frees_bytes) AS deleting_frees
          FROM gsnap_retention_preview('within=20s minutely=1') p JOIN gsnap_snapshots() s USING (snap_id)

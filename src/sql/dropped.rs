@@ -443,11 +443,12 @@ fn undrop(table_name: Option<&str>, snap: u64, new_name: Option<&str>) -> i64 {
 
 /// Raises an ERROR if `target` is taken, or its schema does not exist, with what to do.
 fn require_free_name(client: &mut SpiClient<'_>, t: &Recorded, target: &str, renamed: bool) {
-    let hint = format!(
-        "Give gsnap_undrop a new name: SELECT gsnap_undrop('{}', {}, 'new_name').",
+    let example = format!(
+        "SELECT gsnap_undrop('{}', {}, 'new_name')",
         t.name.replace('\'', "''"),
         t.snap
     );
+    let hint = format!("Give gsnap_undrop a new name: {example}.");
     let taken: Option<pg_sys::Oid> = spi(client
         .select("SELECT to_regclass($1)::oid", None, &[target.into()])
         .and_then(|r| r.first().get(1)));
@@ -484,19 +485,11 @@ fn require_free_name(client: &mut SpiClient<'_>, t: &Recorded, target: &str, ren
                 format!("schema \"{schema}\" does not exist"),
             )
             .hint(format!(
-                "Create the schema again, or {}",
-                lowercase_first(&hint)
+                "Create the schema again, or give gsnap_undrop a new name: {example}."
             ))
             .raise();
         }
     }
-}
-
-fn lowercase_first(s: &str) -> String {
-    let mut c = s.chars();
-    c.next()
-        .map(|f| f.to_lowercase().chain(c).collect())
-        .unwrap_or_default()
 }
 
 /// Gives the recreated table back to its recorded owner, if that role still exists, and
