@@ -12,8 +12,9 @@
 2. undrop   gsnap_undrop() of a dropped table of --undrop-mb MB (pgbench_accounts' width, a
             primary key and one more index) against CREATE TABLE ... USING gsnap AS SELECT
             from the same snapshot (gsnap_asof_dropped: the same reader), alone and followed
-            by the same index builds; each timed in a transaction then rolled back,
-            alternately; the undropped rows are checked against the snapshot once.
+            by the same index builds; and of the same rows in a table without indexes against
+            CREATE TABLE AS; each timed in a transaction then rolled back, alternately; the
+            undropped rows are checked against the snapshot once.
 
 Results: CSV and summary.json under --out, plots by plot.py. The machine is shared: the two
 ways are measured interleaved and compared as ratios within a round.
@@ -112,13 +113,16 @@ def bench_undrop(b: Bench) -> None:
                  "USING gsnap")
     conn.execute(f"INSERT INTO u SELECT g, g % 1000, g % 7, '' FROM generate_series(1, {rows}) g")
     conn.execute("CREATE INDEX u_k ON u (k)")
+    # the same rows in a table without any index: the load alone
+    conn.execute("CREATE TABLE w USING gsnap AS SELECT * FROM u")
     conn.execute("VACUUM (FREEZE, ANALYZE) u")
+    conn.execute("VACUUM (FREEZE, ANALYZE) w")
     mb = conn.execute("SELECT pg_relation_size('u') / 1048576").fetchone()[0]
     t = time.perf_counter()
     snap = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
     log(f"   table {mb} MB, snapshot {snap} taken in {time.perf_counter() - t:.1f} s")
     want = conn.execute(f"SELECT count(*), sum(v), sum(k) FROM gsnap_asof(NULL::u, {snap})").fetchone()
-    conn.execute("DROP TABLE u")
+    conn.execute("DROP TABLE u, w")
     cols = "id int, k int, v int, pad char(84)"
     ctas = f"CREATE TABLE u USING gsnap AS SELECT * FROM gsnap_asof_dropped('u', {snap}) AS x({cols})"
     indexes = ["ALTER TABLE u ADD PRIMARY KEY (id)", "CREATE INDEX u_k ON u (k)"]
@@ -128,7 +132,9 @@ def bench_undrop(b: Bench) -> None:
     got = conn.execute("SELECT count(*), sum(v), sum(k) FROM u").fetchone()
     conn.execute("ROLLBACK")
     assert got == want, (got, want)
-    ways = [("gsnap_undrop", ours), ("ctas", [ctas]), ("ctas_indexes", [ctas, *indexes])]
+    bare_ctas = f"CREATE TABLE w USING gsnap AS SELECT * FROM gsnap_asof_dropped('w', {snap}) AS x({cols})"
+    ways = [("gsnap_undrop", ours), ("ctas", [ctas]), ("ctas_indexes", [ctas, *indexes]),
+            ("bare_undrop", [f"SELECT gsnap_undrop('w', {snap})"]), ("bare_ctas", [bare_ctas])]
     out = []
     for r in range(a.rounds):
         order = ways if r % 2 == 0 else list(reversed(ways))
@@ -143,17 +149,24 @@ def bench_undrop(b: Bench) -> None:
         out.append({"round": r, "undrop_s": took["gsnap_undrop"], "ctas_s": took["ctas"],
                     "ctas_indexes_s": took["ctas_indexes"],
                     "ratio_ctas": took["gsnap_undrop"] / took["ctas"],
-                    "ratio_ctas_indexes": took["gsnap_undrop"] / took["ctas_indexes"]})
+                    "ratio_ctas_indexes": took["gsnap_undrop"] / took["ctas_indexes"],
+                    "bare_undrop_s": took["bare_undrop"], "bare_ctas_s": took["bare_ctas"],
+                    "ratio_bare": took["bare_undrop"] / took["bare_ctas"]})
         log(f"   round {r}: undrop {took['gsnap_undrop']:.2f} s, CTAS {took['ctas']:.2f} s, "
-            f"CTAS + indexes {took['ctas_indexes']:.2f} s")
+            f"CTAS + indexes {took['ctas_indexes']:.2f} s; without indexes: undrop "
+            f"{took['bare_undrop']:.2f} s, CTAS {took['bare_ctas']:.2f} s")
     write_csv(b.out / "undrop.csv", out)
     res = {k: statistics.median(x[k] for x in out)
-           for k in ("undrop_s", "ctas_s", "ctas_indexes_s", "ratio_ctas", "ratio_ctas_indexes")}
+           for k in ("undrop_s", "ctas_s", "ctas_indexes_s", "ratio_ctas", "ratio_ctas_indexes",
+                     "bare_undrop_s", "bare_ctas_s", "ratio_bare")}
     b.summary["undrop"] = {"rows": rows, "table_mb": mb, **res}
     log(md_table(["", "gsnap_undrop (s)", "CTAS (s)", "CTAS + indexes (s)", "undrop / CTAS",
                   "undrop / (CTAS + indexes)"],
                  [[f"{mb} MB", f"{res['undrop_s']:.2f}", f"{res['ctas_s']:.2f}", f"{res['ctas_indexes_s']:.2f}",
                    f"{res['ratio_ctas']:.3f}", f"{res['ratio_ctas_indexes']:.3f}"]]))
+    log(md_table(["table without indexes", "gsnap_undrop (s)", "CTAS (s)", "undrop / CTAS"],
+                 [[f"{mb} MB", f"{res['bare_undrop_s']:.2f}", f"{res['bare_ctas_s']:.2f}",
+                   f"{res['ratio_bare']:.3f}"]]))
     conn.close()
     b.drop(c)
 

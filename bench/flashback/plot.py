@@ -5,7 +5,8 @@ Usage: plot.py RESULTS_DIR. Writes next to the CSV files:
   restore.png  seconds to restore the table to the snapshot, gsnap_restore against DELETE +
                INSERT ... SELECT FROM gsnap_asof, per fraction of rows changed since.
   undrop.png   seconds to bring back a dropped table, gsnap_undrop against CREATE TABLE AS
-               (alone, and with the same index builds), per round.
+               (alone, and with the same index builds), and for a table without indexes,
+               per round.
 """
 import os
 import sys
@@ -46,14 +47,20 @@ def plot_undrop(out):
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     x = range(len(data))
-    for off, key, label, color in ((-0.27, "undrop_s", "gsnap_undrop (PK + index)", "tab:green"),
-                                   (0.0, "ctas_s", "CREATE TABLE AS (no index)", "tab:grey"),
-                                   (0.27, "ctas_indexes_s", "CREATE TABLE AS + PK + index", "tab:blue")):
-        ax.bar([i + off for i in x], [float(r[key]) for r in data], width=0.27, label=label, color=color)
+    bars = [("undrop_s", "gsnap_undrop (PK + index)", "tab:green"),
+            ("ctas_s", "CREATE TABLE AS (no index)", "tab:grey"),
+            ("ctas_indexes_s", "CREATE TABLE AS + PK + index", "tab:blue"),
+            ("bare_undrop_s", "gsnap_undrop, table without indexes", "tab:olive"),
+            ("bare_ctas_s", "CREATE TABLE AS, same table", "tab:brown")]
+    bars = [b for b in bars if b[0] in data[0]]
+    width = 0.8 / len(bars)
+    for j, (key, label, color) in enumerate(bars):
+        off = (j - (len(bars) - 1) / 2) * width
+        ax.bar([i + off for i in x], [float(r[key]) for r in data], width=width, label=label, color=color)
     ax.set_xticks(list(x), [f"round {r['round']}" for r in data])
     ax.set_ylabel("seconds")
     ax.set_title("Bringing back a dropped table")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2, fontsize=8)
     save(fig, out, "undrop.png")
 
 
