@@ -31,9 +31,6 @@ pub unsafe fn refuted(leaf: &Leaf, quals: *mut pg_sys::List, scan_columns: &[usi
     if quals.is_null() || leaf.constraint.is_empty() {
         return false;
     }
-    let Ok(stored) = CString::new(leaf.constraint.as_str()) else {
-        return false;
-    };
     let columns = leaf
         .attnums
         .iter()
@@ -44,19 +41,44 @@ pub unsafe fn refuted(leaf: &Leaf, quals: *mut pg_sys::List, scan_columns: &[usi
                 .map_or(0, |k| k as i16 + 1)
         })
         .collect();
+    // SAFETY: the caller's promise.
+    unsafe {
+        mapped_constraint(&leaf.constraint, columns)
+            .is_some_and(|constraint| refutes(quals, constraint))
+    }
+}
+
+/// A recorded partition constraint (stored node form) with each Var of the partition
+/// (range-table entry 1) pointed at `columns[attno - 1]` of the node's scan tuple
+/// (`INDEX_VAR`); None if a Var has no column there, or the text is not a constraint.
+///
+/// # Safety
+/// In a transaction; the tree is made in the current memory context.
+unsafe fn mapped_constraint(constraint: &str, columns: Vec<i16>) -> Option<*mut pg_sys::Node> {
+    let stored = CString::new(constraint).ok()?;
     let mut remap = Remap {
         columns,
         all_mapped: true,
     };
     // SAFETY: the recorded constraint in PostgreSQL's stored node form (written by
-    // nodeToString at the snapshot), a fresh tree changed in place; the conditions copied
-    // before they are changed; predicate_refuted_by only reads both.
+    // nodeToString at the snapshot), a fresh tree changed in place.
     unsafe {
         let constraint = pg_sys::stringToNode(stored.as_ptr()).cast::<pg_sys::Node>();
         remap_vars(constraint, std::ptr::from_mut(&mut remap).cast());
-        if !remap.all_mapped {
-            return false;
-        }
+        remap.all_mapped.then_some(constraint)
+    }
+}
+
+/// True if the node's conditions `quals` refute `constraint` (an expression over the same
+/// scan tuple).
+///
+/// # Safety
+/// `quals` is a valid list of the node's conditions; `constraint` a tree this call may change.
+unsafe fn refutes(quals: *mut pg_sys::List, constraint: *mut pg_sys::Node) -> bool {
+    // SAFETY: the caller's promise; the conditions are copied before they are changed;
+    // predicate_refuted_by only reads both.
+    unsafe {
+        remap_vars(constraint, std::ptr::null_mut());
         let quals = pg_sys::copyObjectImpl(quals.cast()).cast::<pg_sys::Node>();
         remap_vars(quals, std::ptr::null_mut());
         let predicate = pg_sys::make_ands_implicit(constraint.cast());
@@ -81,32 +103,19 @@ pub unsafe fn refuted_over_rec(
     if quals.is_null() || constraint.is_empty() {
         return false;
     }
-    let Ok(stored) = CString::new(constraint) else {
-        return false;
-    };
-    let mut remap = Remap {
-        columns: attnums.to_vec(),
-        all_mapped: true,
-    };
-    // SAFETY: as in `refuted`; the constraint's Vars become the partitioned table's columns
-    // (INDEX_VAR), then fields of the node's `rec` (an INDEX_VAR column too).
+    // SAFETY: the caller's promise; the constraint's Vars become the partitioned table's
+    // columns (INDEX_VAR), then fields of the node's `rec` (an INDEX_VAR column too).
     unsafe {
-        let constraint = pg_sys::stringToNode(stored.as_ptr()).cast::<pg_sys::Node>();
-        remap_vars(constraint, std::ptr::from_mut(&mut remap).cast());
-        if !remap.all_mapped {
+        let Some(constraint) = mapped_constraint(constraint, attnums.to_vec()) else {
             return false;
-        }
-        let rti = pg_sys::INDEX_VAR;
-        let (fields, unsupported) =
-            crate::plan::security::as_rec_fields(constraint, rti, rec_column, row_type);
-        if unsupported {
-            return false;
-        }
-        remap_vars(fields, std::ptr::null_mut());
-        let quals = pg_sys::copyObjectImpl(quals.cast()).cast::<pg_sys::Node>();
-        remap_vars(quals, std::ptr::null_mut());
-        let predicate = pg_sys::make_ands_implicit(fields.cast());
-        pg_sys::predicate_refuted_by(predicate, quals.cast(), false)
+        };
+        let (fields, unsupported) = crate::plan::security::as_rec_fields(
+            constraint,
+            pg_sys::INDEX_VAR,
+            rec_column,
+            row_type,
+        );
+        !unsupported && refutes(quals, fields)
     }
 }
 
