@@ -83,6 +83,11 @@ def test_a_partitioned_table_reads_the_partitions_it_had_at_each_snapshot(conn):
         scramble(conn, "pt", rng, 150)
         truths[snapshot(conn)] = truth_rows(conn, "pt")
     first = min(truths)
+    # The listing says which partitioned table each partition belonged to.
+    listed = dict(conn.execute("SELECT table_name, partition_of::regclass::text FROM gsnap_snapshot_tables(%s) "
+                               "WHERE table_name LIKE 'public.pt%%'", (first,)).fetchall())
+    assert listed == {"public.pt_a": "pt", "public.pt_b": "pt", "public.pt_c_eu": "pt_c",
+                      "public.pt_c_us": "pt_c", "public.pt_d": "pt"}, listed
     # What changes since: a partition detached, one dropped, a new one attached, a column
     # added and one renamed.
     conn.execute("ALTER TABLE pt DETACH PARTITION pt_b")

@@ -185,7 +185,8 @@ fn gsnap_pins() -> TableIterator<
 }
 
 /// The tables of snapshot `snap_id`, with their size and storage at the time, and whether
-/// each was dropped since (no relation has its OID now: read it with `gsnap_asof_dropped`).
+/// each was dropped since (no relation has its OID now: read it with `gsnap_asof_dropped`),
+/// and the partitioned table it was a partition of then (its OID).
 #[pg_extern(stable, parallel_safe)]
 fn gsnap_snapshot_tables(
     snap_id: i64,
@@ -198,6 +199,7 @@ fn gsnap_snapshot_tables(
         name!(relfilenode, pg_sys::Oid),
         name!(incarnation, i64),
         name!(dropped, bool),
+        name!(partition_of, Option<pg_sys::Oid>),
     ),
 > {
     require_gsnap_database();
@@ -211,6 +213,7 @@ fn gsnap_snapshot_tables(
             pg_sys::Oid::from(r.relfilenode),
             i64::from(r.rel.0),
             crate::ffi::relation::relation_kind(oid).is_none(),
+            r.ancestors.first().map(|&a| pg_sys::Oid::from(a)),
         )
     }))
 }
