@@ -188,6 +188,7 @@ fn gsnap_pins() -> TableIterator<
 /// each was dropped since (no relation has its OID now: read it with `gsnap_asof_dropped`),
 /// and the partitioned table it was a partition of then (its OID).
 #[pg_extern(stable, parallel_safe)]
+#[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
 fn gsnap_snapshot_tables(
     snap_id: i64,
 ) -> TableIterator<
