@@ -13,6 +13,13 @@ pub unsafe fn string_from(s: *const c_char) -> String {
     unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
 }
 
+/// `name` quoted as an SQL identifier where it needs quotes (`quote_identifier`).
+pub fn quote_ident(name: &str) -> String {
+    let c = std::ffi::CString::new(name).unwrap_or_default();
+    // SAFETY: quotes a C string (returns it, or a new quoted copy).
+    unsafe { string_from(pg_sys::quote_identifier(c.as_ptr())) }
+}
+
 /// A `name` (a catalog's fixed-size, NUL-padded name) as a C string.
 pub fn name_of(name: &pg_sys::NameData) -> &CStr {
     // SAFETY: the NAMEDATALEN bytes of the name, borrowed from it.

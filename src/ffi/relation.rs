@@ -14,6 +14,23 @@ pub fn relation_name(relid: pg_sys::Oid) -> String {
     unsafe { string_from(name) }
 }
 
+/// The schema-qualified name of relation `relid`, each part quoted as SQL needs it (as
+/// `quote_qualified_identifier` prints it); None if there is no such relation.
+pub fn qualified_name(relid: pg_sys::Oid) -> Option<String> {
+    // SAFETY: catalog lookups by OID (NULL for a relation that does not exist); the result is
+    // copied before anything can free it.
+    unsafe {
+        let name = pg_sys::get_rel_name(relid);
+        if name.is_null() {
+            return None;
+        }
+        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+        Some(string_from(pg_sys::quote_qualified_identifier(
+            schema, name,
+        )))
+    }
+}
+
 /// The name of column `attnum` of `relid` (its number if there is no such column).
 pub fn column_name(relid: pg_sys::Oid, attnum: i16) -> String {
     // SAFETY: a catalog lookup by OID and number: a palloc'd copy of the name, or NULL.

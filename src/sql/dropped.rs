@@ -16,7 +16,7 @@
 //! recorded, and they applied to its owner).
 
 use crate::error::{error, null_argument};
-use crate::ffi::catalog::string_from;
+use crate::ffi::catalog::{quote_ident, string_from};
 use crate::ffi::fcinfo::Call;
 use crate::ffi::list;
 use crate::ffi::relation::relation_kind;
@@ -187,12 +187,6 @@ impl Names for PgNames {
             Ok(string_from(pg_sys::format_type_with_typemod(oid, a.typmod)))
         }
     }
-}
-
-fn quote_ident(name: &str) -> String {
-    let c = CString::new(name).unwrap_or_default();
-    // SAFETY: quotes a C string (returns it, or a new quoted copy).
-    unsafe { string_from(pg_sys::quote_identifier(c.as_ptr())) }
 }
 
 /// The statements recreating `t` as `target`.
@@ -382,7 +376,7 @@ fn gsnap_undrop_time(
 }
 
 fn spi<T>(r: Result<T, pgrx::spi::SpiError>) -> T {
-    r.unwrap_or_else(|e| error(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string()).raise())
+    super::spi_result("gsnap_undrop", r)
 }
 
 fn undrop(table_name: Option<&str>, snap: u64, new_name: Option<&str>) -> i64 {

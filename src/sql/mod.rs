@@ -60,6 +60,18 @@ pub fn reader_table(call: Call, function: &str) -> pg_sys::Oid {
     relid
 }
 
+/// The result of an SPI statement run by `function` (`gsnap_restore`, `gsnap_undrop`), or
+/// an ERROR naming it.
+pub fn spi_result<T>(function: &str, r: Result<T, pgrx::spi::SpiError>) -> T {
+    r.unwrap_or_else(|e| {
+        error(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("{function}: {e}"),
+        )
+        .raise()
+    })
+}
+
 /// Argument `i`, a snapshot id: not NULL, positive.
 pub fn snapshot_argument(call: Call, i: usize, what: &str) -> u64 {
     let snap = call.arg_i64(i).unwrap_or_else(|| null_argument(what));

@@ -177,13 +177,7 @@ impl Table {
 }
 
 fn spi<T>(r: Result<T, pgrx::spi::SpiError>) -> T {
-    r.unwrap_or_else(|e| {
-        error(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("gsnap_restore: {e}"),
-        )
-        .raise()
-    })
+    super::spi_result("gsnap_restore", r)
 }
 
 fn restore(

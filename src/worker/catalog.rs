@@ -3,7 +3,7 @@
 //! (`definition.rs`).
 
 use crate::ffi::catalog::{for_each_row, name_of, output_function, string_from};
-use crate::ffi::relation::OpenRelation;
+use crate::ffi::relation::{qualified_name, OpenRelation};
 use crate::ffi::tuple;
 use gsnap_format::rowtype::{Attribute, RowType};
 use pgrx::pg_sys;
@@ -77,16 +77,7 @@ pub unsafe fn table_info(relid: u32) -> Option<TableInfo> {
     // open here.
     let rel = OpenRelation::open(pg_sys::Oid::from(relid), pg_sys::NoLock as i32)?;
     let class = rel.class();
-    // SAFETY: a catalog lookup by OID (in a transaction, the caller's promise).
-    let schema = unsafe { pg_sys::get_namespace_name(class.relnamespace) };
-    // SAFETY: the schema's name just looked up, and the open relation's own name; the result
-    // is copied before anything can free it.
-    let name = unsafe {
-        string_from(pg_sys::quote_qualified_identifier(
-            schema,
-            class.relname.data.as_ptr(),
-        ))
-    };
+    let name = qualified_name(rel.oid())?;
     // SAFETY: the open relation's storage, whose size this reads.
     let nblocks = unsafe {
         pg_sys::RelationGetNumberOfBlocksInFork(rel.as_ptr(), pg_sys::ForkNumber::MAIN_FORKNUM)

@@ -15,9 +15,9 @@
 //! invalidation, `ALTER SEQUENCE ... OWNED BY` alone, is recorded at the table's next change.
 
 use crate::ffi::catalog::partitioning;
-use crate::ffi::catalog::string_from;
+use crate::ffi::catalog::{quote_ident, string_from};
 use crate::ffi::list;
-use crate::ffi::relation::OpenRelation;
+use crate::ffi::relation::{qualified_name, OpenRelation};
 use crate::ffi::tuple;
 use gsnap_format::definition::{
     Ancestor, ColumnDefinition, Constraint, ConstraintKind, Identity, IndexDefinition, PartitionOf,
@@ -26,7 +26,6 @@ use gsnap_format::definition::{
 use pgrx::{pg_guard, pg_sys};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::ffi::CString;
 
 /// A cached definition: the table's name when it was read, and its indexes (whose
 /// invalidations drop it too).
@@ -103,10 +102,10 @@ pub unsafe fn definition_of(rel: &OpenRelation, qualified: &str) -> TableDefinit
     if let Some(definition) = hit {
         return definition;
     }
-    // SAFETY: the caller's promise.
-    let definition = unsafe { read_definition(rel, qualified) };
     // SAFETY: the open relation's index list (a copy).
     let indexes = unsafe { list::oids(pg_sys::RelationGetIndexList(rel.as_ptr())) };
+    // SAFETY: the caller's promise; `indexes` are the table's.
+    let definition = unsafe { read_definition(rel, qualified, &indexes) };
     CACHE.with(|c| {
         c.borrow_mut().insert(
             relid,
@@ -120,14 +119,25 @@ pub unsafe fn definition_of(rel: &OpenRelation, qualified: &str) -> TableDefinit
     definition
 }
 
-/// Reads the definition of an open table from the catalog.
+/// Reads the definition of an open table, whose indexes are `indexes`, from the catalog.
 ///
 /// # Safety
 /// As for [`definition_of`].
-unsafe fn read_definition(rel: &OpenRelation, qualified: &str) -> TableDefinition {
+unsafe fn read_definition(
+    rel: &OpenRelation,
+    qualified: &str,
+    indexes: &[pg_sys::Oid],
+) -> TableDefinition {
     let class = rel.class();
     // SAFETY: a catalog lookup that returns NULL for a role that does not exist.
     let owner_name = unsafe { pg_sys::GetUserNameFromId(class.relowner, true) };
+    // SAFETY: in a transaction; a deparse context for expressions over this table (defaults,
+    // checks).
+    let context = unsafe { pg_sys::deparse_context_for(class.relname.data.as_ptr(), rel.oid()) };
+    // SAFETY: the caller's promise.
+    let (mut constraints, indexes) = unsafe { index_definitions(indexes, qualified) };
+    // SAFETY: the caller's promise; the context is this table's.
+    unsafe { add_other_constraints(rel, context, &mut constraints) };
     TableDefinition {
         owner: class.relowner.to_u32(),
         owner_name: if owner_name.is_null() {
@@ -139,27 +149,12 @@ unsafe fn read_definition(rel: &OpenRelation, qualified: &str) -> TableDefinitio
         unlogged: class.relpersistence as u8 == pg_sys::RELPERSISTENCE_UNLOGGED,
         row_security: class.relrowsecurity,
         force_row_security: class.relforcerowsecurity,
-        // SAFETY: the caller's promise.
-        columns: unsafe { columns(rel) },
-        // SAFETY: the caller's promise.
-        constraints: unsafe { constraints(rel) },
-        // SAFETY: the caller's promise.
-        indexes: unsafe { indexes(rel, qualified) },
+        // SAFETY: the caller's promise; the context is this table's.
+        columns: unsafe { columns(rel, context) },
+        constraints,
+        indexes,
         // SAFETY: the caller's promise.
         partition: class.relispartition.then(|| unsafe { partition_of(rel) }),
-    }
-}
-
-/// The qualified name of relation `relid` (empty if it does not exist).
-unsafe fn qualified_name(relid: pg_sys::Oid) -> String {
-    // SAFETY: catalog lookups by OID (NULL for a relation that does not exist).
-    unsafe {
-        let name = pg_sys::get_rel_name(relid);
-        if name.is_null() {
-            return String::new();
-        }
-        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
-        string_from(pg_sys::quote_qualified_identifier(schema, name))
     }
 }
 
@@ -177,8 +172,7 @@ unsafe fn partition_of(rel: &OpenRelation) -> PartitionOf {
         .into_iter()
         .map(|a| Ancestor {
             relid: a.to_u32(),
-            // SAFETY: a catalog lookup by OID.
-            name: unsafe { qualified_name(a) },
+            name: qualified_name(a).unwrap_or_default(),
             attnums: attrs
                 .iter()
                 .map(|att| {
@@ -243,7 +237,7 @@ unsafe fn bound_of(relid: pg_sys::Oid) -> String {
 }
 
 /// Each attribute's column definition (empty for dropped attributes).
-unsafe fn columns(rel: &OpenRelation) -> Vec<ColumnDefinition> {
+unsafe fn columns(rel: &OpenRelation, context: *mut pg_sys::List) -> Vec<ColumnDefinition> {
     let desc = rel.descriptor();
     let relid = rel.oid();
     // SAFETY: the open relation's descriptor.
@@ -261,8 +255,6 @@ unsafe fn columns(rel: &OpenRelation) -> Vec<ColumnDefinition> {
             }
         }
     };
-    // SAFETY: in a transaction; a deparse context for expressions over this table.
-    let context = unsafe { pg_sys::deparse_context_for(rel.class().relname.data.as_ptr(), relid) };
     // SAFETY: the table's owned sequences; each one's owner looked up in pg_depend.
     let serial_columns: Vec<i32> = unsafe { list::oids(pg_sys::getOwnedSequences(relid)) }
         .into_iter()
@@ -334,97 +326,43 @@ unsafe fn constraint_text(conoid: pg_sys::Oid) -> String {
     }
 }
 
-/// The table's constraints: those its indexes back, its checks, its foreign keys.
-unsafe fn constraints(rel: &OpenRelation) -> Vec<Constraint> {
-    let mut out = Vec::new();
-    // SAFETY: the open relation's index list (a copy).
-    for index in unsafe { list::oids(pg_sys::RelationGetIndexList(rel.as_ptr())) } {
-        // SAFETY: catalog lookups by OID.
-        let conoid = unsafe { pg_sys::get_index_constraint(index) };
-        if conoid == pg_sys::InvalidOid {
-            continue;
-        }
-        // SAFETY: the constraint's definition and name.
-        let (definition, name) = unsafe {
-            (
-                constraint_text(conoid),
-                string_from(pg_sys::get_constraint_name(conoid)),
-            )
-        };
-        let kind = if definition.starts_with("PRIMARY KEY") {
-            ConstraintKind::PrimaryKey
-        } else if definition.starts_with("EXCLUDE") {
-            ConstraintKind::Exclusion
-        } else {
-            ConstraintKind::Unique
-        };
-        out.push(Constraint {
-            name,
-            kind,
-            definition,
-        });
-    }
-    let desc = rel.descriptor();
-    // SAFETY: the open relation's descriptor and its check constraints.
-    let checks: &[pg_sys::ConstrCheck] = unsafe {
-        let constr = (*desc).constr;
-        if constr.is_null() || (*constr).check.is_null() {
-            &[]
-        } else {
-            std::slice::from_raw_parts((*constr).check, usize::from((*constr).num_check))
-        }
+/// A constraint, by OID: its name and definition (`pg_get_constraintdef`), of kind `kind` (or,
+/// for one an index backs, the kind its definition starts with).
+unsafe fn constraint(conoid: pg_sys::Oid, kind: Option<ConstraintKind>) -> Constraint {
+    // SAFETY: the constraint's definition and name, by OID.
+    let (definition, name) = unsafe {
+        (
+            constraint_text(conoid),
+            string_from(pg_sys::get_constraint_name(conoid)),
+        )
     };
-    if !checks.is_empty() {
-        let relid = rel.oid();
-        // SAFETY: in a transaction; a deparse context for expressions over this table.
-        let context =
-            unsafe { pg_sys::deparse_context_for(rel.class().relname.data.as_ptr(), relid) };
-        for c in checks {
-            // SAFETY: the check's stored expression and name.
-            let (expr, name) = unsafe { (deparse(c.ccbin, context), string_from(c.ccname)) };
-            let mut definition = format!("CHECK ({expr})");
-            if c.ccnoinherit {
-                definition.push_str(" NO INHERIT");
-            }
-            if !c.ccvalid {
-                definition.push_str(" NOT VALID");
-            }
-            out.push(Constraint {
-                name,
-                kind: ConstraintKind::Check,
-                definition,
-            });
-        }
+    let kind = kind.unwrap_or(if definition.starts_with("PRIMARY KEY") {
+        ConstraintKind::PrimaryKey
+    } else if definition.starts_with("EXCLUDE") {
+        ConstraintKind::Exclusion
+    } else {
+        ConstraintKind::Unique
+    });
+    Constraint {
+        name,
+        kind,
+        definition,
     }
-    // SAFETY: the open relation's foreign keys (relcache entries).
-    for fk in unsafe {
-        list::iter::<pg_sys::ForeignKeyCacheInfo>(pg_sys::RelationGetFKeyList(rel.as_ptr()))
-    } {
-        // SAFETY: an entry of that list.
-        let conoid = unsafe { (*fk).conoid };
-        // SAFETY: the constraint's definition and name.
-        let (definition, name) = unsafe {
-            (
-                constraint_text(conoid),
-                string_from(pg_sys::get_constraint_name(conoid)),
-            )
-        };
-        out.push(Constraint {
-            name,
-            kind: ConstraintKind::ForeignKey,
-            definition,
-        });
-    }
-    out
 }
 
-/// The table's indexes that back no constraint.
-unsafe fn indexes(rel: &OpenRelation, qualified: &str) -> Vec<IndexDefinition> {
-    let mut out = Vec::new();
-    // SAFETY: the open relation's index list (a copy).
-    for index in unsafe { list::oids(pg_sys::RelationGetIndexList(rel.as_ptr())) } {
+/// The table's indexes (`indexes`), in one pass: the constraints they back (primary key,
+/// unique, exclusion), and the others as index definitions.
+unsafe fn index_definitions(
+    indexes: &[pg_sys::Oid],
+    qualified: &str,
+) -> (Vec<Constraint>, Vec<IndexDefinition>) {
+    let (mut constraints, mut out) = (Vec::new(), Vec::new());
+    for &index in indexes {
         // SAFETY: catalog lookups by OID.
-        if unsafe { pg_sys::get_index_constraint(index) } != pg_sys::InvalidOid {
+        let conoid = unsafe { pg_sys::get_index_constraint(index) };
+        if conoid != pg_sys::InvalidOid {
+            // SAFETY: the constraint the index backs.
+            constraints.push(unsafe { constraint(conoid, None) });
             continue;
         }
         // SAFETY: catalog lookups by OID; the index exists (the table is locked).
@@ -434,13 +372,11 @@ unsafe fn indexes(rel: &OpenRelation, qualified: &str) -> Vec<IndexDefinition> {
                 string_from(pg_sys::get_rel_name(index)),
             )
         };
-        let c_name = CString::new(name.as_str()).unwrap_or_default();
-        // SAFETY: quotes a C string.
-        let quoted = unsafe { string_from(pg_sys::quote_identifier(c_name.as_ptr())) };
         let unique = text.starts_with("CREATE UNIQUE INDEX ");
         let prefix = format!(
-            "CREATE {}INDEX {quoted} ON {qualified} USING ",
-            if unique { "UNIQUE " } else { "" }
+            "CREATE {}INDEX {} ON {qualified} USING ",
+            if unique { "UNIQUE " } else { "" },
+            quote_ident(&name)
         );
         if let Some(body) = text.strip_prefix(&prefix) {
             out.push(IndexDefinition {
@@ -452,5 +388,47 @@ unsafe fn indexes(rel: &OpenRelation, qualified: &str) -> Vec<IndexDefinition> {
             pgrx::log!("gsnap: index {name} is not recorded: unexpected definition {text}");
         }
     }
-    out
+    (constraints, out)
+}
+
+/// Adds the table's constraints no index backs: its checks (deparsed with `context`) and
+/// its foreign keys.
+unsafe fn add_other_constraints(
+    rel: &OpenRelation,
+    context: *mut pg_sys::List,
+    out: &mut Vec<Constraint>,
+) {
+    let desc = rel.descriptor();
+    // SAFETY: the open relation's descriptor and its check constraints.
+    let checks: &[pg_sys::ConstrCheck] = unsafe {
+        let constr = (*desc).constr;
+        if constr.is_null() || (*constr).check.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts((*constr).check, usize::from((*constr).num_check))
+        }
+    };
+    for c in checks {
+        // SAFETY: the check's stored expression and name; the caller's context.
+        let (expr, name) = unsafe { (deparse(c.ccbin, context), string_from(c.ccname)) };
+        let mut definition = format!("CHECK ({expr})");
+        if c.ccnoinherit {
+            definition.push_str(" NO INHERIT");
+        }
+        if !c.ccvalid {
+            definition.push_str(" NOT VALID");
+        }
+        out.push(Constraint {
+            name,
+            kind: ConstraintKind::Check,
+            definition,
+        });
+    }
+    // SAFETY: the open relation's foreign keys (relcache entries).
+    for fk in unsafe {
+        list::iter::<pg_sys::ForeignKeyCacheInfo>(pg_sys::RelationGetFKeyList(rel.as_ptr()))
+    } {
+        // SAFETY: an entry of that list, and its constraint.
+        out.push(unsafe { constraint((*fk).conoid, Some(ConstraintKind::ForeignKey)) });
+    }
 }
