@@ -16,7 +16,6 @@ use crate::read::asof::{AsofRows, Row};
 use crate::read::partitioned::PartitionedRows;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::ffi::CString;
 
 /// Unguarded declarations of the call made for every row (it cannot raise an ERROR here: the
 /// slot is ours and of the right kind), to spare the per-call error trap.
@@ -69,11 +68,8 @@ unsafe extern "C-unwind" fn explain(
     let Some(scan) = (unsafe { node::node_of::<AsofScan>(css) }) else {
         return;
     };
-    if let Some((all, read)) = scan.partitions {
-        let text = CString::new(format!("{read} of {all} at the snapshot")).unwrap_or_default();
-        // SAFETY: EXPLAIN's state, given a label and a C string it copies.
-        unsafe { pg_sys::ExplainPropertyText(c"Partitions Read".as_ptr(), text.as_ptr(), es) };
-    }
+    // SAFETY: EXPLAIN's state.
+    unsafe { node::explain_partitions(es, scan.partitions, "at the snapshot") };
 }
 
 impl ScanNode for AsofScan {

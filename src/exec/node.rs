@@ -69,6 +69,23 @@ pub(super) type ExplainFn = unsafe extern "C-unwind" fn(
     *mut pg_sys::ExplainState,
 );
 
+/// EXPLAIN's "Partitions Read" line of a scan of a partitioned table, once it has run:
+/// `read` of `all` partitions, `where_` ("at the snapshot", "over the range").
+///
+/// # Safety
+/// `es` is the EXPLAIN in progress.
+pub(super) unsafe fn explain_partitions(
+    es: *mut pg_sys::ExplainState,
+    partitions: Option<(usize, usize)>,
+    where_: &str,
+) {
+    if let Some((all, read)) = partitions {
+        let text = std::ffi::CString::new(format!("{read} of {all} {where_}")).unwrap_or_default();
+        // SAFETY: the caller's promise; a label and a C string EXPLAIN copies.
+        unsafe { pg_sys::ExplainPropertyText(c"Partitions Read".as_ptr(), text.as_ptr(), es) };
+    }
+}
+
 /// The methods of node `N`, shown as `name` in EXPLAIN, with its `explain` callback if any.
 pub(super) const fn methods<N: ScanNode>(
     name: &'static CStr,

@@ -14,12 +14,10 @@ use crate::ffi::relation::relation_kind;
 use crate::ffi::tuple::{self, row_type_copy};
 use crate::ffi::{expr, list};
 use crate::plan::nodes::ScanKind;
-use crate::read::partitioned;
-use crate::read::range::RangeCursor;
+use crate::read::range::{self, RangeCursor};
 use crate::read::versions::VersionsCursor;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::ffi::CString;
 
 /// What the node keeps between fetches.
 pub(super) struct RangeScan {
@@ -41,12 +39,10 @@ pub(super) struct RangeScan {
 
 /// The cursor of a range (row versions, each repeated per snapshot) or of its versions (one
 /// row per run).
+/// A table has one cursor; a partitioned table one per partition. With the one being read.
 enum Cursor {
-    Range(Box<RangeCursor>),
-    Versions(Box<VersionsCursor>),
-    /// Of a partitioned table: one cursor per partition, and the one being read.
-    PartitionedRange(Vec<RangeCursor>, usize),
-    PartitionedVersions(Vec<VersionsCursor>, usize),
+    Range(Vec<RangeCursor>, usize),
+    Versions(Vec<VersionsCursor>, usize),
 }
 
 /// The node's methods.
@@ -72,11 +68,8 @@ unsafe extern "C-unwind" fn explain_range(
     let Some(scan) = (unsafe { node::node_of::<RangeScan>(css) }) else {
         return;
     };
-    if let Some((all, read)) = scan.partitions {
-        let text = CString::new(format!("{read} of {all} over the range")).unwrap_or_default();
-        // SAFETY: EXPLAIN's state, given a label and a C string it copies.
-        unsafe { pg_sys::ExplainPropertyText(c"Partitions Read".as_ptr(), text.as_ptr(), es) };
-    }
+    // SAFETY: EXPLAIN's state.
+    unsafe { node::explain_partitions(es, scan.partitions, "over the range") };
 }
 
 /// The conditions on `rec` alone (a List of conditions, NIL for none), after the snapshot
@@ -178,49 +171,32 @@ impl RangeScan {
             };
             let versions = self.table.kind == ScanKind::Versions;
             let relid = self.table.relid;
-            self.cursor = Some(
-                if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
-                    // SAFETY: our node's plan: its Row Filter (conditions on `rec` alone).
-                    let quals = unsafe { row_filter_of(node::plan_of(css)) };
-                    let rec_column = if versions { 3 } else { 2 };
-                    let row_type = rel_type_id(relid);
-                    // SAFETY: the node's own conditions, over its scan tuple; in a transaction.
-                    let mut refuted = |constraint: &str, attnums: &[i16]| unsafe {
-                        pruning::refuted_over_rec(constraint, attnums, quals, rec_column, row_type)
-                    };
-                    // SAFETY: the table's current row type, copied at begin, lives with the query.
-                    let cursors = unsafe {
-                        partitioned::range_cursors(relid, from, to, self.row_desc, &mut refuted)
-                    };
-                    let read = cursors.iter().filter(|c| !c.is_empty()).count();
-                    self.partitions = Some((cursors.len(), read));
-                    if versions {
-                        Cursor::PartitionedVersions(
-                            cursors.into_iter().map(VersionsCursor::new).collect(),
-                            0,
-                        )
-                    } else {
-                        Cursor::PartitionedRange(cursors, 0)
-                    }
-                } else {
-                    // SAFETY: as above.
-                    let range = unsafe { RangeCursor::open(relid, from, to, self.row_desc) };
-                    if versions {
-                        Cursor::Versions(Box::new(VersionsCursor::new(range)))
-                    } else {
-                        Cursor::Range(Box::new(range))
-                    }
-                },
-            );
+            // SAFETY: our node's plan: its Row Filter (conditions on `rec` alone).
+            let quals = unsafe { row_filter_of(node::plan_of(css)) };
+            let rec_column = if versions { 3 } else { 2 };
+            let row_type = rel_type_id(relid);
+            // Of a partitioned table: the partitions the Row Filter excludes are not read.
+            // SAFETY: the node's own conditions, over its scan tuple; in a transaction.
+            let mut refuted = |constraint: &str, attnums: &[i16]| unsafe {
+                pruning::refuted_over_rec(constraint, attnums, quals, rec_column, row_type)
+            };
+            // SAFETY: the table's current row type, copied at begin, lives with the query.
+            let cursors = unsafe { range::cursors(relid, from, to, self.row_desc, &mut refuted) };
+            if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+                let read = cursors.iter().filter(|c| !c.is_empty()).count();
+                self.partitions = Some((cursors.len(), read));
+            }
+            self.cursor = Some(if versions {
+                Cursor::Versions(cursors.into_iter().map(VersionsCursor::new).collect(), 0)
+            } else {
+                Cursor::Range(cursors, 0)
+            });
         }
         if self.next_snap >= self.snaps.len() {
             // SAFETY: our node's expression context, set up by ExecInitCustomScan.
             let econtext = unsafe { (*css).ss.ps.ps_ExprContext };
             let filter = self.row_filter;
-            let versions = matches!(
-                self.cursor,
-                Some(Cursor::Versions(_) | Cursor::PartitionedVersions(..))
-            );
+            let versions = matches!(self.cursor, Some(Cursor::Versions(..)));
             // SAFETY: the row filter was prepared for this node and reads its scan slot, given
             // a row of that type; `rec` is the cursor's until its next row.
             let mut keep = |rec: pg_sys::Datum, snap: u64| unsafe {
@@ -230,49 +206,31 @@ impl RangeScan {
                     expr::qual_holds(filter, econtext, slot)
                 }
             };
-            let (snaps, rec) = match self.cursor.as_mut().expect("opened above") {
-                Cursor::Range(range) => {
-                    let Some((snaps, rec)) = range.next_row(&mut keep) else {
-                        return false;
-                    };
-                    (Some(snaps), rec)
-                }
-                Cursor::Versions(cursor) => {
-                    let Some((first, last, rec)) = cursor.next_run(&mut keep) else {
-                        return false;
-                    };
-                    // SAFETY: our virtual slot; the version is the cursor's until its next
-                    // run.
-                    unsafe { store(slot, &[first, last], rec) };
-                    return true;
-                }
-                Cursor::PartitionedVersions(cursors, at) => loop {
+            match self.cursor.as_mut().expect("opened above") {
+                Cursor::Versions(cursors, at) => loop {
                     let Some(cursor) = cursors.get_mut(*at) else {
                         return false;
                     };
                     if let Some((first, last, rec)) = cursor.next_run(&mut keep) {
-                        // SAFETY: as above.
+                        // SAFETY: our virtual slot; the version is the cursor's until its
+                        // next run.
                         unsafe { store(slot, &[first, last], rec) };
                         return true;
                     }
                     *at += 1;
                 },
-                Cursor::PartitionedRange(cursors, at) => loop {
+                Cursor::Range(cursors, at) => loop {
                     let Some(cursor) = cursors.get_mut(*at) else {
                         return false;
                     };
                     if let Some((snaps, rec)) = cursor.next_row(&mut keep) {
                         self.snaps.clear();
                         self.snaps.extend_from_slice(snaps);
-                        break (None, rec);
+                        self.rec = rec;
+                        break;
                     }
                     *at += 1;
                 },
-            };
-            self.rec = rec;
-            if let Some(snaps) = snaps {
-                self.snaps.clear();
-                self.snaps.extend_from_slice(snaps);
             }
             self.next_snap = 0;
         }

@@ -58,16 +58,8 @@ pub fn leaves(snap: u64, parent: pg_sys::Oid) -> Vec<Leaf> {
         .filter(|t| t.ancestors.contains(&p))
         .map(|t| {
             let table = table::at(snap, pg_sys::Oid::from(t.relid));
-            let part = table
-                .row_type
-                .definition
-                .as_ref()
-                .and_then(|d| d.partition.as_ref());
-            let (attnums, constraint) = part
-                .and_then(|part| {
-                    let a = part.ancestors.iter().find(|a| a.relid == p)?;
-                    Some((a.attnums.clone(), part.constraint.clone()))
-                })
+            let (attnums, constraint) = place_in(&table.row_type, parent)
+                .map(|(a, c)| (a.to_vec(), c.to_string()))
                 .unwrap_or_else(|| {
                     crate::error::corrupt(format_args!(
                         "snapshot {snap} lists table {} under {} without recording where",
@@ -135,12 +127,13 @@ pub unsafe fn layout(desc: pg_sys::TupleDesc, leaf: &Leaf) -> Layout {
     unsafe { layout_of(desc, &leaf.attnums) }
 }
 
-/// For each attribute of a partition whose row type is `row_type`, the attribute of its
-/// ancestor `parent` with the same column; None if it was not a partition of `parent`.
-pub fn attnums_in(row_type: &RowType, parent: pg_sys::Oid) -> Option<Vec<i16>> {
+/// Where a partition whose row type is `row_type` stood under its ancestor `parent`: for
+/// each of its attributes, the attribute of `parent` with the same column, and its partition
+/// constraint (stored node form, empty: none); None if it was not a partition of `parent`.
+pub fn place_in(row_type: &RowType, parent: pg_sys::Oid) -> Option<(&[i16], &str)> {
     let part = row_type.definition.as_ref()?.partition.as_ref()?;
     let a = part.ancestors.iter().find(|a| a.relid == parent.to_u32())?;
-    Some(a.attnums.clone())
+    Some((&a.attnums, &part.constraint))
 }
 
 /// The layout of the rows of a partition whose attributes hold the partitioned table's
@@ -214,27 +207,15 @@ pub unsafe fn range_cursors(
     row_desc: pg_sys::TupleDesc,
     refuted: &mut dyn FnMut(&str, &[i16]) -> bool,
 ) -> Vec<RangeCursor> {
-    if from > to {
-        // The plain cursor's own ERROR for an empty range.
-        // SAFETY: the caller's promise.
-        drop(unsafe { RangeCursor::open(parent, from, to, row_desc) });
-    }
+    super::range::require_ordered(from, to);
     require_gsnap_partitions(parent);
     let (all, leaves) = in_range(parent, from, to);
     // Whether a partition at a snapshot is pruned, by its row type (shared by snapshots).
     let mut known: std::collections::HashMap<Vec<u8>, bool> = std::collections::HashMap::new();
     let mut pruned = |t: &TableAtSnapshot| {
         *known.entry(t.row_type_bytes.clone()).or_insert_with(|| {
-            let part = t
-                .row_type
-                .definition
-                .as_ref()
-                .and_then(|d| d.partition.as_ref());
-            let attnums = attnums_in(&t.row_type, parent);
-            match (part, attnums) {
-                (Some(part), Some(attnums)) => refuted(&part.constraint, &attnums),
-                _ => false,
-            }
+            place_in(&t.row_type, parent)
+                .is_some_and(|(attnums, constraint)| refuted(constraint, attnums))
         })
     };
     leaves

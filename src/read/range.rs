@@ -49,9 +49,9 @@ impl Decoders {
         let row_type = t.row_type.clone();
         let d = match self.parent {
             Some(parent) => {
-                let attnums = partitioned::attnums_in(&t.row_type, parent).unwrap_or_default();
+                let attnums = partitioned::place_in(&t.row_type, parent).map_or(&[][..], |p| p.0);
                 // SAFETY: `row_desc` is the partitioned table's current row type.
-                let layout = unsafe { partitioned::layout_of(desc, &attnums) };
+                let layout = unsafe { partitioned::layout_of(desc, attnums) };
                 self.projections.push(Some(layout.project));
                 // SAFETY: in a transaction (see RangeCursor::open).
                 cx.run(|| unsafe { Decoder::with_columns(snap, relid, row_type, layout.columns) })
@@ -157,14 +157,7 @@ impl RangeCursor {
         to: u64,
         row_desc: pg_sys::TupleDesc,
     ) -> RangeCursor {
-        if from > to {
-            error(
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("gsnap_range from snapshot {from} to snapshot {to}: the range is empty"),
-            )
-            .hint("Give the older snapshot first.")
-            .raise();
-        }
+        require_ordered(from, to);
         let snaps = table::in_range(relid, from, to);
         // SAFETY: the caller's promise.
         unsafe { Self::over(relid, snaps, row_desc, None, from) }
@@ -188,7 +181,7 @@ impl RangeCursor {
         let mut at = Vec::new();
         for (i, &s) in all.iter().enumerate() {
             if let Some(t) = table::held_by(s, leaf) {
-                if partitioned::attnums_in(&t.row_type, parent).is_some() && !pruned(&t) {
+                if partitioned::place_in(&t.row_type, parent).is_some() && !pruned(&t) {
                     snaps.push((s, t));
                     at.push(i);
                 }
@@ -490,6 +483,41 @@ impl RangeCursor {
         }
         self.segment = segment;
         true
+    }
+}
+
+/// The cursors of table `relid` over `from..=to`: one, or one per partition of a partitioned
+/// table (`super::partitioned`, which skips it at the snapshots where
+/// `refuted(constraint, attnums)` says the query wants none of its rows).
+///
+/// # Safety
+/// `row_desc` is the table's current row type, alive as long as the cursors; in a
+/// transaction.
+pub unsafe fn cursors(
+    relid: pg_sys::Oid,
+    from: u64,
+    to: u64,
+    row_desc: pg_sys::TupleDesc,
+    refuted: &mut dyn FnMut(&str, &[i16]) -> bool,
+) -> Vec<RangeCursor> {
+    if crate::ffi::relation::relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+        // SAFETY: the caller's promise.
+        unsafe { partitioned::range_cursors(relid, from, to, row_desc, refuted) }
+    } else {
+        // SAFETY: the caller's promise.
+        vec![unsafe { RangeCursor::open(relid, from, to, row_desc) }]
+    }
+}
+
+/// Raises an ERROR if the range `from..=to` is empty (given the wrong way round).
+pub fn require_ordered(from: u64, to: u64) {
+    if from > to {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("gsnap_range from snapshot {from} to snapshot {to}: the range is empty"),
+        )
+        .hint("Give the older snapshot first.")
+        .raise();
     }
 }
 

@@ -6,10 +6,8 @@ use super::{reader_table, snapshot_argument};
 use crate::error::error;
 use crate::ffi::fcinfo::{Call, ResultSet};
 use crate::ffi::memcx::OwnedContext;
-use crate::ffi::relation::relation_kind;
 use crate::ffi::tuple::{self, row_type_copy};
-use crate::read::partitioned;
-use crate::read::range::RangeCursor;
+use crate::read::range;
 use crate::v1_function_info;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -49,7 +47,9 @@ pub unsafe extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) ->
     }
     // SAFETY: the result's `rec` column has the table's current row type, which the copy
     // keeps for the cursors.
-    let cursors = unsafe { range_cursors(relid, from, to, rec_descriptor(result.desc, 1)) };
+    let desc = unsafe { rec_descriptor(result.desc, 1) };
+    // SAFETY: as above; a function scan has no conditions: every partition is read.
+    let cursors = unsafe { range::cursors(relid, from, to, desc, &mut |_, _| false) };
     let rows = OwnedContext::new("gsnap_range rows");
     for mut cursor in cursors {
         while let Some((snaps, rec)) = cursor.next_row(&mut |_, _| true) {
@@ -60,27 +60,6 @@ pub unsafe extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) ->
         }
     }
     pg_sys::Datum::from(0usize)
-}
-
-/// The range cursors of table `relid` over `from..=to`: one, or one per partition of a
-/// partitioned table (`read::partitioned`).
-///
-/// # Safety
-/// `row_desc` is the table's current row type, alive as long as the cursors; in a
-/// transaction.
-pub(super) unsafe fn range_cursors(
-    relid: pg_sys::Oid,
-    from: u64,
-    to: u64,
-    row_desc: pg_sys::TupleDesc,
-) -> Vec<RangeCursor> {
-    if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
-        // SAFETY: the caller's promise.
-        unsafe { partitioned::range_cursors(relid, from, to, row_desc, &mut |_, _| false) }
-    } else {
-        // SAFETY: the caller's promise.
-        vec![unsafe { RangeCursor::open(relid, from, to, row_desc) }]
-    }
 }
 
 /// Adds `(snap, rec)` to the result for each snapshot of `snaps`: one tuple is formed, and

@@ -3,12 +3,13 @@
 //! range, once per run of consecutive snapshots holding it. (In FROM it is planned as the
 //! "gsnap versions" custom scan instead, `exec::range_scan`.)
 
-use super::range::{range_cursors, rec_descriptor};
+use super::range::rec_descriptor;
 use super::{reader_table, snapshot_argument};
 use crate::error::error;
 use crate::ffi::fcinfo::Call;
 use crate::ffi::memcx::OwnedContext;
 use crate::ffi::tuple;
+use crate::read::range;
 use crate::read::versions::VersionsCursor;
 use crate::v1_function_info;
 use pgrx::pg_sys;
@@ -38,7 +39,9 @@ pub unsafe extern "C-unwind" fn gsnap_versions(fcinfo: pg_sys::FunctionCallInfo)
     }
     // SAFETY: the result's third column is `rec`, of the table's current row type, which the
     // copy keeps for the cursors.
-    let ranges = unsafe { range_cursors(relid, from, to, rec_descriptor(result.desc, 2)) };
+    let desc = unsafe { rec_descriptor(result.desc, 2) };
+    // SAFETY: as above; a function scan has no conditions: every partition is read.
+    let ranges = unsafe { range::cursors(relid, from, to, desc, &mut |_, _| false) };
     let rows = OwnedContext::new("gsnap_versions rows");
     for range in ranges {
         let mut cursor = VersionsCursor::new(range);
