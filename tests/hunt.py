@@ -31,9 +31,13 @@ PANIC_TEXT = re.compile(
     re.I,
 )
 
-# Server log lines that mean a process died or the server restarted.
+# Server log lines that mean a process died or the server restarted. A parallel worker that
+# raised an ERROR (reported to its leader, which raises it too) exits with code 1 by design:
+# not a crash.
 CRASH_LINE = re.compile(
-    r"terminated by signal|terminated by exception|exited with exit code [1-9]"
+    r"terminated by signal|terminated by exception"
+    r"|exited with exit code (?!1\b)[1-9]\d*"
+    r"|(?<!\"parallel worker\") \(PID \d+\) exited with exit code 1\b"
     r"|\bPANIC:|all server processes terminated; reinitializing"
     r"|terminating any other active server processes"
 )

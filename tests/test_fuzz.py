@@ -453,7 +453,9 @@ def test_sqlsmith(fz):
     gsnap tables but is no superuser (so it cannot call server-administration functions),
     against a schema of gsnap tables (several column types, TOASTed text, a btree and a GIN
     index, a dropped column, NULLs, an unlogged one, a heap one) holding data and three
-    snapshots, with --exclude-catalog so its queries are about these relations.
+    snapshots, with --exclude-catalog so its queries are about these relations, and parallel
+    plans made as cheap as they can be (so AS OF scans run parallel-aware under Gathers in
+    sqlsmith's plan shapes).
 
     sqlsmith 1.4 loads routines with `NOT proretset` and gives polymorphic (anyelement)
     arguments no usable values, so its own queries never call gsnap_asof, gsnap_range or
@@ -491,6 +493,11 @@ def test_sqlsmith(fz):
         c.execute("GRANT INSERT, UPDATE, DELETE ON smith.sm_a, smith.sm_b, smith.sm_u TO smith")
         # sqlsmith sees what information_schema shows it: not the extension's other objects
         c.execute("ALTER ROLE smith SET search_path = smith, public")
+        # parallel plans wherever PostgreSQL may make one: the AS OF scan's parallel-aware
+        # path in the plan shapes sqlsmith makes (Gather under joins, subqueries, samples)
+        for setting in ("parallel_setup_cost = 0", "parallel_tuple_cost = 0",
+                        "min_parallel_table_scan_size = 0", "max_parallel_workers_per_gather = 2"):
+            c.execute(f"ALTER ROLE smith SET {setting}")
     target = f"host={fz.data} port={fz.port} dbname=postgres user=smith"
     seed, max_queries = 7, 8000
 

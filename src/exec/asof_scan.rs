@@ -8,14 +8,22 @@
 //! reads whole rows (`SELECT t FROM gsnap_asof(NULL::t, 42) t`) gets them as one more scan
 //! column, after the live ones (`plan::nodes`), which this node fills with the row as a
 //! composite value; its slot is virtual too.
+//!
+//! Under a Gather the scan of a table is parallel-aware: the leader resolves the snapshot
+//! argument once and puts it, with a block cursor, in the parallel query's shared memory
+//! ([`SharedBlocks`]); every participant (the leader too) reads the blocks it takes from the
+//! cursor, so the rows are those of one snapshot, each read once.
 
-use super::node::{self, ExecMethods, ScanNode};
+use super::node::{self, ExecMethods, ParallelMethods, ScanNode};
 use super::{pruning, ScanTable};
 use crate::ffi::tuple::{self, item_pointer};
 use crate::read::asof::{AsofRows, Row};
 use crate::read::partitioned::PartitionedRows;
+use crate::read::SharedBlocks;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+use std::ffi::c_void;
 
 /// Unguarded declarations of the call made for every row (it cannot raise an ERROR here: the
 /// slot is ours and of the right kind), to spare the per-call error trap.
@@ -45,6 +53,8 @@ pub(super) struct AsofScan {
     partitions: Option<(usize, usize)>,
     /// The tuple header handed out for a stored tuple.
     tuple: pg_sys::HeapTupleData,
+    /// Of a parallel scan: the snapshot and block cursor its participants share.
+    shared: Option<&'static SharedBlocks>,
 }
 
 /// The reader of a table, or of a partitioned table's partitions.
@@ -54,7 +64,63 @@ enum Reader {
 }
 
 /// The node's methods.
-pub(super) static METHODS: ExecMethods<AsofScan> = node::methods(c"gsnap AS OF", Some(explain));
+pub(super) static METHODS: ExecMethods<AsofScan> = node::methods(c"gsnap AS OF", Some(explain))
+    .parallel(ParallelMethods {
+        estimate: estimate_shared,
+        initialize: initialize_shared,
+        attach: attach_shared,
+    });
+
+/// The size of a parallel scan's shared state.
+#[pg_guard]
+unsafe extern "C-unwind" fn estimate_shared(
+    _css: *mut pg_sys::CustomScanState,
+    _pcxt: *mut pg_sys::ParallelContext,
+) -> pg_sys::Size {
+    std::mem::size_of::<SharedBlocks>()
+}
+
+/// The leader, before the scan and before each rescan: resolves the snapshot argument (its
+/// parameters are set by now) and starts the shared block cursor at block 0.
+#[pg_guard]
+unsafe extern "C-unwind" fn initialize_shared(
+    css: *mut pg_sys::CustomScanState,
+    _pcxt: *mut pg_sys::ParallelContext,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: PostgreSQL passes our begun node's state (not under EXPLAIN without ANALYZE:
+    // nothing runs then).
+    let Some(scan) = (unsafe { node::node_of::<AsofScan>(css) }) else {
+        return;
+    };
+    // SAFETY: our node.
+    let snap = unsafe { scan.table.snapshot_argument(css, 0) };
+    let shared = coordinate.cast::<SharedBlocks>();
+    // SAFETY: `coordinate` is the node's share of the parallel query's shared memory, of the
+    // size estimate_shared asked for, suitably aligned (shm_toc allocations are MAXALIGNed);
+    // it lives until the parallel query ends, after the node stops reading.
+    let shared: &'static SharedBlocks = unsafe {
+        shared.write(SharedBlocks::new(snap));
+        &*shared
+    };
+    scan.shared = Some(shared);
+    scan.rows = None;
+}
+
+/// A worker: reads the blocks it takes from the leader's shared state.
+#[pg_guard]
+unsafe extern "C-unwind" fn attach_shared(
+    css: *mut pg_sys::CustomScanState,
+    _toc: *mut pg_sys::shm_toc,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: PostgreSQL passes our begun node's state.
+    if let Some(scan) = unsafe { node::node_of::<AsofScan>(css) } {
+        // SAFETY: the shared state the leader initialized (initialize_shared), which lives
+        // until the parallel query ends.
+        scan.shared = Some(unsafe { &*coordinate.cast::<SharedBlocks>() });
+    }
+}
 
 /// EXPLAIN: of a partitioned table, the partitions the snapshot held and those read (the
 /// others pruned by the conditions), once the scan has run (EXPLAIN ANALYZE).
@@ -100,6 +166,7 @@ impl ScanNode for AsofScan {
             rows: None,
             partitions: None,
             tuple: pg_sys::HeapTupleData::default(),
+            shared: None,
         }
     }
 
@@ -148,16 +215,30 @@ impl AsofScan {
     /// # Safety
     /// `css` is the node.
     unsafe fn open(&mut self, css: *mut pg_sys::CustomScanState) {
-        // SAFETY: our node (the caller's promise).
-        let snap = unsafe { self.table.snapshot_argument(css, 0) };
+        let snap = match self.shared {
+            Some(shared) => shared.snap,
+            // SAFETY: our node (the caller's promise).
+            None => unsafe { self.table.snapshot_argument(css, 0) },
+        };
         let rel = self.table.rel();
         let (relid, desc) = (rel.oid(), rel.descriptor());
         if rel.class().relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
             // SAFETY: the open table's current descriptor, valid while the scan runs.
-            self.rows = Some(Reader::Table(Box::new(unsafe {
-                AsofRows::open(relid, desc, snap, self.heap_slot)
-            })));
+            let mut rows = unsafe { AsofRows::open(relid, desc, snap, self.heap_slot) };
+            if let Some(shared) = self.shared {
+                rows.share(shared);
+            }
+            self.rows = Some(Reader::Table(Box::new(rows)));
             return;
+        }
+        if self.shared.is_some() {
+            // The planner makes no parallel scan of a partitioned table (each participant
+            // would read every partition).
+            crate::error::error(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                "a parallel AS OF scan of a partitioned table was planned",
+            )
+            .raise();
         }
         // SAFETY: our node's plan and its conditions, as planned.
         let quals = unsafe { node::plan_of(css).scan.plan.qual };

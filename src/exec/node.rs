@@ -111,6 +111,38 @@ pub(super) const fn methods<N: ScanNode>(
     )
 }
 
+/// The callbacks of a node that can run in a parallel plan as a parallel-aware scan:
+/// the size of its shared state, its initialization by the leader (again before a rescan),
+/// and a worker's attachment to it.
+pub(super) struct ParallelMethods {
+    pub estimate: unsafe extern "C-unwind" fn(
+        *mut pg_sys::CustomScanState,
+        *mut pg_sys::ParallelContext,
+    ) -> pg_sys::Size,
+    pub initialize: unsafe extern "C-unwind" fn(
+        *mut pg_sys::CustomScanState,
+        *mut pg_sys::ParallelContext,
+        *mut c_void,
+    ),
+    pub attach: unsafe extern "C-unwind" fn(
+        *mut pg_sys::CustomScanState,
+        *mut pg_sys::shm_toc,
+        *mut c_void,
+    ),
+}
+
+impl<N> ExecMethods<N> {
+    /// These methods with `parallel`'s callbacks: the leader initializes the shared state
+    /// before the first scan and before each rescan.
+    pub(super) const fn parallel(mut self, parallel: ParallelMethods) -> ExecMethods<N> {
+        self.0.EstimateDSMCustomScan = Some(parallel.estimate);
+        self.0.InitializeDSMCustomScan = Some(parallel.initialize);
+        self.0.ReInitializeDSMCustomScan = Some(parallel.initialize);
+        self.0.InitializeWorkerCustomScan = Some(parallel.attach);
+        self
+    }
+}
+
 /// A new state of node `N` (in the current memory context, the executor's): PostgreSQL's
 /// scan state, zeroed but for its tag and methods, then no node yet.
 pub(super) fn create_state<N: ScanNode>(methods: &'static ExecMethods<N>) -> *mut pg_sys::Node {

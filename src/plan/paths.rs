@@ -129,7 +129,8 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         ScanKind::AsofId | ScanKind::AsofTime => 1.0,
         ScanKind::Diff => 0.1,
     };
-    let (tuples, pages) = if table.class().relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE {
+    let partitioned = table.class().relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE;
+    let (tuples, pages) = if partitioned {
         partitions_size(relid)
     } else {
         // The size PostgreSQL's planner would estimate for the table now (its statistics, or,
@@ -179,8 +180,75 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let private = PathPlan { relid, kind, args }.encode();
     let cost = (0.0, pages * seq_page_cost + tuples * cpu_tuple_cost);
     let path = new_path(kind, private, rel, pathtarget, rows, cost);
+    // SAFETY: the planner's relation: the scan may run in a parallel worker if everything
+    // the relation computes may (the reader function is PARALLEL SAFE).
+    let parallel_safe = unsafe { (*rel).consider_parallel };
+    // SAFETY: the path just made.
+    unsafe { (*path).path.parallel_safe = parallel_safe };
     // SAFETY: the planner's state and relation.
     unsafe { replace_paths(root, rel, relid, path) };
+    let asof = matches!(kind, ScanKind::AsofId | ScanKind::AsofTime);
+    if asof && parallel_safe && !partitioned {
+        // SAFETY: the planner's relation; `private` is a valid plan encoding.
+        unsafe { add_parallel_path(rel, kind, private, (tuples, pages), rows) };
+    }
+}
+
+/// Adds the parallel-aware AS OF scan of a table as a partial path of `rel` (a Gather above
+/// it collects the participants' rows), costed as PostgreSQL costs a parallel sequential
+/// scan: the pages read once between the participants, the rows' CPU divided among them.
+///
+/// # Safety
+/// The planner's relation, whose scan may run in parallel workers.
+unsafe fn add_parallel_path(
+    rel: *mut pg_sys::RelOptInfo,
+    kind: ScanKind,
+    private: *mut pg_sys::List,
+    (tuples, pages): (f64, f64),
+    rows: f64,
+) {
+    // SAFETY: the planner's relation and this backend's settings.
+    let workers = unsafe {
+        pg_sys::compute_parallel_worker(rel, pages, -1.0, pg_sys::max_parallel_workers_per_gather)
+    };
+    if workers <= 0 {
+        return;
+    }
+    // SAFETY: reading planner settings (GUCs) of this backend.
+    let (seq_page_cost, cpu_tuple_cost, leader) = unsafe {
+        (
+            pg_sys::seq_page_cost,
+            pg_sys::cpu_tuple_cost,
+            pg_sys::parallel_leader_participation,
+        )
+    };
+    let divisor = parallel_divisor(workers, leader);
+    let cost = (
+        0.0,
+        pages * seq_page_cost + tuples * cpu_tuple_cost / divisor,
+    );
+    // SAFETY: the planner's relation (the caller's promise).
+    let target = unsafe { (*rel).reltarget };
+    let path = new_path(kind, private, rel, target, rows / divisor, cost);
+    // SAFETY: the path just made, added to the relation's partial paths.
+    unsafe {
+        (*path).path.parallel_aware = true;
+        (*path).path.parallel_safe = true;
+        (*path).path.parallel_workers = workers;
+        pg_sys::add_partial_path(rel, path.cast());
+    }
+}
+
+/// The share of a parallel scan's rows each participant is expected to produce, as
+/// PostgreSQL's planner counts it: the workers, plus the leader's part when it takes one
+/// (less the more workers it must also collect rows from).
+fn parallel_divisor(workers: i32, leader_participates: bool) -> f64 {
+    let leader = if leader_participates {
+        (1.0 - 0.3 * f64::from(workers)).max(0.0)
+    } else {
+        0.0
+    };
+    f64::from(workers) + leader
 }
 
 /// The rows and pages of the partitions a partitioned table has now (the statistics of

@@ -7,7 +7,7 @@
 //! out buffer tuples; every other tuple is decoded into the current row type.
 
 use super::decode::{current_columns, Decoder};
-use super::pages::{view_tuples, PageReader};
+use super::pages::{view_tuples, PageReader, SharedBlocks};
 use super::table::{self, TableAtSnapshot};
 use crate::ffi::memcx::OwnedContext;
 use gsnap_format::columns::{self, Column};
@@ -107,6 +107,12 @@ impl AsofRows {
             next: 0,
             scratch: OwnedContext::new("gsnap AS OF rows"),
         }
+    }
+
+    /// Makes this reader a participant of a parallel scan: it reads only the blocks it takes
+    /// from `shared` (call before the first row).
+    pub fn share(&mut self, shared: &'static SharedBlocks) {
+        self.pages.share(shared);
     }
 
     /// Moves to the next page with tuples; false at the end.

@@ -1,15 +1,51 @@
 //! The pages of one table at one snapshot, in block order: the snapshot's page table is
 //! walked in the shared group cache (the GSnap index), a step of blocks at a time, and the
 //! images are read through [`ImageBatches`].
+//!
+//! A parallel scan's participants share one [`SharedBlocks`] in the parallel query's dynamic
+//! shared memory: each takes the next step of blocks from it (as a parallel sequential scan
+//! hands out blocks), so every block is read by exactly one of them.
 
 use super::pins::{images_per_batch, GroupPins, ImageBatches, PinnedBatch};
 use super::table::TableAtSnapshot;
 use crate::error::{corrupt, corrupt_index};
 use gsnap_core::{RelId, SnapId};
 use gsnap_format::view;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Blocks looked up in the index per step.
 const BLOCKS_PER_STEP: u32 = 4096;
+
+/// Blocks one participant of a parallel scan takes at a time: a 64th of the table, between
+/// 16 and 512 blocks, so that the last steps balance the participants' work and each step's
+/// index walk stays cheap.
+fn parallel_step(nblocks: u32) -> u32 {
+    (nblocks / 64).clamp(16, 512)
+}
+
+/// The block cursor the participants of a parallel scan share (in dynamic shared memory).
+#[repr(C)]
+pub struct SharedBlocks {
+    /// The snapshot every participant reads (the leader resolves the query's argument).
+    pub snap: u64,
+    /// The first block no participant has taken yet.
+    next: AtomicU64,
+}
+
+impl SharedBlocks {
+    /// A cursor at block 0 over snapshot `snap`.
+    pub fn new(snap: u64) -> SharedBlocks {
+        SharedBlocks {
+            snap,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes the next `n` blocks: the first of them.
+    fn take(&self, n: u32) -> u64 {
+        self.next.fetch_add(u64::from(n), Ordering::Relaxed)
+    }
+}
 
 /// Reads the page images of one table at one snapshot.
 pub struct PageReader {
@@ -18,8 +54,11 @@ pub struct PageReader {
     /// The relation incarnation the snapshot maps.
     rel: u32,
     nblocks: u32,
-    /// The next block to look up in the index.
+    /// The next block to look up in the index (past the end once a parallel scan's shared
+    /// cursor has none left).
     next_block: u32,
+    /// Of a participant in a parallel scan: where the blocks are taken from.
+    shared: Option<&'static SharedBlocks>,
     images: ImageBatches<u32>,
     /// The batch being read and the position in it.
     batch: Option<PinnedBatch<u32>>,
@@ -37,19 +76,37 @@ impl PageReader {
             rel: table.rel,
             nblocks: table.nblocks,
             next_block: 0,
+            shared: None,
             images: ImageBatches::default(),
             batch: None,
             at: 0,
         }
     }
 
+    /// Reads only the blocks this participant of a parallel scan takes from `shared` (call
+    /// before the first page is read).
+    pub fn share(&mut self, shared: &'static SharedBlocks) {
+        debug_assert!(self.batch.is_none() && self.images.queued() == 0);
+        self.shared = Some(shared);
+    }
+
     /// Looks up the images of the next step of blocks (blocks without one read as empty
     /// pages and are left out).
     fn look_up_next_step(&mut self) {
-        let end = self
-            .next_block
-            .saturating_add(BLOCKS_PER_STEP)
-            .min(self.nblocks);
+        let step = match self.shared {
+            None => BLOCKS_PER_STEP,
+            Some(shared) => {
+                let step = parallel_step(self.nblocks);
+                let first = shared.take(step);
+                if first >= u64::from(self.nblocks) {
+                    self.next_block = self.nblocks;
+                    return;
+                }
+                self.next_block = first as u32;
+                step
+            }
+        };
+        let end = self.next_block.saturating_add(step).min(self.nblocks);
         let view = self.groups.view_of(self.snap);
         let tree = view
             .tree(SnapId(self.snap))

@@ -87,11 +87,11 @@ pub fn resolve_time(t: pg_sys::TimestampTz) -> u64 {
 extension_sql!(
     r#"
 CREATE FUNCTION gsnap_asof(rel anyelement, snap_id bigint) RETURNS SETOF anyelement
-    AS 'MODULE_PATHNAME', 'gsnap_asof_id' LANGUAGE C STABLE PARALLEL RESTRICTED;
+    AS 'MODULE_PATHNAME', 'gsnap_asof_id' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_asof(anyelement, bigint) IS
     'rows of a table as of a snapshot: SELECT * FROM gsnap_asof(NULL::my_table, 42)';
 CREATE FUNCTION gsnap_asof(rel anyelement, taken_at timestamptz) RETURNS SETOF anyelement
-    AS 'MODULE_PATHNAME', 'gsnap_asof_time' LANGUAGE C STABLE PARALLEL RESTRICTED;
+    AS 'MODULE_PATHNAME', 'gsnap_asof_time' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_asof(anyelement, timestamptz) IS
     'rows of a table as of the latest snapshot taken at or before a time';
 "#,

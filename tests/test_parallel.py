@@ -1,0 +1,275 @@
+"""Parallel AS OF scans (issue 8, point 6).
+
+`gsnap_asof` is PARALLEL SAFE and its custom scan parallel-aware: under a Gather, the leader
+resolves the snapshot argument once and every participant reads the blocks it takes from a
+cursor in the parallel query's shared memory. Differential: every parallel read returns
+exactly the rows the table had at the snapshot (each once: a Counter of rows would show a
+duplicate or a loss), through heap tuple slots (no dropped column) and virtual ones (a dropped
+column), with TOASTed values, aggregates split into partial ones, the time form, a prepared
+statement's parameter re-resolved on each execution and a Gather rescanned under a nested loop;
+the workers apply the reading role's privileges and policies; errors and cancellations in the
+middle of a parallel scan leave no pinned image behind; partitioned tables stay serial.
+"""
+
+import random
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from cluster import gsnap_cluster, snapshot, rows, sqlstate
+
+# A small image cache: three participants' batches and their prefetches share it.
+CONF = ["gsnap.image_cache_size = 4MB", "max_worker_processes = 12", "max_parallel_workers = 8"]
+
+PARALLEL = ["SET max_parallel_workers_per_gather = 2", "SET parallel_setup_cost = 0",
+            "SET parallel_tuple_cost = 0", "SET min_parallel_table_scan_size = 0"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from gsnap_cluster("parallel", CONF)
+
+
+@pytest.fixture()
+def conn(cluster):
+    with cluster.connect() as c:
+        c.autocommit = True
+        yield c
+
+
+def parallel(conn) -> None:
+    for s in PARALLEL:
+        conn.execute(s)
+
+
+def serial(conn) -> None:
+    conn.execute("SET max_parallel_workers_per_gather = 0")
+
+
+def plan(conn, query: str, *args) -> str:
+    return "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + query, args or None))
+
+
+def analyzed(conn, query: str, *args) -> str:
+    return "\n".join(r[0] for r in conn.execute(
+        "EXPLAIN (ANALYZE, VERBOSE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + query, args or None))
+
+
+def worker_rows(explain: str) -> list[int]:
+    """The rows each worker's part of the parallel AS OF scan returned (EXPLAIN VERBOSE)."""
+    lines = explain.splitlines()
+    at = next(i for i, line in enumerate(lines) if "Parallel Custom Scan (gsnap AS OF)" in line)
+    found = []
+    for line in lines[at + 1:]:
+        if "->" in line:
+            break
+        if "Worker " in line and "actual rows=" in line:
+            found.append(int(line.split("actual rows=")[1].split()[0]))
+    return found
+
+
+def make_table(conn, name: str, n: int, dropped: bool) -> None:
+    junk = ", junk int" if dropped else ""
+    conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY{junk}, v int, note text) USING gsnap")
+    cols = "id, junk, v, note" if dropped else "id, v, note"
+    junk_value = "g, " if dropped else ""
+    # every 500th row has a value stored out of line (incompressible, 4 KB)
+    conn.execute(f"INSERT INTO {name} ({cols}) SELECT g, {junk_value}g % 1000, "
+                 "CASE WHEN g % 500 = 0 THEN (SELECT string_agg(md5(g::text || i::text), '') "
+                 "FROM generate_series(1, 128) i) ELSE 'note ' || g END "
+                 f"FROM generate_series(1, {n}) g")
+    if dropped:
+        conn.execute(f"ALTER TABLE {name} DROP COLUMN junk")
+
+
+def change(conn, name: str, rng: random.Random) -> None:
+    k = rng.randrange(2, 9)
+    conn.execute(f"UPDATE {name} SET v = v + 1, note = note || '!' WHERE id % {k} = 0")
+    conn.execute(f"DELETE FROM {name} WHERE id % 97 = {rng.randrange(97)}")
+    top = conn.execute(f"SELECT max(id) FROM {name}").fetchone()[0]
+    conn.execute(f"INSERT INTO {name} (id, v, note) SELECT g, 7, 'new' FROM generate_series({top + 1}, {top + 500}) g")
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["heap-slot", "dropped-column"])
+def test_a_parallel_as_of_scan_returns_each_row_of_its_snapshot_once(conn, dropped):
+    rng = random.Random(8)
+    t = "par_drop" if dropped else "par_flat"
+    make_table(conn, t, 60000, dropped)
+    truths = {}
+    for _ in range(3):
+        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
+        change(conn, t, rng)
+    parallel(conn)
+    for snap, truth in truths.items():
+        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
+        p = plan(conn, q)
+        assert "Gather" in p and "Parallel Custom Scan (gsnap AS OF)" in p, p
+        assert rows(conn, q) == truth, f"snapshot {snap}"
+        # with the leader only collecting, the workers read everything between them; both
+        # take part (a worker may start late and find the blocks gone: retried)
+        conn.execute("SET parallel_leader_participation = off")
+        for _ in range(10):
+            explain = analyzed(conn, q)
+            assert "Workers Launched: 2" in explain, explain
+            per_worker = worker_rows(explain)
+            assert len(per_worker) == 2 and sum(per_worker) == sum(truth.values()), explain
+            if all(r > 0 for r in per_worker):
+                break
+        else:
+            pytest.fail(f"one worker read every block in 10 runs: {explain}")
+        assert rows(conn, q) == truth, f"snapshot {snap}, workers only"
+        conn.execute("RESET parallel_leader_participation")
+        # aggregates: partial ones in each participant, finalized above the Gather
+        agg = f"SELECT count(*), sum(v), sum(length(note)) FROM gsnap_asof(NULL::{t}, {snap})"
+        p = plan(conn, agg)
+        assert "Partial Aggregate" in p and "Parallel Custom Scan" in p, p
+        expected = (sum(truth.values()), sum(r[1] * c for r, c in truth.items()),
+                    sum(len(r[2]) * c for r, c in truth.items()))
+        assert conn.execute(agg).fetchone() == expected
+    # the time form resolves once, in the leader: the latest snapshot
+    latest = max(truths)
+    q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, now())"
+    assert "Parallel Custom Scan (gsnap AS OF)" in plan(conn, q)
+    assert rows(conn, q) == truths[latest]
+    # a generic plan's parameter: re-resolved at each execution
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        conn.execute(f"PREPARE par_q_{t}(bigint) AS SELECT id, v, note FROM gsnap_asof(NULL::{t}, $1)")
+        assert "Parallel Custom Scan" in plan(conn, f"EXECUTE par_q_{t}({latest})")
+        for snap in sorted(truths, reverse=True) * 2:
+            assert rows(conn, f"EXECUTE par_q_{t}({snap})") == truths[snap], f"EXECUTE {snap}"
+    finally:
+        conn.execute("RESET plan_cache_mode")
+        conn.execute(f"DEALLOCATE par_q_{t}")
+    # the same rows as a serial scan
+    serial(conn)
+    for snap, truth in truths.items():
+        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
+        assert "Parallel" not in plan(conn, q)
+        assert rows(conn, q) == truth
+
+
+def test_a_rescanned_gather_reads_the_snapshot_again(conn):
+    """A Gather on the inner side of a nested loop is rescanned for each outer row (the
+    outer side is a temporary table, which keeps the join itself in the leader): the leader
+    starts the shared cursor again, and each rescan returns every row once more."""
+    t = "par_rescan"
+    make_table(conn, t, 20000, False)
+    snap = snapshot(conn)
+    truth = rows(conn, f"SELECT id, v FROM {t}")
+    conn.execute(f"UPDATE {t} SET v = -v")
+    parallel(conn)
+    for s in ["SET enable_hashjoin = off", "SET enable_mergejoin = off", "SET enable_material = off",
+              "SET enable_memoize = off"]:
+        conn.execute(s)
+    conn.execute("CREATE TEMP TABLE par_outer (k int)")
+    conn.execute("INSERT INTO par_outer VALUES (1), (2), (3)")
+    conn.execute("ANALYZE par_outer")
+    try:
+        q = (f"SELECT o.k, a.id, a.v FROM par_outer o "
+             f"JOIN gsnap_asof(NULL::{t}, {snap}) a ON a.id % 3 = o.k - 1")
+        explain = analyzed(conn, q)
+        assert "Nested Loop" in explain and "Gather (actual rows=20000 loops=3)" in explain, explain
+        assert "Parallel Custom Scan (gsnap AS OF)" in explain, explain
+        got = rows(conn, q)
+        expected = Counter()
+        for (id_, v), c in truth.items():
+            expected[(id_ % 3 + 1, id_, v)] += c
+        assert got == expected
+    finally:
+        for s in ["enable_hashjoin", "enable_mergejoin", "enable_material", "enable_memoize"]:
+            conn.execute(f"RESET {s}")
+
+
+def test_parallel_workers_apply_the_readers_privileges_and_policies(conn):
+    conn.execute("CREATE ROLE par_reader LOGIN")
+    conn.execute("CREATE TABLE par_docs (id int PRIMARY KEY, owner text, secret text, v int) USING gsnap")
+    conn.execute("INSERT INTO par_docs SELECT g, (ARRAY['par_reader','other'])[1 + g % 2], "
+                 "'secret ' || g, g FROM generate_series(1, 40000) g")
+    conn.execute("GRANT SELECT (id, owner, v) ON par_docs TO par_reader")
+    conn.execute("ALTER TABLE par_docs ENABLE ROW LEVEL SECURITY")
+    conn.execute("CREATE POLICY mine ON par_docs FOR SELECT USING (owner = current_user)")
+    conn.execute("SET ROLE par_reader")
+    expected = rows(conn, "SELECT id, v FROM par_docs")  # what the policy let it read then
+    conn.execute("RESET ROLE")
+    assert len(expected) == 20000
+    snap = snapshot(conn)
+    conn.execute("UPDATE par_docs SET owner = 'other' WHERE id % 3 = 0")
+    parallel(conn)
+    conn.execute("SET ROLE par_reader")
+    try:
+        q = f"SELECT id, v FROM gsnap_asof(NULL::par_docs, {snap})"
+        assert "Parallel Custom Scan (gsnap AS OF)" in plan(conn, q)
+        assert rows(conn, q) == expected
+        assert "Workers Launched: 2" in analyzed(conn, q)
+        assert sqlstate(conn, f"SELECT id, secret FROM gsnap_asof(NULL::par_docs, {snap})") == "42501"
+    finally:
+        conn.execute("RESET ROLE")
+
+
+def test_errors_and_cancels_in_parallel_scans_leave_nothing_pinned(cluster, conn):
+    """A parallel scan of a table several times the image cache, cancelled by
+    statement_timeout at points spread over its run: afterwards the full scan still reads
+    every row (no participant left images pinned), and the server never restarted."""
+    t = "par_cancel"
+    make_table(conn, t, 150000, False)
+    snap = snapshot(conn)
+    truth = rows(conn, f"SELECT id, v FROM {t}")
+    conn.execute(f"DELETE FROM {t} WHERE id % 2 = 0")
+    parallel(conn)
+    serial_error = None
+    serial(conn)
+    serial_error = sqlstate(conn, f"SELECT count(*) FROM gsnap_asof(NULL::{t}, 999999)")
+    parallel(conn)
+    assert serial_error is not None
+    assert sqlstate(conn, f"SELECT count(*) FROM gsnap_asof(NULL::{t}, 999999)") == serial_error
+    q = f"SELECT id, v FROM gsnap_asof(NULL::{t}, {snap})"
+    assert rows(conn, q) == truth
+    agg = f"SELECT count(*), sum(v) FROM gsnap_asof(NULL::{t}, {snap})"
+    expected = (sum(truth.values()), sum(r[1] * c for r, c in truth.items()))
+    full = 1e9
+    for _ in range(2):
+        t0 = time.monotonic()
+        assert conn.execute(agg).fetchone() == expected
+        full = min(full, time.monotonic() - t0)
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    cancelled = 0
+    for i in range(12):
+        ms = max(1, int(full * 1000 * (i + 1) / 14))
+        conn.execute(f"SET statement_timeout = {ms}")
+        try:
+            conn.execute(f"SELECT count(*), sum(v) FROM gsnap_asof(NULL::{t}, {snap})").fetchall()
+        except errors.QueryCanceled:
+            cancelled += 1
+        finally:
+            for _ in range(3):
+                try:
+                    conn.execute("RESET statement_timeout")
+                    break
+                except errors.QueryCanceled:
+                    pass
+    assert cancelled >= 3, "too few scans were cancelled to test anything"
+    assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == pid, "the session survived"
+    assert rows(conn, q) == truth
+    assert conn.execute(agg).fetchone() == expected
+    assert "terminated by signal" not in cluster.log()
+
+
+def test_partitioned_tables_and_ranges_stay_serial(conn):
+    conn.execute("CREATE TABLE par_parts (id int, v int) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE par_parts_a PARTITION OF par_parts FOR VALUES FROM (0) TO (5000) USING gsnap")
+    conn.execute("CREATE TABLE par_parts_b PARTITION OF par_parts FOR VALUES FROM (5000) TO (10000) USING gsnap")
+    conn.execute("INSERT INTO par_parts SELECT g, g FROM generate_series(0, 9999) g")
+    snap = snapshot(conn)
+    truth = rows(conn, "SELECT id, v FROM par_parts")
+    conn.execute("DELETE FROM par_parts")
+    parallel(conn)
+    q = f"SELECT id, v FROM gsnap_asof(NULL::par_parts, {snap})"
+    assert "Parallel" not in plan(conn, q)
+    assert rows(conn, q) == truth
+    r = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::par_parts_a, {snap}, {snap})"
+    assert "Parallel" not in plan(conn, r)
+    assert len(rows(conn, r)) == 5000
