@@ -372,9 +372,11 @@ fn load_images(store: &Store, ids: &[ImageId]) -> Result<Vec<PinnedEntry>, Worke
         .map(|(i, id)| (i as u32, CacheKey::image(id.0)))
         .collect();
     store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
+    let verify = store.verifies_images();
     let (entries, _) = pin(&wanted, |keys| {
         let ids: Vec<ImageId> = keys.iter().map(|k| ImageId(k.id)).collect();
-        store.images(&ids)
+        let records = store.image_records(&ids)?;
+        Ok(records.into_iter().map(|r| Image(r, verify)).collect())
     })
     .map_err(load_failure)?;
     Ok(entries)
@@ -406,12 +408,50 @@ fn toast_fetch(
     })
 }
 
+/// An object read from the store, to be written into its cache slot.
+trait Loaded {
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Writes it into `out` (of `len()` bytes).
+    fn write_into(&self, out: &mut [u8]) -> Result<(), StoreError>;
+}
+
+impl Loaded for Vec<u8> {
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn write_into(&self, out: &mut [u8]) -> Result<(), StoreError> {
+        out.copy_from_slice(self);
+        Ok(())
+    }
+}
+
+/// A page image, decompressed straight into its slot (checked against its fingerprint when
+/// the flag says so).
+struct Image(gsnap_store::ImageRecord, bool);
+
+impl Loaded for Image {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn write_into(&self, out: &mut [u8]) -> Result<(), StoreError> {
+        self.0.decode_into(out, self.1)
+    }
+}
+
 /// Pins the cached objects `wanted` (in key order) for the requester, loading misses with
 /// `load`. Returns the pinned entries of a prefix of `wanted`, and, if the cache could not
 /// take all of them, the key to resume at.
-fn pin(
+///
+/// Misses are read from the store without the cache lock, get slots reserved as *loading*
+/// under it, are written (decompressed) into their slots without it, and are made visible
+/// under it again: backends pinning and unpinning other slots wait for none of the store
+/// reads or the decompression, and no lookup sees a half-written slot.
+fn pin<L: Loaded>(
     wanted: &[(u32, CacheKey)],
-    load: impl FnOnce(&[CacheKey]) -> Result<Vec<Vec<u8>>, StoreError>,
+    load: impl FnOnce(&[CacheKey]) -> Result<Vec<L>, StoreError>,
 ) -> Result<(Vec<PinnedEntry>, Option<u32>), StoreError> {
     let mut got: Vec<Option<PinnedEntry>> = vec![None; wanted.len()];
     let mut misses = Vec::new();
@@ -431,40 +471,72 @@ fn pin(
     });
     if !misses.is_empty() {
         let keys: Vec<CacheKey> = misses.iter().map(|&i| wanted[i].1).collect();
-        let loaded = load(&keys);
-        let loaded = match loaded {
+        let loaded = match load(&keys) {
             Ok(l) => l,
             Err(e) => {
                 ipc::unpin_images(&got.iter().flatten().copied().collect::<Vec<_>>());
                 return Err(e);
             }
         };
+        if let Some(l) = loaded.iter().find(|l| l.len() > CACHE_SLOT_BYTES) {
+            ipc::unpin_images(&got.iter().flatten().copied().collect::<Vec<_>>());
+            return Err(StoreError::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "a stored object says it is {} bytes long, more than a cache slot",
+                    l.len()
+                ),
+            ));
+        }
+        // Slots for the misses, as many as the cache can give: (position, slot, to write).
+        let mut reserved = Vec::with_capacity(misses.len());
         shmem::with_cache(|c| {
-            for (&i, bytes) in misses.iter().zip(&loaded) {
-                assert!(bytes.len() <= CACHE_SLOT_BYTES, "cached objects fit a slot");
-                match c.insert_pinned(wanted[i].1, bytes.len()) {
-                    Ok((slot, fresh)) => {
-                        if fresh {
-                            // SAFETY: the slot is pinned by us and we hold the cache lock, so
-                            // nobody reads it before these bytes are complete.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    bytes.as_ptr(),
-                                    shmem::cache_slot_ptr(slot),
-                                    bytes.len(),
-                                )
-                            };
-                        }
-                        got[i] = Some(PinnedEntry {
-                            key: wanted[i].0,
-                            slot: slot as u32,
-                            len: bytes.len() as u32,
-                        });
-                    }
+            for (&i, l) in misses.iter().zip(&loaded) {
+                match c.insert_loading(wanted[i].1, l.len()) {
+                    Ok((slot, fresh)) => reserved.push((i, slot, fresh)),
                     Err(CacheError::AllPinned) => break,
                 }
             }
         });
+        let mut failure = None;
+        let mut written = Vec::with_capacity(reserved.len());
+        for (&(i, slot, fresh), l) in reserved.iter().zip(&loaded) {
+            if fresh && failure.is_none() {
+                // SAFETY: the slot is reserved as loading and pinned by this process: no
+                // lookup finds it and nothing evicts it until finish_loading, so these are
+                // the only writes to its `len()` bytes.
+                let out =
+                    unsafe { std::slice::from_raw_parts_mut(shmem::cache_slot_ptr(slot), l.len()) };
+                if let Err(e) = l.write_into(out) {
+                    failure = Some(e);
+                }
+            }
+            written.push((i, slot, fresh, l.len()));
+        }
+        shmem::with_cache(|c| {
+            for &(i, slot, fresh, len) in &written {
+                if failure.is_some() {
+                    if fresh {
+                        c.discard(slot);
+                    } else {
+                        c.unpin(slot);
+                    }
+                    continue;
+                }
+                if fresh {
+                    c.finish_loading(slot);
+                }
+                got[i] = Some(PinnedEntry {
+                    key: wanted[i].0,
+                    slot: slot as u32,
+                    len: len as u32,
+                });
+            }
+        });
+        if let Some(e) = failure {
+            ipc::unpin_images(&got.iter().flatten().copied().collect::<Vec<_>>());
+            return Err(e);
+        }
     }
     // Deliver the longest prefix that is complete; unpin anything after a gap.
     let gap = got.iter().position(Option::is_none);

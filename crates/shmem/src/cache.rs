@@ -6,9 +6,12 @@
 //! *pinned* on the backend's behalf, and the backend reads them in place and unpins them.
 //!
 //! This module manages only the metadata (keys, pins, the clock hand, the hash table); the
-//! bytes live beside it in shared memory and are copied by the caller. Every method runs
+//! bytes live beside it in shared memory and are written by the caller. Every method runs
 //! under the caller's exclusive lock, except that the bytes of a pinned slot may be read
-//! without the lock: a pinned slot is never evicted or rewritten.
+//! without the lock: a pinned slot is never evicted or rewritten. A slot reserved with
+//! [`CacheIndex::insert_loading`] is written by its loader *without* the lock: until
+//! [`CacheIndex::finish_loading`] no lookup finds it (a miss), so nobody reads it half
+//! written, and its loader's pin keeps it from eviction.
 //!
 //! Invariants:
 //! - a key is in at most one slot, and the hash table finds exactly the occupied slots;
@@ -51,7 +54,8 @@ pub struct SlotMeta {
     len: u32,
     /// Readers (backends) that hold the slot.
     pins: u32,
-    /// 1 while occupied.
+    /// 0 free, [`OCCUPIED`] while it holds an object, [`LOADING`] while its object is being
+    /// written by its loader.
     used: u8,
     /// CLOCK reference bit.
     referenced: u8,
@@ -82,6 +86,12 @@ pub struct CacheHeader {
 
 /// Free entry in the hash table.
 const EMPTY: u32 = u32::MAX;
+
+/// A slot holding its object.
+const OCCUPIED: u8 = 1;
+
+/// A slot reserved for an object its loader is still writing.
+const LOADING: u8 = 2;
 
 /// Why an object could not be cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,10 +167,11 @@ impl<'a> CacheIndex<'a> {
         }
     }
 
-    /// Finds `key` and pins its slot; returns the slot and the object's length.
+    /// Finds `key` and pins its slot; returns the slot and the object's length. An object
+    /// still being loaded is not found.
     pub fn lookup_pin(&mut self, key: &CacheKey) -> Option<(usize, usize)> {
         match self.find(key) {
-            Ok(i) => {
+            Ok(i) if self.slots[self.table[i] as usize].used == OCCUPIED => {
                 let s = self.table[i] as usize;
                 let meta = &mut self.slots[s];
                 meta.pins += 1;
@@ -168,25 +179,56 @@ impl<'a> CacheIndex<'a> {
                 self.header.stats.hits += 1;
                 Some((s, meta.len as usize))
             }
-            Err(_) => {
+            _ => {
                 self.header.stats.misses += 1;
                 None
             }
         }
     }
 
-    /// True if `key` is cached (no pin, no statistics).
+    /// True if `key` is cached or being loaded (no pin, no statistics).
     pub fn contains(&self, key: &CacheKey) -> bool {
         self.find(key).is_ok()
     }
 
     /// Reserves a slot for `key` (of `len` bytes), pinned once, evicting an unpinned slot if
-    /// needed. The caller then writes the bytes into the returned slot. If `key` is already
-    /// cached, its slot is pinned and returned with `false` (nothing to write).
+    /// needed. The caller then writes the bytes into the returned slot (holding the lock). If
+    /// `key` is already cached, its slot is pinned and returned with `false` (nothing to
+    /// write).
     pub fn insert_pinned(
         &mut self,
         key: CacheKey,
         len: usize,
+    ) -> Result<(usize, bool), CacheError> {
+        self.insert(key, len, OCCUPIED)
+    }
+
+    /// Like [`CacheIndex::insert_pinned`], but a new slot is *loading*: its loader writes the
+    /// bytes without holding the lock, then calls [`CacheIndex::finish_loading`] (or
+    /// [`CacheIndex::discard`] if the load failed); until then lookups miss it. An object
+    /// found cached (`false`) must not be written.
+    pub fn insert_loading(
+        &mut self,
+        key: CacheKey,
+        len: usize,
+    ) -> Result<(usize, bool), CacheError> {
+        self.insert(key, len, LOADING)
+    }
+
+    /// Makes the object its loader wrote into slot `s` visible to lookups.
+    ///
+    /// # Panics
+    /// If slot `s` is not loading.
+    pub fn finish_loading(&mut self, s: usize) {
+        assert_eq!(self.slots[s].used, LOADING, "cache slot {s} is not loading");
+        self.slots[s].used = OCCUPIED;
+    }
+
+    fn insert(
+        &mut self,
+        key: CacheKey,
+        len: usize,
+        state: u8,
     ) -> Result<(usize, bool), CacheError> {
         if let Ok(i) = self.find(&key) {
             let s = self.table[i] as usize;
@@ -205,7 +247,7 @@ impl<'a> CacheIndex<'a> {
             key,
             len: u32::try_from(len).expect("cached objects are small"),
             pins: 1,
-            used: 1,
+            used: state,
             referenced: 1,
         };
         let i = self.find(&key).expect_err("key was absent");
@@ -334,6 +376,47 @@ mod tests {
         assert!(!c.contains(&CacheKey::toast_chunk(7, 0)));
         assert_eq!(c.stats().hits, 1);
         assert_eq!(c.stats().misses, 1);
+    }
+
+    #[test]
+    fn a_loading_slot_is_missed_until_finished_and_never_evicted() {
+        let mut o = owned(2);
+        let mut c = o.index(true);
+        let (s, fresh) = c.insert_loading(CacheKey::image(5), 300).unwrap();
+        assert!(fresh);
+        // Half written: a lookup misses it (and a loader asked for it again finds it
+        // reserved), but it counts as cached for prefetching.
+        assert_eq!(c.lookup_pin(&CacheKey::image(5)), None);
+        assert!(c.contains(&CacheKey::image(5)));
+        // The loader's pin keeps it: the other slot is the only one to give.
+        let (t, _) = c.insert_pinned(CacheKey::image(6), 1).unwrap();
+        assert_ne!(t, s);
+        c.unpin(t);
+        let (u, _) = c.insert_pinned(CacheKey::image(7), 1).unwrap();
+        assert_eq!(u, t, "the loading slot was not evicted");
+        assert_eq!(
+            c.insert_pinned(CacheKey::image(8), 1),
+            Err(CacheError::AllPinned)
+        );
+        c.finish_loading(s);
+        assert_eq!(c.lookup_pin(&CacheKey::image(5)), Some((s, 300)));
+        c.unpin(s);
+        c.unpin(s);
+        // A failed load gives its slot back.
+        let (f, fresh) = c.insert_loading(CacheKey::image(9), 10).unwrap();
+        assert!(fresh && f == s);
+        c.discard(f);
+        assert!(!c.contains(&CacheKey::image(9)));
+        assert_eq!(c.total_pins(), 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "is not loading")]
+    fn only_a_loading_slot_can_finish_loading() {
+        let mut o = owned(2);
+        let mut c = o.index(true);
+        let (s, _) = c.insert_pinned(CacheKey::image(1), 1).unwrap();
+        c.finish_loading(s);
     }
 
     #[test]

@@ -211,6 +211,32 @@ pub fn compress(raw: &[u8]) -> (u8, Vec<u8>) {
     }
 }
 
+/// Reverses [`compress`] into `out`, whose length is the recorded uncompressed length.
+pub fn decompress_into(codec: u8, payload: &[u8], out: &mut [u8], what: &str) -> Result<()> {
+    let written = match codec {
+        CODEC_RAW if payload.len() == out.len() => {
+            out.copy_from_slice(payload);
+            out.len()
+        }
+        CODEC_RAW => payload.len(),
+        CODEC_LZ4 => lz4_flex::block::decompress_into(payload, out).map_err(|e| {
+            StoreError::corrupt(format!("{what}: LZ4 payload does not decode: {e}"))
+        })?,
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "{what}: unknown codec {other}"
+            )))
+        }
+    };
+    if written != out.len() {
+        return Err(StoreError::corrupt(format!(
+            "{what}: decoded to {written} bytes, the record says {}",
+            out.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Reverses [`compress`]; `raw_len` is the recorded uncompressed length.
 pub fn decompress(codec: u8, payload: &[u8], raw_len: usize, what: &str) -> Result<Vec<u8>> {
     let raw = match codec {

@@ -9,7 +9,7 @@ use crate::backend::KvBackend;
 use crate::error::{Result, StoreError};
 use crate::ids::{ImageId, Rank, ToastId};
 use crate::keys::{self, Cf};
-use crate::records::{self, ToastInfo};
+use crate::records::{self, ImageRecord, ToastInfo};
 use crate::store::SnapshotStore;
 
 impl<B: KvBackend> SnapshotStore<B> {
@@ -23,6 +23,25 @@ impl<B: KvBackend> SnapshotStore<B> {
 
     /// Several images at once (one batched read per rank), in the order of `ids`.
     pub fn images(&self, ids: &[ImageId]) -> Result<Vec<Vec<u8>>> {
+        let verify = self
+            .verify_images
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.image_records(ids)?
+            .into_iter()
+            .zip(ids)
+            .map(|(r, id)| {
+                let mut raw = vec![0; r.len()];
+                r.decode_into(&mut raw, verify)
+                    .map_err(|e| self.in_store(e, *id))?;
+                Ok(raw)
+            })
+            .collect()
+    }
+
+    /// The records of several images (one batched read per rank), in the order of `ids`, to
+    /// be decompressed by the caller where the images go ([`ImageRecord::decode_into`], with
+    /// [`SnapshotStore::verifies_images`]).
+    pub fn image_records(&self, ids: &[ImageId]) -> Result<Vec<ImageRecord>> {
         let mut values: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
         let mut ranks: Vec<Rank> = ids.iter().map(|&id| keys::image_rank(id)).collect();
         ranks.sort_unstable();
@@ -42,8 +61,29 @@ impl<B: KvBackend> SnapshotStore<B> {
         }
         ids.iter()
             .zip(values)
-            .map(|(id, v)| self.image_content(*id, v))
+            .map(|(id, v)| match v {
+                Some(v) => ImageRecord::parse(v).map_err(|e| self.in_store(e, *id)),
+                None => Err(self.missing(*id)),
+            })
             .collect()
+    }
+
+    /// Whether image reads check each image against its BLAKE3 fingerprint.
+    pub fn verifies_images(&self) -> bool {
+        self.verify_images
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn in_store(&self, e: StoreError, id: ImageId) -> StoreError {
+        e.context(format_args!("{} in {}", id, self.backend.describe()))
+    }
+
+    fn missing(&self, id: ImageId) -> StoreError {
+        StoreError::not_found(format!(
+            "{} in {} does not exist",
+            id,
+            self.backend.describe()
+        ))
     }
 
     /// Whether image reads check each image against its BLAKE3 fingerprint (on by default).
@@ -59,13 +99,8 @@ impl<B: KvBackend> SnapshotStore<B> {
             .verify_images
             .load(std::sync::atomic::Ordering::Relaxed);
         match v {
-            Some(v) => records::decode_image(&v, verify)
-                .map_err(|e| e.context(format_args!("{} in {}", id, self.backend.describe()))),
-            None => Err(StoreError::not_found(format!(
-                "{} in {} does not exist",
-                id,
-                self.backend.describe()
-            ))),
+            Some(v) => records::decode_image(&v, verify).map_err(|e| self.in_store(e, id)),
+            None => Err(self.missing(id)),
         }
     }
 

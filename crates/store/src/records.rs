@@ -464,6 +464,49 @@ pub(crate) fn decode_image(v: &[u8], check_fingerprint: bool) -> Result<Vec<u8>>
     Ok(raw)
 }
 
+/// A stored image record, not yet decompressed: its length is known, and it decompresses
+/// straight into the caller's buffer (a cache slot) without an intermediate copy.
+#[derive(Debug, Clone)]
+pub struct ImageRecord {
+    record: Vec<u8>,
+    raw_len: usize,
+}
+
+impl ImageRecord {
+    /// Checks the record's header (Corrupt if it is damaged).
+    pub(crate) fn parse(record: Vec<u8>) -> Result<ImageRecord> {
+        let (_, raw_len, _, _) = content_header(&record, "image")?;
+        Ok(ImageRecord { record, raw_len })
+    }
+
+    /// The length of the image.
+    pub fn len(&self) -> usize {
+        self.raw_len
+    }
+
+    /// True for an empty image.
+    pub fn is_empty(&self) -> bool {
+        self.raw_len == 0
+    }
+
+    /// Decompresses the image into `out` (of [`ImageRecord::len`] bytes), checking it
+    /// against its BLAKE3 fingerprint if `check_fingerprint`.
+    pub fn decode_into(&self, out: &mut [u8], check_fingerprint: bool) -> Result<()> {
+        let (codec, raw_len, fp, payload) = content_header(&self.record, "image")?;
+        if out.len() != raw_len {
+            return Err(StoreError::invalid(format!(
+                "an image of {raw_len} bytes cannot be decoded into {} bytes",
+                out.len()
+            )));
+        }
+        codec::decompress_into(codec, payload, out, "content")?;
+        if check_fingerprint {
+            verify(out, &fp, "content")?;
+        }
+        Ok(())
+    }
+}
+
 /// Information about a stored TOAST value, enough to read it chunk by chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ToastInfo {
@@ -526,13 +569,22 @@ pub(crate) fn decode_row_type(v: &[u8], what: &str) -> Result<(Vec<u8>, Fingerpr
     Ok((bytes, fp))
 }
 
-fn decode_content(v: &[u8], kind: &'static str, what: &str) -> Result<(Vec<u8>, Fingerprint)> {
+/// The header of a content record (codec, uncompressed length, fingerprint) and its payload.
+fn content_header<'a>(
+    v: &'a [u8],
+    kind: &'static str,
+) -> Result<(u8, usize, Fingerprint, &'a [u8])> {
     let mut d = Dec::new(v, kind);
     d.version(RECORD_VERSION)?;
     let codec = d.u8()?;
     let raw_len = d.u32()? as usize;
     let fp = Fingerprint(d.array()?);
-    let raw = codec::decompress(codec, d.rest(), raw_len, what)?;
+    Ok((codec, raw_len, fp, d.rest()))
+}
+
+fn decode_content(v: &[u8], kind: &'static str, what: &str) -> Result<(Vec<u8>, Fingerprint)> {
+    let (codec, raw_len, fp, payload) = content_header(v, kind)?;
+    let raw = codec::decompress(codec, payload, raw_len, what)?;
     Ok((raw, fp))
 }
 

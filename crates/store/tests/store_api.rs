@@ -522,6 +522,66 @@ fn identity_and_emptiness_checks_on_open() {
 }
 
 #[test]
+fn image_records_decode_into_a_callers_buffer_as_images_do() {
+    let mem = MemBackend::new();
+    let store = SnapshotStore::open(mem.clone(), StoreOptions::new(42)).unwrap();
+    let (_, decl) = setup(&store, 1, 1);
+    let mut cap = store.declare_and_begin(decl).unwrap();
+    // compressible, incompressible (stored raw) and empty views
+    let mut noise = vec![0u8; 3000];
+    let mut x = 0x2545_f491_u32;
+    for b in noise.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    let views = [view(5, 4000), noise, Vec::new()];
+    let ids: Vec<ImageId> = views
+        .iter()
+        .map(|v| cap.put_image(v, &[]).unwrap())
+        .collect();
+    cap.commit().unwrap();
+    let records = store.image_records(&ids).unwrap();
+    assert_eq!(store.images(&ids).unwrap(), views.to_vec());
+    for verify in [true, false] {
+        for (r, v) in records.iter().zip(&views) {
+            assert_eq!(r.len(), v.len());
+            let mut out = vec![0xAA; r.len()];
+            r.decode_into(&mut out, verify).unwrap();
+            assert_eq!(&out, v);
+        }
+    }
+    // A buffer of another size is refused, never written past.
+    let mut short = vec![0; views[0].len() - 1];
+    assert_eq!(
+        records[0].decode_into(&mut short, true).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    // A damaged payload is corrupt; a missing image is not found.
+    let key = keys::image_key(ids[0]);
+    let mut v = mem.get(Cf::Images(Rank(0)), &key).unwrap().unwrap();
+    let last = v.len() - 1;
+    v[last] ^= 0x55;
+    let mut b = WriteBatch::new();
+    b.put(Cf::Images(Rank(0)), &key, &v);
+    mem.write(&b, false).unwrap();
+    let damaged = store.image_records(&ids[..1]).unwrap();
+    let mut out = vec![0; damaged[0].len()];
+    assert_eq!(
+        damaged[0].decode_into(&mut out, true).unwrap_err().kind(),
+        ErrorKind::Corrupt
+    );
+    assert_eq!(
+        store
+            .image_records(&[ImageId(ids[2].0 + 1000)])
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
 fn damaged_values_are_reported_as_corrupt() {
     let mem = MemBackend::new();
     let store = SnapshotStore::open(mem.clone(), StoreOptions::new(42)).unwrap();
