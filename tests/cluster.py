@@ -43,6 +43,18 @@ def sqlstate(conn: psycopg.Connection, query: str, *args) -> str | None:
     return None
 
 
+def reset_timeout(conn: psycopg.Connection) -> None:
+    """RESET statement_timeout. A timeout that fires between the end of a statement and its
+    commit is reported by the next statement (PostgreSQL's own race): retry then."""
+    for _ in range(3):
+        try:
+            conn.execute("RESET statement_timeout")
+            return
+        except psycopg.errors.QueryCanceled:
+            pass
+    conn.execute("RESET statement_timeout")
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
     """Polls `predicate` until it returns something true and returns that; after `timeout`
     seconds fails with an AssertionError naming `what` and the last value seen.

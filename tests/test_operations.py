@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from cluster import worker_caught_up
+from cluster import reset_timeout, worker_caught_up
 from ops_helpers import (
     Bg,
     PGBENCH_ENV,
@@ -568,18 +568,6 @@ def test_concurrent_scans_bigger_than_the_image_cache(ops):
                         b.stop()
         finally:
             conn.execute(f"DROP TABLE IF EXISTS {t}")
-
-
-def reset_timeout(conn):
-    """RESET statement_timeout. A timeout that fires between the end of a statement and its
-    commit is reported by the next statement (PostgreSQL's own race): retry then."""
-    for _ in range(3):
-        try:
-            conn.execute("RESET statement_timeout")
-            return
-        except errors.QueryCanceled:
-            pass
-    conn.execute("RESET statement_timeout")
 
 
 def test_cancelled_scans_leak_no_cache_pins(ops):

@@ -15,11 +15,10 @@ import random
 import time
 from collections import Counter
 
-import psycopg
 import pytest
 from psycopg import errors
 
-from cluster import gsnap_cluster, snapshot, rows, sqlstate
+from cluster import gsnap_cluster, reset_timeout, rows, snapshot, sqlstate
 
 # A small image cache: three participants' batches and their prefetches share it.
 CONF = ["gsnap.image_cache_size = 4MB", "max_worker_processes = 12", "max_parallel_workers = 8"]
@@ -245,12 +244,7 @@ def test_errors_and_cancels_in_parallel_scans_leave_nothing_pinned(cluster, conn
         except errors.QueryCanceled:
             cancelled += 1
         finally:
-            for _ in range(3):
-                try:
-                    conn.execute("RESET statement_timeout")
-                    break
-                except errors.QueryCanceled:
-                    pass
+            reset_timeout(conn)
     assert cancelled >= 3, "too few scans were cancelled to test anything"
     assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == pid, "the session survived"
     assert rows(conn, q) == truth

@@ -239,23 +239,15 @@ pub fn decompress_into(codec: u8, payload: &[u8], out: &mut [u8], what: &str) ->
 
 /// Reverses [`compress`]; `raw_len` is the recorded uncompressed length.
 pub fn decompress(codec: u8, payload: &[u8], raw_len: usize, what: &str) -> Result<Vec<u8>> {
-    let raw = match codec {
-        CODEC_RAW => payload.to_vec(),
-        CODEC_LZ4 => lz4_flex::block::decompress(payload, raw_len).map_err(|e| {
-            StoreError::corrupt(format!("{what}: LZ4 payload does not decode: {e}"))
-        })?,
-        other => {
-            return Err(StoreError::corrupt(format!(
-                "{what}: unknown codec {other}"
-            )))
-        }
-    };
-    if raw.len() != raw_len {
+    // LZ4 expands a byte to at most 255: a damaged length must not allocate gigabytes.
+    if raw_len > payload.len().saturating_mul(255).saturating_add(16) {
         return Err(StoreError::corrupt(format!(
-            "{what}: decoded to {} bytes, the record says {raw_len}",
-            raw.len()
+            "{what}: the record says {raw_len} bytes, more than its {} stored bytes can hold",
+            payload.len()
         )));
     }
+    let mut raw = vec![0; raw_len];
+    decompress_into(codec, payload, &mut raw, what)?;
     Ok(raw)
 }
 
