@@ -63,6 +63,9 @@ pub static DEBUG_DECLARE_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Test hook: milliseconds between two capture batches (keeps a capture in flight).
 pub static DEBUG_CAPTURE_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
+/// Test hook: milliseconds between a capture's last page read and its commit.
+pub static DEBUG_COMMIT_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
 /// Test hook: milliseconds between two reclamation steps (keeps a reclamation in flight).
 pub static DEBUG_RECLAIM_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
@@ -256,6 +259,17 @@ pub fn init() {
         c"Test hook: pause between two capture batches.",
         c"For tests that need a capture in flight; keep 0 in production.",
         &DEBUG_CAPTURE_PAUSE_MS,
+        0,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS | GucFlags::NO_SHOW_ALL,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.debug_commit_pause_ms",
+        c"Test hook: pause between a capture's last page read and its commit.",
+        c"For tests that need a capture whose pages are all read but not yet durable; keep 0 \
+          in production.",
+        &DEBUG_COMMIT_PAUSE_MS,
         0,
         60_000,
         GucContext::Sighup,

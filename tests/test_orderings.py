@@ -8,10 +8,11 @@ for the second), built so that a violation makes them fail:
    transaction that wrote before a snapshot and commits after it is not in that snapshot and
    is in the next with no further write (its pages are carried as unsettled); the same for a
    transaction that began after the declaration and wrote before the switch;
-3. a snapshot's MVCC snapshot stays registered until its pages are read; as built, until its
-   capture is durable: rows deleted and VACUUMed while the capture is in flight
-   (gsnap.debug_capture_pause_ms) are still in the snapshot, and once it is durable VACUUM
-   removes them.
+3. a snapshot's MVCC snapshot stays registered until its last page is read, and no longer:
+   rows deleted and VACUUMed in blocks the capture has not read yet
+   (gsnap.debug_capture_pause_ms) are still in the snapshot; once every page is read and
+   before the snapshot is durable (gsnap.debug_commit_pause_ms) the worker holds no horizon
+   and VACUUM removes them, and the snapshot still has them.
 """
 
 import re
@@ -306,7 +307,7 @@ def worker_xmin(conn):
         "SELECT backend_xmin FROM pg_stat_activity WHERE backend_type = 'gsnap worker'").fetchone()
 
 
-def test_snapshot_holds_vacuum_back_until_its_capture_is_durable(ocluster):
+def test_snapshot_holds_vacuum_back_until_its_last_page_is_read(ocluster):
     c = ocluster
     with c.connect() as conn:
         conn.execute("CREATE TABLE ord3 (id int PRIMARY KEY, pad text) USING gsnap")
@@ -320,9 +321,11 @@ def test_snapshot_holds_vacuum_back_until_its_capture_is_durable(ocluster):
         nblocks = conn.execute("SELECT pg_relation_size('ord3') / 8192").fetchone()[0]
         assert nblocks >= 60
         before, _ = located_contents(conn, "ord3")
-        set_settings(conn, capture_batch_pages=1, debug_capture_pause_ms="100ms")
+        set_settings(conn, capture_batch_pages=1, debug_capture_pause_ms="100ms",
+                     debug_commit_pause_ms="60s")
         try:
             # The table's first snapshot captures every block, in block order, one per 100 ms.
+            t0 = time.monotonic()
             snap = conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
             wait_until(lambda: (lambda p: p["phase"] == "capturing" and p["snap_id"] == snap
                                 and p["pages_done"] > 0)(progress(conn)),
@@ -341,22 +344,35 @@ def test_snapshot_holds_vacuum_back_until_its_capture_is_durable(ocluster):
                 f"premise: the capture must still be in flight before the deleted rows' pages ({p})")
             assert removed == 0 and not_yet == deleted, (
                 f"VACUUM removed {removed} of {deleted} rows snapshot {snap} sees before its "
-                f"capture was durable ({not_yet} kept)")
+                f"last page was read ({not_yet} kept)")
             assert dead_tuples(conn, "ord3") == deleted
+
+            # Every page read, the commit held back: the worker lets go of the horizon, and
+            # VACUUM removes the rows the snapshot still has, although it is not durable yet.
+            wait_until(lambda: progress(conn)["phase"] == "committing", 60,
+                       f"the capture of snapshot {snap} to read its last page")
+            read_s = time.monotonic() - t0
+            wait_until(lambda: worker_xmin(conn)[0] is None, 10,
+                       f"the worker to release snapshot {snap} after its last page was read")
+            removed, _, not_yet = vacuum_verbose(conn, "ord3")
+            p = progress(conn)
+            assert p["phase"] == "committing" and p["last_durable"] != snap, (
+                f"premise: snapshot {snap} must not be durable yet ({p})")
+            assert (removed, not_yet) == (deleted, 0), (
+                f"after snapshot {snap} read its last page VACUUM removed {removed} of {deleted} "
+                f"dead rows ({not_yet} still not removable)")
+            assert dead_tuples(conn, "ord3") == 0
+            held_ms = p["horizon_held_ms"]
+            assert held_ms is not None and 100 * (nblocks - 1) <= held_ms <= read_s * 1000 + 1000, (
+                f"horizon_held_ms {held_ms} for {nblocks} blocks read one per 100 ms in {read_s:.1f} s")
         finally:
-            set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
+            set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None,
+                         debug_commit_pause_ms=None)
 
         got = contents(conn, "ord3", snap)  # waits for the capture
         assert_equal(before, got, f"snapshot {snap}: rows deleted and vacuumed during its capture")
-
-        # Durable: the worker lets go of the horizon, and VACUUM can now remove the rows.
         wait_until(lambda: progress(conn)["phase"] == "idle" and worker_xmin(conn)[0] is None, 20,
-                   f"the worker to release snapshot {snap} after its capture was durable")
-        removed, _, not_yet = vacuum_verbose(conn, "ord3")
-        assert (removed, not_yet) == (deleted, 0), (
-            f"after snapshot {snap} was durable VACUUM removed {removed} of {deleted} dead rows "
-            f"({not_yet} still not removable)")
-        assert dead_tuples(conn, "ord3") == 0
+                   f"the worker to go idle after snapshot {snap} was durable")
         # and the snapshot does not depend on them
         assert contents(conn, "ord3", snap) == before
 

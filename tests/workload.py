@@ -184,7 +184,7 @@ def wait_worker_ready(cluster, timeout: float = 60) -> None:
 
 
 # Defaults of the settings tests change (what RESET brings back).
-DEFAULTS = {"capture_batch_pages": "256", "debug_declare_pause_ms": "0", "debug_capture_pause_ms": "0",
+DEFAULTS = {"capture_batch_pages": "256", "debug_declare_pause_ms": "0", "debug_capture_pause_ms": "0", "debug_commit_pause_ms": "0",
             "snapshot_interval": "0", "max_queued_snapshots": "16"}
 
 _UNITS = {"": 1, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}

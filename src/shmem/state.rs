@@ -145,6 +145,9 @@ pub struct ProgressShared {
     waiting_for: AtomicU32,
     last_durable: AtomicI64,
     last_durable_at_us: AtomicI64,
+    /// How long the last capture whose pages were all read held its MVCC snapshot (µs from
+    /// declaration; 0: none yet).
+    last_horizon_held_us: AtomicI64,
     /// The deleted snapshot whose space is being reclaimed (0: none), its dead mappings done
     /// and in all, and the bytes reclamation freed since the worker started.
     reclaim_snapshot: AtomicI64,
@@ -172,6 +175,7 @@ pub struct Progress {
     pub waiting_for: u32,
     pub last_durable: i64,
     pub last_durable_at_us: i64,
+    pub last_horizon_held_us: i64,
     pub reclaim_snapshot: i64,
     pub reclaim_done: u64,
     pub reclaim_total: u64,
@@ -195,6 +199,7 @@ impl ProgressShared {
             waiting_for: self.waiting_for.load(Relaxed),
             last_durable: self.last_durable.load(Relaxed),
             last_durable_at_us: self.last_durable_at_us.load(Relaxed),
+            last_horizon_held_us: self.last_horizon_held_us.load(Relaxed),
             reclaim_snapshot: self.reclaim_snapshot.load(Relaxed),
             reclaim_done: self.reclaim_done.load(Relaxed),
             reclaim_total: self.reclaim_total.load(Relaxed),
@@ -253,6 +258,12 @@ impl ProgressShared {
         self.pages_done.store(pages_done, Relaxed);
         self.bytes_stored.store(bytes, Relaxed);
         self.new_images.store(new_images, Relaxed);
+    }
+
+    /// A capture read its last page and released its MVCC snapshot, `held_us` after its
+    /// declaration.
+    pub fn horizon_released(&self, held_us: i64) {
+        self.last_horizon_held_us.store(held_us.max(1), Relaxed);
     }
 
     /// Snapshot `snapshot` became durable.

@@ -244,6 +244,7 @@ fn gsnap_progress() -> TableIterator<
         name!(reclaim_done, i64),
         name!(reclaim_total, i64),
         name!(reclaimed_bytes, i64),
+        name!(horizon_held_ms, Option<f64>),
     ),
 > {
     crate::require_preloaded();
@@ -274,6 +275,7 @@ fn gsnap_progress() -> TableIterator<
         p.reclaim_done as i64,
         p.reclaim_total as i64,
         p.reclaimed_bytes as i64,
+        (p.last_horizon_held_us > 0).then(|| p.last_horizon_held_us as f64 / 1000.0),
     ))
 }
 

@@ -5,9 +5,11 @@
 //! capture left unsettled, and whatever an earlier failed capture or declaration could not
 //! cover; for a table in `Fresh` or `Rescan` mode, every block. For each page the v-view is
 //! computed and stored (identical views are stored once); a mapping is added only where the
-//! view differs from the page's image in the previous page table. The snapshot becomes
-//! readable only when the store commits it, and only then are its MVCC snapshot and table
-//! locks released.
+//! view differs from the page's image in the previous page table. Once every page has been
+//! read (its view computed and its TOAST values copied into the store), the MVCC snapshot is
+//! released: nothing it could see is needed any more, and VACUUM may go on (docs/design.md,
+//! third ordering). The snapshot becomes readable only when the store commits it, and only
+//! then are its table locks released.
 
 use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
@@ -67,7 +69,11 @@ pub(crate) struct CaptureJob {
     /// Blocks not examined: unchanged by their page LSN (`restart.rs`).
     pages_unchanged: u64,
     strategy: BulkRead,
-    /// Test hook (gsnap.debug_capture_pause_ms): no batch before this time.
+    /// When every page had been read and the MVCC snapshot was released: only the commit
+    /// is left.
+    read_all: Option<std::time::Instant>,
+    /// Test hooks (gsnap.debug_capture_pause_ms, gsnap.debug_commit_pause_ms): no batch, or
+    /// no commit, before this time.
     pub(super) next_batch_at: std::time::Instant,
 }
 
@@ -160,6 +166,7 @@ impl Worker {
             pages_done: 0,
             pages_unchanged: 0,
             strategy: BulkRead::new(),
+            read_all: None,
             next_batch_at: std::time::Instant::now(),
         });
     }
@@ -171,6 +178,18 @@ impl Worker {
         else {
             return false;
         };
+        if let Some(read_at) = job.read_all {
+            // (the test hook's pause is read again each time: resetting it commits at once)
+            let pause = crate::gucs::DEBUG_COMMIT_PAUSE_MS.get().max(0) as u64;
+            let until = read_at + std::time::Duration::from_millis(pause);
+            if std::time::Instant::now() < until {
+                job.next_batch_at = until;
+                return false;
+            }
+            let job = self.job.take().expect("job");
+            self.commit(job);
+            return !self.queue.is_empty();
+        }
         let pause = crate::gucs::DEBUG_CAPTURE_PAUSE_MS.get();
         if pause > 0 {
             let now = std::time::Instant::now();
@@ -184,6 +203,10 @@ impl Worker {
         match outcome {
             Ok(Ok(true)) => true,
             Ok(Ok(false)) => {
+                job.release_horizon();
+                if crate::gucs::DEBUG_COMMIT_PAUSE_MS.get() > 0 {
+                    return true; // the next step waits for the pause, then commits
+                }
                 let job = self.job.take().expect("job");
                 self.commit(job);
                 !self.queue.is_empty()
@@ -240,7 +263,7 @@ impl Worker {
                 }
                 self.index_snapshot(decl.snap);
                 self.retention_due = std::time::Instant::now();
-                declare::release(&decl.locked, Some(decl.mvcc));
+                declare::release(&decl.locked, decl.mvcc);
                 self.carry.absorb(CarryForward::from_pages(carried));
                 let p = shmem::progress();
                 p.advance(
@@ -300,7 +323,7 @@ impl Worker {
             self.unrecorded_failures
                 .push((decl.snap, reason.to_string()));
         }
-        declare::release(&decl.locked, Some(decl.mvcc));
+        declare::release(&decl.locked, decl.mvcc);
         // Tables the failed capture would have captured completely must be captured
         // completely by the next one.
         for t in &decl.tables {
@@ -349,6 +372,21 @@ impl Worker {
 }
 
 impl CaptureJob {
+    /// Every page has been read: releases the MVCC snapshot (the table locks stay until the
+    /// commit), drops the catalog snapshot the reads used, and reports how long the snapshot
+    /// held back VACUUM. The phase is "committing" from here.
+    fn release_horizon(&mut self) {
+        if let Some(mvcc) = self.decl.mvcc.take() {
+            mvcc.release();
+            // SAFETY: inside the worker's transaction; the next catalog access takes a new one.
+            unsafe { pg_sys::InvalidateCatalogSnapshot() };
+            let held_us = super::catalog::now_unix_us().saturating_sub(self.decl.declared_at_us);
+            shmem::progress().horizon_released(held_us);
+        }
+        self.read_all = Some(std::time::Instant::now());
+        shmem::progress().set_phase(Phase::Committing);
+    }
+
     /// Captures up to `budget` pages; Ok(true) while pages remain.
     fn run(&mut self, index: &IndexState, budget: usize) -> Result<bool, StoreError> {
         let mut done = 0;
@@ -369,6 +407,11 @@ impl CaptureJob {
             };
             let end = (self.cursor + budget - done).min(item.blocks.len());
             let unchanged = &mut self.pages_unchanged;
+            let mvcc = self
+                .decl
+                .mvcc
+                .as_ref()
+                .expect("the MVCC snapshot is held until every page is read");
             let result = (self.cursor..end).try_for_each(|i| {
                 let block = item.blocks.get(i);
                 // SAFETY: the relation is open, the block below the size recorded at
@@ -377,7 +420,7 @@ impl CaptureJob {
                     capture_one(
                         index,
                         &mut self.capture,
-                        &self.decl.mvcc,
+                        mvcc,
                         &self.strategy,
                         rel,
                         item,

@@ -97,7 +97,9 @@ pub(crate) struct DeclaredTable {
 /// A declared snapshot waiting for (or in) its capture.
 pub(crate) struct Declared {
     pub snap: u64,
-    pub mvcc: RegisteredSnapshot,
+    /// The MVCC snapshot, until every page of the capture has been read (then released:
+    /// docs/design.md, third ordering).
+    pub mvcc: Option<RegisteredSnapshot>,
     pub declared_at_us: i64,
     pub tables: Vec<DeclaredTable>,
     /// The span's written pages, plus leftovers of failed declarations.
@@ -295,7 +297,7 @@ impl Worker {
                 };
                 self.queue.push_back(Declared {
                     snap,
-                    mvcc,
+                    mvcc: Some(mvcc),
                     declared_at_us: prepared.declared_at_us,
                     tables,
                     pages,
