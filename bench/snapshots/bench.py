@@ -193,6 +193,18 @@ def bench_tps(b: Bench) -> None:
 
     runs = []
     series = []
+    held_ms: list[float] = []  # how long each capture held its MVCC snapshot (gsnap_progress)
+
+    def sample_horizon(c: Cluster, stop: threading.Event) -> None:
+        """Polls gsnap_progress().horizon_held_ms; each new value is one capture's."""
+        last = None
+        with c.connect() as conn:
+            while not stop.wait(0.25):
+                v = conn.execute("SELECT horizon_held_ms FROM gsnap_progress()").fetchone()[0]
+                if v is not None and v != last:
+                    held_ms.append(v)
+                    last = v
+
     for r in range(rounds):
         order = configs[r % 3:] + configs[:r % 3]
         for name in order:
@@ -211,10 +223,16 @@ def bench_tps(b: Bench) -> None:
             wcpu0 = cpu_ms(wpid) if wpid else 0.0
             t0 = time.time()
             cpu0 = cluster_cpu_ms(c)
+            stop = threading.Event()
+            sampler = threading.Thread(target=sample_horizon, args=(c, stop))
+            if name == "gsnap+snap":
+                sampler.start()
             p = subprocess.run(cmd, env=c.env(), capture_output=True, text=True, cwd=b.out)
             if p.returncode != 0:
                 raise RuntimeError(f"pgbench failed: {p.stderr}")
             if name == "gsnap+snap":
+                stop.set()
+                sampler.join()
                 set_interval(0)
                 wait_idle(snap_conn)  # no capture left running into the next configuration's run
             res = parse_pgbench(p.stdout)
@@ -287,6 +305,11 @@ def bench_tps(b: Bench) -> None:
         "worker_cpu_share_gsnap_median": round(statistics.median(
             [x["worker_cpu_share"] for x in runs if x["config"] == "gsnap"]), 4),
         "tables_after_runs": bloat,
+        "horizon_held_ms": {"captures": len(held_ms),
+                            "p50": round(pct(held_ms, 50), 1) if held_ms else None,
+                            "p95": round(pct(held_ms, 95), 1) if held_ms else None,
+                            "max": round(max(held_ms), 1) if held_ms else None,
+                            "target_p95": "<= 200 (issue 8)"},
         "snapshots_total": snap_stats[0], "snapshots_committed": snap_stats[1],
         "target_gsnap": ">= 0.98", "target_snap": ">= 0.95 (aim 0.97)",
     }
@@ -307,6 +330,9 @@ def bench_tps(b: Bench) -> None:
         f"{name}: branches {bloat[name]['pgbench_branches']['pages']} pages "
         f"({bloat[name]['pgbench_branches']['hot_update_pct']}% HOT), tellers {bloat[name]['pgbench_tellers']['pages']} "
         f"pages ({bloat[name]['pgbench_tellers']['hot_update_pct']}% HOT)" for name in configs))
+    h = res["horizon_held_ms"]
+    log(f"   MVCC snapshot held per capture (declaration to last page read, gsnap_progress): "
+        f"{h['captures']} captures, p50 {h['p50']} ms, p95 {h['p95']} ms, max {h['max']} ms")
     log(f"   the gsnap worker used {100 * res['worker_cpu_share_snap_median']:.1f}% of the server CPU in the runs "
         f"with snapshots (median), {100 * res['worker_cpu_share_gsnap_median']:.2f}% without")
     for c in list(cl.values()):
