@@ -33,6 +33,15 @@ pub static GROUP_PUNISH_FACTOR: GucSetting<f64> = GucSetting::<f64>::new(0.75);
 /// Pages the worker captures between two looks at its requests.
 pub static CAPTURE_BATCH_PAGES: GucSetting<i32> = GucSetting::<i32>::new(256);
 
+/// Memory for a capture's copies of the pages it read (kB): phase one copies what fits, then
+/// releases the snapshot; pages beyond are stored as they are read, under the snapshot.
+pub static CAPTURE_MEMORY_KB: GucSetting<i32> = GucSetting::<i32>::new(512 * 1024);
+
+/// `gsnap.capture_memory` in bytes.
+pub fn capture_memory_bytes() -> usize {
+    CAPTURE_MEMORY_KB.get().max(0) as usize * 1024
+}
+
 /// Check every image read from the store against its BLAKE3 fingerprint.
 pub static VERIFY_IMAGES: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -169,9 +178,22 @@ pub fn init() {
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
+        c"gsnap.capture_memory",
+        c"Memory for the pages a capture has read and not stored yet.",
+        c"A capture first copies the views of the pages it must read into this much memory and \
+          releases its MVCC snapshot once every page is read (VACUUM may go on); it \
+          fingerprints, compresses and stores them afterwards. Pages beyond it are stored as \
+          they are read, while the snapshot is held. 0: store every page as it is read.",
+        &CAPTURE_MEMORY_KB,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
         c"gsnap.max_queued_snapshots",
         c"Snapshots that may be declared while earlier ones are still being captured.",
-        c"Each holds back vacuum until its capture is durable. When the queue is full, a \
+        c"Each holds back vacuum until its capture has read its last page. When the queue is full, a \
           new declaration waits for the oldest capture.",
         &MAX_QUEUED_SNAPSHOTS,
         1,

@@ -66,6 +66,18 @@ def test_every_snapshot_equals_its_mvcc_snapshot_with_captures_held_in_flight(di
             set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
 
 
+def test_every_snapshot_equals_its_mvcc_snapshot_when_the_copies_overflow_their_memory(diff_cluster):
+    """gsnap.capture_memory far below a span's pages: phase one copies what fits, the rest is
+    stored as it is read, under the snapshot; both kinds of page in every capture."""
+    with diff_cluster.connect() as conn:
+        set_settings(conn, capture_memory="64kB", capture_batch_pages=4, debug_capture_pause_ms="15ms")
+    try:
+        run_differential(diff_cluster, seconds=20, seed=13)
+    finally:
+        with diff_cluster.connect() as conn:
+            set_settings(conn, capture_memory=None, capture_batch_pages=None, debug_capture_pause_ms=None)
+
+
 def run_differential(c, seconds: float, seed: int) -> None:
     with c.connect() as conn:
         conn.execute("DROP TABLE IF EXISTS " + ", ".join(TABLES))

@@ -377,6 +377,46 @@ def test_snapshot_holds_vacuum_back_until_its_last_page_is_read(ocluster):
         assert contents(conn, "ord3", snap) == before
 
 
+def test_a_capture_beyond_its_memory_reads_the_rest_under_the_snapshot(ocluster):
+    """gsnap.capture_memory holds the copies of a few pages only: the capture copies those,
+    then stores the rest as it reads them, and keeps the snapshot until the last one; rows
+    deleted and vacuumed in blocks not read yet stay in the snapshot, and gsnap_progress()
+    says how many pages did not fit."""
+    c = ocluster
+    with c.connect() as conn:
+        conn.execute("CREATE TABLE ord4 (id int PRIMARY KEY, pad text) USING gsnap")
+        conn.execute("INSERT INTO ord4 SELECT i, repeat('w', 150) FROM generate_series(1, 4000) i")
+        nblocks = conn.execute("SELECT pg_relation_size('ord4') / 8192").fetchone()[0]
+        assert nblocks >= 60
+        before, _ = located_contents(conn, "ord4")
+        set_settings(conn, capture_memory="64kB", capture_batch_pages=1, debug_capture_pause_ms="100ms")
+        try:
+            snap = conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
+            wait_until(lambda: (lambda p: p["phase"] == "capturing" and p["snap_id"] == snap
+                                and p["pages_beyond_memory"] > 0)(progress(conn)),
+                       30, f"the capture of snapshot {snap} to run out of memory for its copies")
+            deleted = conn.execute(
+                "DELETE FROM ord4 WHERE (ctid::text::point)[0] >= %s", (nblocks - 15,)).rowcount
+            assert deleted > 500
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            conn.execute("SELECT 1")
+            removed, _, not_yet = vacuum_verbose(conn, "ord4")
+            p = progress(conn)
+            assert p["snap_id"] == snap and p["phase"] == "capturing" and p["pages_done"] < nblocks - 15, (
+                f"premise: the capture must still be in flight before the deleted rows' pages ({p})")
+            assert removed == 0 and not_yet == deleted, (
+                f"VACUUM removed {removed} of {deleted} rows snapshot {snap} sees before its "
+                f"last page was read ({not_yet} kept)")
+            set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
+            got = contents(conn, "ord4", snap)  # waits for the capture
+            assert_equal(before, got, f"snapshot {snap}: rows deleted and vacuumed during its capture")
+            p = progress(conn)
+            # 64 kB hold the copies of a few pages of ~7 kB: every other page was stored as read
+            assert p["last_durable"] == snap and nblocks - 12 <= p["pages_beyond_memory"] < nblocks, p
+        finally:
+            set_settings(conn, capture_memory=None, capture_batch_pages=None, debug_capture_pause_ms=None)
+
+
 def test_progress_shows_a_capture_in_flight_as_capturing(ocluster):
     """gsnap_progress() while a capture is held in flight and another snapshot is declared
     (queued behind it): the worker is capturing, whatever it declared in between."""

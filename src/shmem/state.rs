@@ -101,7 +101,8 @@ pub enum Phase {
     Declaring = 1,
     /// Capturing pages.
     Capturing = 2,
-    /// Writing the snapshot's final batch.
+    /// Every page is read and the MVCC snapshot released: storing the pages' copies, then
+    /// writing the snapshot's final batch.
     Committing = 3,
 }
 
@@ -148,6 +149,9 @@ pub struct ProgressShared {
     /// How long the last capture whose pages were all read held its MVCC snapshot (µs from
     /// declaration; 0: none yet).
     last_horizon_held_us: AtomicI64,
+    /// Pages of the capture in flight stored as they were read, the copies' memory
+    /// (gsnap.capture_memory) being full.
+    pages_beyond_memory: AtomicU64,
     /// The deleted snapshot whose space is being reclaimed (0: none), its dead mappings done
     /// and in all, and the bytes reclamation freed since the worker started.
     reclaim_snapshot: AtomicI64,
@@ -176,6 +180,7 @@ pub struct Progress {
     pub last_durable: i64,
     pub last_durable_at_us: i64,
     pub last_horizon_held_us: i64,
+    pub pages_beyond_memory: u64,
     pub reclaim_snapshot: i64,
     pub reclaim_done: u64,
     pub reclaim_total: u64,
@@ -200,6 +205,7 @@ impl ProgressShared {
             last_durable: self.last_durable.load(Relaxed),
             last_durable_at_us: self.last_durable_at_us.load(Relaxed),
             last_horizon_held_us: self.last_horizon_held_us.load(Relaxed),
+            pages_beyond_memory: self.pages_beyond_memory.load(Relaxed),
             reclaim_snapshot: self.reclaim_snapshot.load(Relaxed),
             reclaim_done: self.reclaim_done.load(Relaxed),
             reclaim_total: self.reclaim_total.load(Relaxed),
@@ -249,7 +255,13 @@ impl ProgressShared {
         self.pages_done.store(0, Relaxed);
         self.bytes_stored.store(0, Relaxed);
         self.new_images.store(0, Relaxed);
+        self.pages_beyond_memory.store(0, Relaxed);
         self.set_phase(Phase::Capturing);
+    }
+
+    /// Pages of the capture in flight stored as they were read (its copies' memory full).
+    pub fn beyond_memory(&self, pages: u64) {
+        self.pages_beyond_memory.store(pages, Relaxed);
     }
 
     /// Updates the counters of the capture in flight.

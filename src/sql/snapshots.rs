@@ -245,6 +245,7 @@ fn gsnap_progress() -> TableIterator<
         name!(reclaim_total, i64),
         name!(reclaimed_bytes, i64),
         name!(horizon_held_ms, Option<f64>),
+        name!(pages_beyond_memory, i64),
     ),
 > {
     crate::require_preloaded();
@@ -276,6 +277,7 @@ fn gsnap_progress() -> TableIterator<
         p.reclaim_total as i64,
         p.reclaimed_bytes as i64,
         (p.last_horizon_held_us > 0).then(|| p.last_horizon_held_us as f64 / 1000.0),
+        p.pages_beyond_memory as i64,
     ))
 }
 

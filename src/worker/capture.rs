@@ -13,7 +13,7 @@
 
 use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
-use super::page::capture_page;
+use super::page::{capture_page, PageView};
 use super::restart::Resumed;
 use super::xact::{self, BulkRead, RegisteredSnapshot};
 use super::{code_of, Worker};
@@ -69,8 +69,14 @@ pub(crate) struct CaptureJob {
     /// Blocks not examined: unchanged by their page LSN (`restart.rs`).
     pages_unchanged: u64,
     strategy: BulkRead,
-    /// When every page had been read and the MVCC snapshot was released: only the commit
-    /// is left.
+    /// Phase one's copies: pages read (their views computed, their TOAST values stored)
+    /// and not stored yet, and the bytes they hold (at most `gsnap.capture_memory`).
+    read: std::collections::VecDeque<ReadPage>,
+    read_bytes: usize,
+    /// Pages read once the budget was full: stored as they were read, under the snapshot.
+    stored_while_reading: u64,
+    /// When every page had been read and the MVCC snapshot was released: phase two (storing
+    /// the copies) and the commit are left.
     read_all: Option<std::time::Instant>,
     /// Test hooks (gsnap.debug_capture_pause_ms, gsnap.debug_commit_pause_ms): no batch, or
     /// no commit, before this time.
@@ -166,6 +172,9 @@ impl Worker {
             pages_done: 0,
             pages_unchanged: 0,
             strategy: BulkRead::new(),
+            read: std::collections::VecDeque::new(),
+            read_bytes: 0,
+            stored_while_reading: 0,
             read_all: None,
             next_batch_at: std::time::Instant::now(),
         });
@@ -178,6 +187,26 @@ impl Worker {
         else {
             return false;
         };
+        if job.read_all.is_some() && !job.read.is_empty() {
+            // Phase two: the copies are fingerprinted, compressed and stored, a batch at a time.
+            let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
+            let outcome = xact::in_subtransaction(|| job.store_read(index, budget));
+            match outcome {
+                Ok(Ok(())) => return true,
+                Ok(Err(e)) => {
+                    self.note_store_error(&e);
+                    let job = self.job.take().expect("job");
+                    let reason = format!("its capture failed: {}", e.message());
+                    self.abort(job, code_of(&e), &reason);
+                }
+                Err(message) => {
+                    let job = self.job.take().expect("job");
+                    let reason = format!("its capture failed: {message}");
+                    self.abort(job, ErrorCode::Internal, &reason);
+                }
+            }
+            return true;
+        }
         if let Some(read_at) = job.read_all {
             // (the test hook's pause is read again each time: resetting it commits at once)
             let pause = crate::gucs::DEBUG_COMMIT_PAUSE_MS.get().max(0) as u64;
@@ -204,8 +233,8 @@ impl Worker {
             Ok(Ok(true)) => true,
             Ok(Ok(false)) => {
                 job.release_horizon();
-                if crate::gucs::DEBUG_COMMIT_PAUSE_MS.get() > 0 {
-                    return true; // the next step waits for the pause, then commits
+                if !job.read.is_empty() || crate::gucs::DEBUG_COMMIT_PAUSE_MS.get() > 0 {
+                    return true; // the next steps store the copies, wait for the pause, commit
                 }
                 let job = self.job.take().expect("job");
                 self.commit(job);
@@ -374,7 +403,7 @@ impl Worker {
 impl CaptureJob {
     /// Every page has been read: releases the MVCC snapshot (the table locks stay until the
     /// commit), drops the catalog snapshot the reads used, and reports how long the snapshot
-    /// held back VACUUM. The phase is "committing" from here.
+    /// held back VACUUM. The phase is "committing" from here (phase two, then the commit).
     fn release_horizon(&mut self) {
         if let Some(mvcc) = self.decl.mvcc.take() {
             mvcc.release();
@@ -387,8 +416,31 @@ impl CaptureJob {
         shmem::progress().set_phase(Phase::Committing);
     }
 
-    /// Captures up to `budget` pages; Ok(true) while pages remain.
+    /// Phase two: stores up to `budget` of the pages phase one read.
+    fn store_read(&mut self, index: &IndexState, budget: usize) -> Result<(), StoreError> {
+        for _ in 0..budget {
+            let Some(page) = self.read.pop_front() else {
+                break;
+            };
+            self.read_bytes -= page.view.view.capacity();
+            let item = &self.items[page.item];
+            store_one(index, &mut self.capture, item, page, &mut self.carried)?;
+        }
+        let st = self.capture.stats();
+        shmem::progress().advance(
+            self.items.len() as u32,
+            self.pages_done,
+            st.bytes_stored(),
+            st.new_images,
+        );
+        Ok(())
+    }
+
+    /// Phase one: reads up to `budget` pages; Ok(true) while pages remain. A page's copy
+    /// waits in memory for phase two while the copies fit `gsnap.capture_memory`; beyond
+    /// that, pages are stored as they are read.
     fn run(&mut self, index: &IndexState, budget: usize) -> Result<bool, StoreError> {
+        let memory = crate::gucs::capture_memory_bytes();
         let mut done = 0;
         while self.item < self.items.len() {
             let item = &self.items[self.item];
@@ -406,30 +458,42 @@ impl CaptureJob {
                 pg_sys::relation_open(pg_sys::Oid::from(item.relid), pg_sys::NoLock as i32)
             };
             let end = (self.cursor + budget - done).min(item.blocks.len());
-            let unchanged = &mut self.pages_unchanged;
             let mvcc = self
                 .decl
                 .mvcc
                 .as_ref()
                 .expect("the MVCC snapshot is held until every page is read");
+            let at = self.item;
             let result = (self.cursor..end).try_for_each(|i| {
                 let block = item.blocks.get(i);
                 // SAFETY: the relation is open, the block below the size recorded at
                 // declaration (the table cannot shrink below it while locked).
-                unsafe {
-                    capture_one(
-                        index,
+                let page = unsafe {
+                    read_one(
                         &mut self.capture,
                         mvcc,
                         &self.strategy,
                         rel,
                         item,
+                        at,
                         block,
-                        &mut self.carried,
                     )
+                }?;
+                let Some(page) = page else {
+                    self.pages_unchanged += 1;
+                    return Ok(());
+                };
+                let bytes = page.view.view.capacity();
+                if self.read_bytes + bytes <= memory {
+                    self.read_bytes += bytes;
+                    self.read.push_back(page);
+                    Ok(())
+                } else {
+                    self.stored_while_reading += 1;
+                    store_one(index, &mut self.capture, item, page, &mut self.carried)
                 }
-                .map(|examined| *unchanged += u64::from(!examined))
             });
+            shmem::progress().beyond_memory(self.stored_while_reading);
             // SAFETY: opened above.
             unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
             result?;
@@ -448,23 +512,31 @@ impl CaptureJob {
     }
 }
 
-/// Captures block `block` of `item`'s table (`rel`) at snapshot `mvcc`: stores its view
-/// unless it is the previous page table's image, and notes it if unsettled.
+/// A page phase one read: its view at the snapshot and the TOAST values stored for it.
+struct ReadPage {
+    /// The item (table) and block.
+    item: usize,
+    block: u32,
+    view: PageView,
+    toasts: Vec<gsnap_store::ToastId>,
+}
+
+/// Reads block `block` of `item`'s table (`rel`, item number `at`) at snapshot `mvcc`: its
+/// view, with the out-of-line TOAST values its visible tuples name stored first. None if the
+/// block is unchanged since the snapshot the first capture after a start compares against
+/// (its mapping there stands, `restart.rs`).
 ///
 /// # Safety
 /// `rel` is the open, locked relation of `item`; `block` is below its size at declaration.
-#[allow(clippy::too_many_arguments)]
-unsafe fn capture_one(
-    index: &IndexState,
+unsafe fn read_one(
     capture: &mut Capture<RocksBackend>,
     mvcc: &RegisteredSnapshot,
     strategy: &BulkRead,
     rel: pg_sys::Relation,
     item: &Item,
+    at: usize,
     block: u32,
-    carried: &mut Vec<(u32, u32)>,
-) -> Result<bool, StoreError> {
-    // The TOAST values the page's visible tuples name, stored first.
+) -> Result<Option<ReadPage>, StoreError> {
     let mut toasts = Vec::new();
     // After a start: a block that may be skipped when its LSN says it is unchanged.
     let unchanged_at_or_before = item.resumed.as_ref().and_then(|r| {
@@ -486,11 +558,29 @@ unsafe fn capture_one(
             },
         )?
     };
-    let Some(view) = view else {
-        // Unchanged since the snapshot the first capture after a start compares against:
-        // its mapping there stands (`restart.rs`).
-        return Ok(false);
-    };
+    Ok(view.map(|view| ReadPage {
+        item: at,
+        block,
+        view,
+        toasts,
+    }))
+}
+
+/// Stores a page phase one read: its view unless it is the previous page table's image, a
+/// mapping where it changed, and a note if it is unsettled.
+fn store_one(
+    index: &IndexState,
+    capture: &mut Capture<RocksBackend>,
+    item: &Item,
+    page: ReadPage,
+    carried: &mut Vec<(u32, u32)>,
+) -> Result<(), StoreError> {
+    let ReadPage {
+        block,
+        view,
+        toasts,
+        ..
+    } = page;
     let page = PageKey {
         rel: item.rel,
         block,
@@ -514,5 +604,5 @@ unsafe fn capture_one(
         capture.carry(page)?;
         carried.push((item.relid, block));
     }
-    Ok(true)
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! The worker's transaction, subtransactions and session locks.
 //!
-//! A declared snapshot's MVCC snapshot must stay registered until its capture is durable
-//! (docs/design.md, third ordering), and PostgreSQL ties registered snapshots to a transaction.
+//! A declared snapshot's MVCC snapshot must stay registered until its capture has read its
+//! last page (docs/design.md, third ordering), and PostgreSQL ties registered snapshots to a
+//! transaction.
 //! So the worker keeps one transaction open while it holds any snapshot and commits it
 //! when it holds none. Its snapshots are registered on the top transaction's resource owner;
 //! each unit of work (one declaration, one batch of pages) runs in a subtransaction, so an
