@@ -307,6 +307,25 @@ def worker_xmin(conn):
         "SELECT backend_xmin FROM pg_stat_activity WHERE backend_type = 'gsnap worker'").fetchone()
 
 
+def vacuum_rows_the_capture_has_not_read(conn, table: str, nblocks: int, snap: int) -> int:
+    """Deletes the rows of the table's last 15 blocks while the capture of `snap` has not read
+    them yet, vacuums, and checks that VACUUM could remove none of them (the snapshot still
+    sees them); returns how many were deleted."""
+    deleted = conn.execute(
+        f"DELETE FROM {table} WHERE (ctid::text::point)[0] >= %s", (nblocks - 15,)).rowcount
+    assert deleted > 500
+    conn.execute("SELECT pg_stat_force_next_flush()")  # the DELETE's counts, before VACUUM's
+    conn.execute("SELECT 1")
+    removed, _, not_yet = vacuum_verbose(conn, table)
+    p = progress(conn)
+    assert p["snap_id"] == snap and p["phase"] == "capturing" and p["pages_done"] < nblocks - 15, (
+        f"premise: the capture must still be in flight before the deleted rows' pages ({p})")
+    assert removed == 0 and not_yet == deleted, (
+        f"VACUUM removed {removed} of {deleted} rows snapshot {snap} sees before its "
+        f"last page was read ({not_yet} kept)")
+    return deleted
+
+
 def test_snapshot_holds_vacuum_back_until_its_last_page_is_read(ocluster):
     c = ocluster
     with c.connect() as conn:
@@ -331,20 +350,10 @@ def test_snapshot_holds_vacuum_back_until_its_last_page_is_read(ocluster):
                                 and p["pages_done"] > 0)(progress(conn)),
                        30, f"the capture of snapshot {snap} to start")
             assert worker_xmin(conn)[0] is not None, "the worker holds no xmin during a capture"
-            # Delete the rows of the last 15 blocks (not captured yet) and vacuum.
-            deleted = conn.execute(
-                "DELETE FROM ord3 WHERE (ctid::text::point)[0] >= %s", (nblocks - 15,)).rowcount
-            assert deleted > 500
+            # Delete the rows of the last 15 blocks (not captured yet, TOASTed values among
+            # them) and vacuum.
+            deleted = vacuum_rows_the_capture_has_not_read(conn, "ord3", nblocks, snap)
             assert conn.execute("SELECT count(*) FROM ord3 WHERE id > 4000").fetchone()[0] == 0
-            conn.execute("SELECT pg_stat_force_next_flush()")  # the DELETE's counts, before VACUUM's
-            conn.execute("SELECT 1")
-            removed, _, not_yet = vacuum_verbose(conn, "ord3")
-            p = progress(conn)
-            assert p["snap_id"] == snap and p["phase"] == "capturing" and p["pages_done"] < nblocks - 15, (
-                f"premise: the capture must still be in flight before the deleted rows' pages ({p})")
-            assert removed == 0 and not_yet == deleted, (
-                f"VACUUM removed {removed} of {deleted} rows snapshot {snap} sees before its "
-                f"last page was read ({not_yet} kept)")
             assert dead_tuples(conn, "ord3") == deleted
 
             # Every page read, the commit held back: the worker lets go of the horizon, and
@@ -395,18 +404,7 @@ def test_a_capture_beyond_its_memory_reads_the_rest_under_the_snapshot(ocluster)
             wait_until(lambda: (lambda p: p["phase"] == "capturing" and p["snap_id"] == snap
                                 and p["pages_beyond_memory"] > 0)(progress(conn)),
                        30, f"the capture of snapshot {snap} to run out of memory for its copies")
-            deleted = conn.execute(
-                "DELETE FROM ord4 WHERE (ctid::text::point)[0] >= %s", (nblocks - 15,)).rowcount
-            assert deleted > 500
-            conn.execute("SELECT pg_stat_force_next_flush()")
-            conn.execute("SELECT 1")
-            removed, _, not_yet = vacuum_verbose(conn, "ord4")
-            p = progress(conn)
-            assert p["snap_id"] == snap and p["phase"] == "capturing" and p["pages_done"] < nblocks - 15, (
-                f"premise: the capture must still be in flight before the deleted rows' pages ({p})")
-            assert removed == 0 and not_yet == deleted, (
-                f"VACUUM removed {removed} of {deleted} rows snapshot {snap} sees before its "
-                f"last page was read ({not_yet} kept)")
+            vacuum_rows_the_capture_has_not_read(conn, "ord4", nblocks, snap)
             set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
             got = contents(conn, "ord4", snap)  # waits for the capture
             assert_equal(before, got, f"snapshot {snap}: rows deleted and vacuumed during its capture")
