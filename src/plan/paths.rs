@@ -174,11 +174,8 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         (*rel).rows = rows;
         (*rel).reltarget
     };
-    // SAFETY: reading two planner settings (GUCs) of this backend.
-    let (seq_page_cost, cpu_tuple_cost) =
-        unsafe { (pg_sys::seq_page_cost, pg_sys::cpu_tuple_cost) };
     let private = PathPlan { relid, kind, args }.encode();
-    let cost = (0.0, pages * seq_page_cost + tuples * cpu_tuple_cost);
+    let cost = scan_cost(pages, tuples, 1.0);
     let path = new_path(kind, private, rel, pathtarget, rows, cost);
     // SAFETY: the planner's relation: the scan may run in a parallel worker if everything
     // the relation computes may (the reader function is PARALLEL SAFE).
@@ -214,19 +211,9 @@ unsafe fn add_parallel_path(
     if workers <= 0 {
         return;
     }
-    // SAFETY: reading planner settings (GUCs) of this backend.
-    let (seq_page_cost, cpu_tuple_cost, leader) = unsafe {
-        (
-            pg_sys::seq_page_cost,
-            pg_sys::cpu_tuple_cost,
-            pg_sys::parallel_leader_participation,
-        )
-    };
-    let divisor = parallel_divisor(workers, leader);
-    let cost = (
-        0.0,
-        pages * seq_page_cost + tuples * cpu_tuple_cost / divisor,
-    );
+    // SAFETY: reading a planner setting (GUC) of this backend.
+    let divisor = parallel_divisor(workers, unsafe { pg_sys::parallel_leader_participation });
+    let cost = scan_cost(pages, tuples, divisor);
     // SAFETY: the planner's relation (the caller's promise).
     let target = unsafe { (*rel).reltarget };
     let path = new_path(kind, private, rel, target, rows / divisor, cost);
@@ -237,6 +224,18 @@ unsafe fn add_parallel_path(
         (*path).path.parallel_workers = workers;
         pg_sys::add_partial_path(rel, path.cast());
     }
+}
+
+/// The cost of a scan reading `pages` pages and forming `tuples` rows, the rows' CPU divided
+/// among `participants` (1 for a serial scan): no startup cost, as for a sequential scan.
+fn scan_cost(pages: f64, tuples: f64, participants: f64) -> (f64, f64) {
+    // SAFETY: reading two planner settings (GUCs) of this backend.
+    let (seq_page_cost, cpu_tuple_cost) =
+        unsafe { (pg_sys::seq_page_cost, pg_sys::cpu_tuple_cost) };
+    (
+        0.0,
+        pages * seq_page_cost + tuples * cpu_tuple_cost / participants,
+    )
 }
 
 /// The share of a parallel scan's rows each participant is expected to produce, as

@@ -187,27 +187,17 @@ impl Worker {
         else {
             return false;
         };
-        if job.read_all.is_some() && !job.read.is_empty() {
-            // Phase two: the copies are fingerprinted, compressed and stored, a batch at a time.
-            let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
-            let outcome = xact::in_subtransaction(|| job.store_read(index, budget));
-            match outcome {
-                Ok(Ok(())) => return true,
-                Ok(Err(e)) => {
-                    self.note_store_error(&e);
-                    let job = self.job.take().expect("job");
-                    let reason = format!("its capture failed: {}", e.message());
-                    self.abort(job, code_of(&e), &reason);
-                }
-                Err(message) => {
-                    let job = self.job.take().expect("job");
-                    let reason = format!("its capture failed: {message}");
-                    self.abort(job, ErrorCode::Internal, &reason);
-                }
-            }
-            return true;
-        }
+        let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
         if let Some(read_at) = job.read_all {
+            if !job.read.is_empty() {
+                // Phase two: the copies are fingerprinted, compressed and stored, a batch at
+                // a time.
+                return match xact::in_subtransaction(|| job.store_read(index, budget)) {
+                    Ok(Ok(())) => true,
+                    Ok(Err(e)) => self.fail_step(Ok(e)),
+                    Err(message) => self.fail_step(Err(message)),
+                };
+            }
             // (the test hook's pause is read again each time: resetting it commits at once)
             let pause = crate::gucs::DEBUG_COMMIT_PAUSE_MS.get().max(0) as u64;
             let until = read_at + std::time::Duration::from_millis(pause);
@@ -227,39 +217,32 @@ impl Worker {
             }
             job.next_batch_at = now + std::time::Duration::from_millis(pause as u64);
         }
-        let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
-        let outcome = xact::in_subtransaction(|| job.run(index, budget));
-        match outcome {
+        match xact::in_subtransaction(|| job.run(index, budget)) {
             Ok(Ok(true)) => true,
             Ok(Ok(false)) => {
+                // Every page is read: the next steps store the copies and commit.
                 job.release_horizon();
-                if !job.read.is_empty() || crate::gucs::DEBUG_COMMIT_PAUSE_MS.get() > 0 {
-                    return true; // the next steps store the copies, wait for the pause, commit
-                }
-                let job = self.job.take().expect("job");
-                self.commit(job);
-                !self.queue.is_empty()
-            }
-            Ok(Err(e)) => {
-                self.note_store_error(&e);
-                let job = self.job.take().expect("job");
-                self.abort(
-                    job,
-                    code_of(&e),
-                    &format!("its capture failed: {}", e.message()),
-                );
                 true
             }
-            Err(message) => {
-                let job = self.job.take().expect("job");
-                self.abort(
-                    job,
-                    ErrorCode::Internal,
-                    &format!("its capture failed: {message}"),
-                );
-                true
-            }
+            Ok(Err(e)) => self.fail_step(Ok(e)),
+            Err(message) => self.fail_step(Err(message)),
         }
+    }
+
+    /// Fails the capture in flight after a step of it failed: a store error (noted, with its
+    /// code) or a PostgreSQL ERROR (internal). True: the worker has more to do (the next
+    /// snapshot).
+    fn fail_step(&mut self, failure: Result<StoreError, String>) -> bool {
+        let (code, reason) = match failure {
+            Ok(e) => {
+                self.note_store_error(&e);
+                (code_of(&e), e.message().to_string())
+            }
+            Err(message) => (ErrorCode::Internal, message),
+        };
+        let job = self.job.take().expect("job");
+        self.abort(job, code, &format!("its capture failed: {reason}"));
+        true
     }
 
     fn commit(&mut self, job: CaptureJob) {

@@ -454,6 +454,10 @@ fn pin<L: Loaded>(
     load: impl FnOnce(&[CacheKey]) -> Result<Vec<L>, StoreError>,
 ) -> Result<(Vec<PinnedEntry>, Option<u32>), StoreError> {
     let mut got: Vec<Option<PinnedEntry>> = vec![None; wanted.len()];
+    // On an error, the pins this call took for the requester are given back.
+    let give_back = |got: &[Option<PinnedEntry>]| {
+        ipc::unpin_images(&got.iter().flatten().copied().collect::<Vec<_>>())
+    };
     let mut misses = Vec::new();
     shmem::with_cache(|c| {
         for (i, (key, ck)) in wanted.iter().enumerate() {
@@ -474,12 +478,12 @@ fn pin<L: Loaded>(
         let loaded = match load(&keys) {
             Ok(l) => l,
             Err(e) => {
-                ipc::unpin_images(&got.iter().flatten().copied().collect::<Vec<_>>());
+                give_back(&got);
                 return Err(e);
             }
         };
         if let Some(l) = loaded.iter().find(|l| l.len() > CACHE_SLOT_BYTES) {
-            ipc::unpin_images(&got.iter().flatten().copied().collect::<Vec<_>>());
+            give_back(&got);
             return Err(StoreError::new(
                 ErrorKind::Corrupt,
                 format!(
@@ -499,9 +503,8 @@ fn pin<L: Loaded>(
             }
         });
         let mut failure = None;
-        let mut written = Vec::with_capacity(reserved.len());
-        for (&(i, slot, fresh), l) in reserved.iter().zip(&loaded) {
-            if fresh && failure.is_none() {
+        for (&(_, slot, fresh), l) in reserved.iter().zip(&loaded) {
+            if fresh {
                 // SAFETY: the slot is reserved as loading and pinned by this process: no
                 // lookup finds it and nothing evicts it until finish_loading, so these are
                 // the only writes to its `len()` bytes.
@@ -509,32 +512,30 @@ fn pin<L: Loaded>(
                     unsafe { std::slice::from_raw_parts_mut(shmem::cache_slot_ptr(slot), l.len()) };
                 if let Err(e) = l.write_into(out) {
                     failure = Some(e);
+                    break;
                 }
             }
-            written.push((i, slot, fresh, l.len()));
         }
         shmem::with_cache(|c| {
-            for &(i, slot, fresh, len) in &written {
-                if failure.is_some() {
-                    if fresh {
-                        c.discard(slot);
-                    } else {
-                        c.unpin(slot);
+            for (&(i, slot, fresh), l) in reserved.iter().zip(&loaded) {
+                match (&failure, fresh) {
+                    (Some(_), true) => c.discard(slot),
+                    (Some(_), false) => c.unpin(slot),
+                    (None, _) => {
+                        if fresh {
+                            c.finish_loading(slot);
+                        }
+                        got[i] = Some(PinnedEntry {
+                            key: wanted[i].0,
+                            slot: slot as u32,
+                            len: l.len() as u32,
+                        });
                     }
-                    continue;
                 }
-                if fresh {
-                    c.finish_loading(slot);
-                }
-                got[i] = Some(PinnedEntry {
-                    key: wanted[i].0,
-                    slot: slot as u32,
-                    len: len as u32,
-                });
             }
         });
         if let Some(e) = failure {
-            ipc::unpin_images(&got.iter().flatten().copied().collect::<Vec<_>>());
+            give_back(&got);
             return Err(e);
         }
     }
