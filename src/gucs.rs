@@ -42,6 +42,9 @@ pub fn capture_memory_bytes() -> usize {
     CAPTURE_MEMORY_KB.get().max(0) as usize * 1024
 }
 
+/// The part of `gsnap.snapshot_interval` over which phase two of a capture is spread.
+pub static CAPTURE_PACE: GucSetting<f64> = GucSetting::<f64>::new(0.5);
+
 /// Check every image read from the store against its BLAKE3 fingerprint.
 pub static VERIFY_IMAGES: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -189,6 +192,19 @@ pub fn init() {
         i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_float_guc(
+        c"gsnap.capture_pace",
+        c"Part of gsnap.snapshot_interval over which a capture stores the pages it has read.",
+        c"Phase two of a capture (fingerprints, compression, store writes) runs on a thread of \
+          the worker, spread over this part of the interval after the declaration instead of \
+          taking a core at once. It hurries when a session waits for the snapshot or the next \
+          one is declared. 0: store at full speed.",
+        &CAPTURE_PACE,
+        0.0,
+        1.0,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"gsnap.max_queued_snapshots",

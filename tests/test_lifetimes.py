@@ -446,6 +446,48 @@ def test_the_listing_says_what_deleting_a_snapshot_frees_and_it_does(lt):
         assert_clean(conn)
 
 
+def test_estimates_kept_from_snapshot_to_snapshot_equal_ones_computed_afresh(lt):
+    """After a commit the worker recomputes only the estimate of the snapshot that was newest
+    before it, unless the capture referenced older content (then all of them): the estimates
+    it keeps that way equal the ones a restarted worker computes from scratch, after a capture
+    of new content and after one whose new table repeats an older snapshot's pages (its
+    images gain references, so what deleting that snapshot would free shrinks)."""
+    def listing():
+        return {s["snap_id"]: s["frees_bytes"] for s in snapshots(conn)}
+
+    def all_known(snaps):
+        def check():
+            rows = listing()
+            return rows if all(rows[s] is not None for s in snaps[:-1]) else None
+        return wait_until(check, 30, "every estimate to be computed")
+
+    with lt.connect() as conn:
+        make(conn, "lt_est_a", 4000)
+        conn.execute("DROP TABLE IF EXISTS lt_est_b")
+        snaps = [val(conn, "SELECT gsnap_snapshot()")]
+        conn.execute("UPDATE lt_est_a SET pad = md5(pad) WHERE id % 2 = 0")
+        snaps.append(val(conn, "SELECT gsnap_snapshot()"))
+        first = all_known(snaps)[snaps[0]]
+        assert first > 0, "the first snapshot's pages were all replaced: deleting it frees them"
+        # New content only: the previous newest snapshot gets its estimate, the rest stand.
+        conn.execute("UPDATE lt_est_a SET pad = md5(pad) WHERE id % 5 = 0")
+        snaps.append(val(conn, "SELECT gsnap_snapshot()"))
+        assert all_known(snaps)[snaps[0]] == first
+        # A new table with the first snapshot's pages, row for row: its capture maps the first
+        # snapshot's images, which deleting that snapshot then no longer frees.
+        conn.execute("CREATE TABLE lt_est_b (LIKE lt_est_a) USING gsnap")
+        conn.execute(f"INSERT INTO lt_est_b SELECT * FROM {asof('lt_est_a', snaps[0])}")
+        snaps.append(val(conn, "SELECT gsnap_snapshot()"))
+        kept = all_known(snaps)
+        assert kept[snaps[0]] < first, (kept[snaps[0]], first)
+        pid = progress(conn)["worker_pid"]
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    wait_until(lambda: worker_restarted(lt, pid), 60, "the worker to restart")
+    with lt.connect() as conn:
+        fresh = all_known(snaps)
+        assert kept == fresh
+
+
 def test_deleting_the_first_snapshot_of_a_period_says_what_it_means_for_the_policy(lt):
     with lt.connect() as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS lt_first (id int) USING gsnap")

@@ -18,6 +18,7 @@ for the second), built so that a violation makes them fail:
 import re
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -413,6 +414,87 @@ def test_a_capture_beyond_its_memory_reads_the_rest_under_the_snapshot(ocluster)
             assert p["last_durable"] == snap and nblocks - 12 <= p["pages_beyond_memory"] < nblocks, p
         finally:
             set_settings(conn, capture_memory=None, capture_batch_pages=None, debug_capture_pause_ms=None)
+
+
+def paced_capture(conn, table: str, rows: int) -> tuple[int, Counter]:
+    """Fills `table` (~280 blocks), sets a snapshot interval of an hour (phase two may take
+    half of it) and declares a snapshot; returns it, once phase one has read every page and
+    phase two stores them paced, and the table's rows."""
+    conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, pad text) USING gsnap")
+    conn.execute(f"INSERT INTO {table} SELECT i, repeat(md5(i::text), 5) FROM generate_series(1, {rows}) i")
+    before, _ = located_contents(conn, table)
+    conn.execute("SET statement_timeout = '90s'")  # a capture that never hurries fails the test
+    set_settings(conn, snapshot_interval="1h", capture_pace="0.5")
+    snap = conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
+    wait_until(lambda: (lambda p: p["snap_id"] == snap and p["phase"] == "committing"
+                        and p["pages_to_store"] > 0)(progress(conn)),
+               30, f"phase two of snapshot {snap} to start")
+    return snap, before
+
+
+def test_phase_two_is_paced_over_the_interval_and_hurries_for_a_reader(ocluster):
+    """With gsnap.snapshot_interval = 1h, phase two (storing what phase one read) is spread
+    over half an hour: phase one reads every page and lets go of the horizon at once, then the
+    pages are stored a chunk at a time on the worker's thread while the worker answers other
+    requests; a session reading the snapshot makes it hurry, and it reads as the table was."""
+    with ocluster.connect() as conn:
+        try:
+            snap, before = paced_capture(conn, "ord6", 15000)
+            assert worker_xmin(conn)[0] is None, "the worker holds a horizon during phase two"
+            to_store = progress(conn)["pages_to_store"]
+            time.sleep(1.5)
+            p = progress(conn)
+            assert p["last_durable"] != snap and p["pages_to_store"] >= to_store - 64, (
+                f"phase two of snapshot {snap} was not paced: {to_store} pages to store, then {p}")
+            t0 = time.monotonic()
+            assert snapshots(conn)[snap]["state"] == "capturing"  # the worker answers
+            assert time.monotonic() - t0 < 5
+            got = contents(conn, "ord6", snap)  # waits for the capture, which hurries
+            waited = time.monotonic() - t0
+            assert_equal(before, got, f"snapshot {snap}, stored paced then in a hurry")
+            assert waited < 60, f"a reader waited {waited:.0f} s for a paced capture"
+            assert progress(conn)["pages_to_store"] == 0
+        finally:
+            set_settings(conn, snapshot_interval=None, capture_pace=None)
+
+
+def test_a_paced_capture_hurries_when_the_next_snapshot_is_declared(ocluster):
+    """A snapshot declared while the previous one's phase two is paced makes it hurry (a
+    queued snapshot holds VACUUM back): both are durable within seconds, and right."""
+    with ocluster.connect() as conn:
+        try:
+            first, before = paced_capture(conn, "ord7", 15000)
+            conn.execute("UPDATE ord7 SET pad = md5(pad) WHERE id % 10 = 0")
+            after, _ = located_contents(conn, "ord7")
+            t0 = time.monotonic()
+            second = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]  # until durable
+            waited = time.monotonic() - t0
+            assert waited < 60, f"the next snapshot waited {waited:.0f} s behind a paced capture"
+            assert_equal(before, contents(conn, "ord7", first), f"snapshot {first}")
+            assert_equal(after, contents(conn, "ord7", second), f"snapshot {second}")
+        finally:
+            set_settings(conn, snapshot_interval=None, capture_pace=None)
+
+
+def test_a_restart_during_phase_two_fails_that_snapshot_and_the_next_one_is_whole(ocluster):
+    """A clean restart while phase two is paced stops its thread (the server does not wait
+    half an hour): the snapshot is failed with a reason, and the next snapshot, taking the
+    failed one's pages too, reads as the table is."""
+    c = ocluster
+    with c.connect() as conn:
+        try:
+            snap, before = paced_capture(conn, "ord8", 15000)
+        finally:
+            set_settings(conn, snapshot_interval=None, capture_pace=None)
+    t0 = time.monotonic()
+    c.restart()
+    assert time.monotonic() - t0 < 60
+    with c.connect() as conn:
+        wait_until(lambda: progress(conn)["worker"] == "ready", 60, "the worker to start")
+        row = snapshots(conn)[snap]
+        assert row["state"] == "failed", row
+        nxt = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+        assert_equal(before, contents(conn, "ord8", nxt), f"snapshot {nxt} after the restart")
 
 
 def test_progress_shows_a_capture_in_flight_as_capturing(ocluster):

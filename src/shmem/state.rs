@@ -152,6 +152,8 @@ pub struct ProgressShared {
     /// Pages of the capture in flight stored as they were read, the copies' memory
     /// (gsnap.capture_memory) being full.
     pages_beyond_memory: AtomicU64,
+    /// Pages of the capture in flight read and not stored yet (phase two).
+    pages_to_store: AtomicU64,
     /// The deleted snapshot whose space is being reclaimed (0: none), its dead mappings done
     /// and in all, and the bytes reclamation freed since the worker started.
     reclaim_snapshot: AtomicI64,
@@ -181,6 +183,7 @@ pub struct Progress {
     pub last_durable_at_us: i64,
     pub last_horizon_held_us: i64,
     pub pages_beyond_memory: u64,
+    pub pages_to_store: u64,
     pub reclaim_snapshot: i64,
     pub reclaim_done: u64,
     pub reclaim_total: u64,
@@ -206,6 +209,7 @@ impl ProgressShared {
             last_durable_at_us: self.last_durable_at_us.load(Relaxed),
             last_horizon_held_us: self.last_horizon_held_us.load(Relaxed),
             pages_beyond_memory: self.pages_beyond_memory.load(Relaxed),
+            pages_to_store: self.pages_to_store.load(Relaxed),
             reclaim_snapshot: self.reclaim_snapshot.load(Relaxed),
             reclaim_done: self.reclaim_done.load(Relaxed),
             reclaim_total: self.reclaim_total.load(Relaxed),
@@ -262,6 +266,11 @@ impl ProgressShared {
     /// Pages of the capture in flight stored as they were read (its copies' memory full).
     pub fn beyond_memory(&self, pages: u64) {
         self.pages_beyond_memory.store(pages, Relaxed);
+    }
+
+    /// Pages of the capture in flight that phase two has yet to store.
+    pub fn set_to_store(&self, pages: u64) {
+        self.pages_to_store.store(pages, Relaxed);
     }
 
     /// Updates the counters of the capture in flight.

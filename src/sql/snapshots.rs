@@ -246,6 +246,7 @@ fn gsnap_progress() -> TableIterator<
         name!(reclaimed_bytes, i64),
         name!(horizon_held_ms, Option<f64>),
         name!(pages_beyond_memory, i64),
+        name!(pages_to_store, i64),
     ),
 > {
     crate::require_preloaded();
@@ -278,6 +279,7 @@ fn gsnap_progress() -> TableIterator<
         p.reclaimed_bytes as i64,
         (p.last_horizon_held_us > 0).then(|| p.last_horizon_held_us as f64 / 1000.0),
         p.pages_beyond_memory as i64,
+        p.pages_to_store as i64,
     ))
 }
 

@@ -15,12 +15,13 @@ use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
 use super::page::{capture_page, PageView};
 use super::restart::Resumed;
+use super::storing::Storing;
 use super::xact::{self, BulkRead, RegisteredSnapshot};
 use super::{code_of, Worker};
 use crate::shmem::{self, Phase};
 use gsnap_protocol::{ErrorCode, WorkerError};
 use gsnap_shmem::carry::CarryForward;
-use gsnap_store::{Capture, PageKey, RelId, RocksBackend, SnapId, StoreError};
+use gsnap_store::{Capture, ImageId, PageKey, RelId, RocksBackend, SnapId, StoreError};
 use pgrx::pg_sys;
 
 /// The blocks of one table a capture visits.
@@ -45,10 +46,17 @@ impl Blocks {
     }
 }
 
+/// What storing a table's page needs to know about the table.
+#[derive(Clone, Copy)]
+pub(super) struct Target {
+    pub relid: u32,
+    pub rel: RelId,
+    /// First capture of this incarnation: no previous page table to compare with.
+    pub fresh: bool,
+}
+
 struct Item {
-    relid: u32,
-    rel: RelId,
-    fresh: bool,
+    target: Target,
     blocks: Blocks,
     /// The first capture after a start: what it may skip (`restart.rs`).
     resumed: Option<Resumed>,
@@ -57,7 +65,10 @@ struct Item {
 /// A capture in progress.
 pub(crate) struct CaptureJob {
     decl: Declared,
-    capture: Capture<RocksBackend>,
+    /// The store's side of the capture; on phase two's thread while that runs.
+    capture: Option<Capture<RocksBackend>>,
+    /// Phase two, storing the copies on a thread of its own.
+    storing: Option<Storing>,
     items: Vec<Item>,
     item: usize,
     cursor: usize,
@@ -75,6 +86,8 @@ pub(crate) struct CaptureJob {
     read_bytes: usize,
     /// Pages read once the budget was full: stored as they were read, under the snapshot.
     stored_while_reading: u64,
+    /// Pages phase two stores (those phase one kept).
+    pages_stored_later: u64,
     /// When every page had been read and the MVCC snapshot was released: phase two (storing
     /// the copies) and the commit are left.
     read_all: Option<std::time::Instant>,
@@ -84,11 +97,23 @@ pub(crate) struct CaptureJob {
 }
 
 impl CaptureJob {
-    /// Images stored before this capture that it maps: reclamation must not free them.
-    pub(super) fn capture_existing_images(
-        &self,
-    ) -> &std::collections::HashSet<gsnap_store::ImageId> {
-        self.capture.existing_images()
+    /// True if reclamation must keep image `id`: the capture maps it and it was stored
+    /// before the capture began. While phase two runs on its thread nothing can be said, so
+    /// every image is kept (reclamation waits for the commit, `Worker::reclaim`).
+    pub(super) fn keeps(&self, id: gsnap_store::ImageId) -> bool {
+        self.capture
+            .as_ref()
+            .is_none_or(|c| c.existing_images().contains(&id))
+    }
+
+    /// The snapshot being captured.
+    pub(super) fn snap(&self) -> u64 {
+        self.decl.snap
+    }
+
+    /// Phase two runs on its thread.
+    pub(super) fn storing(&self) -> bool {
+        self.storing.is_some()
     }
 }
 
@@ -120,9 +145,11 @@ impl Worker {
                     )
                 };
                 Item {
-                    relid: t.relid,
-                    rel: t.rel,
-                    fresh,
+                    target: Target {
+                        relid: t.relid,
+                        rel: t.rel,
+                        fresh,
+                    },
                     blocks,
                     resumed: t.resumed.clone(),
                 }
@@ -163,7 +190,8 @@ impl Worker {
         );
         self.job = Some(CaptureJob {
             decl,
-            capture,
+            capture: Some(capture),
+            storing: None,
             items,
             item: 0,
             cursor: 0,
@@ -175,6 +203,7 @@ impl Worker {
             read: std::collections::VecDeque::new(),
             read_bytes: 0,
             stored_while_reading: 0,
+            pages_stored_later: 0,
             read_all: None,
             next_batch_at: std::time::Instant::now(),
         });
@@ -189,14 +218,29 @@ impl Worker {
         };
         let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
         if let Some(read_at) = job.read_all {
-            if !job.read.is_empty() {
-                // Phase two: the copies are fingerprinted, compressed and stored, a batch at
-                // a time.
-                return match xact::in_subtransaction(|| job.store_read(index, budget)) {
-                    Ok(Ok(())) => true,
-                    Ok(Err(e)) => self.fail_step(Ok(e)),
-                    Err(message) => self.fail_step(Err(message)),
-                };
+            if let Some(storing) = &job.storing {
+                // Phase two runs on its thread, paced; it hurries once someone waits for this
+                // snapshot to be durable or reads it, or the next one is declared.
+                let snap = job.decl.snap;
+                storing.hurry(
+                    self.capture_awaited == Some(snap)
+                        || !self.queue.is_empty()
+                        || self.durable_waiters.iter().any(|&(_, s)| s == snap),
+                );
+                let (stored, bytes, new_images) = storing.counts();
+                let p = shmem::progress();
+                p.advance(job.items.len() as u32, job.pages_done, bytes, new_images);
+                p.set_to_store(job.pages_stored_later.saturating_sub(stored));
+                if !storing.finished() {
+                    return false;
+                }
+                let stored = job.storing.take().expect("checked above").join();
+                job.capture = Some(stored.capture);
+                job.carried.extend(stored.carried);
+                shmem::progress().set_to_store(0);
+                if let Err(failure) = stored.result {
+                    return self.fail_step(failure);
+                }
             }
             // (the test hook's pause is read again each time: resetting it commits at once)
             let pause = crate::gucs::DEBUG_COMMIT_PAUSE_MS.get().max(0) as u64;
@@ -220,9 +264,13 @@ impl Worker {
         match xact::in_subtransaction(|| job.run(index, budget)) {
             Ok(Ok(true)) => true,
             Ok(Ok(false)) => {
-                // Every page is read: the next steps store the copies and commit.
+                // Every page is read: phase two stores the copies on its thread, then the
+                // capture commits.
                 job.release_horizon();
-                true
+                match job.start_storing(index) {
+                    Ok(()) => true,
+                    Err(failure) => self.fail_step(failure),
+                }
             }
             Ok(Err(e)) => self.fail_step(Ok(e)),
             Err(message) => self.fail_step(Err(message)),
@@ -260,6 +308,8 @@ impl Worker {
             ..
         } = job;
         self.release_kept = true;
+        let capture = capture.expect("phase two gave the capture back before the commit");
+        let shares_older = capture.shares_older_content();
         match capture.commit() {
             Ok(info) => {
                 if let Some((blocks, unchanged)) = resumed_from {
@@ -286,7 +336,7 @@ impl Worker {
                 );
                 p.durable(decl.snap as i64, decl.declared_at_us);
                 p.set_phase(Phase::Idle);
-                self.catalog_changed();
+                self.snapshot_committed(decl.snap, shares_older);
                 self.notify_durable(decl.snap, None);
             }
             Err(e) => {
@@ -299,7 +349,15 @@ impl Worker {
         }
     }
 
-    pub(super) fn abort(&mut self, job: CaptureJob, code: ErrorCode, reason: &str) {
+    pub(super) fn abort(&mut self, mut job: CaptureJob, code: ErrorCode, reason: &str) {
+        if let Some(storing) = job.storing.take() {
+            // Stop phase two's thread and take the capture back.
+            storing.cancel();
+            let stored = storing.join();
+            job.capture = Some(stored.capture);
+            job.carried.extend(stored.carried);
+            shmem::progress().set_to_store(0);
+        }
         let CaptureJob {
             decl,
             capture,
@@ -308,7 +366,9 @@ impl Worker {
             ..
         } = job;
         self.release_kept = true;
-        if let Err(e) = capture.abort(reason) {
+        // (None: phase two's thread never started, and the capture's drop recorded it as
+        // abandoned)
+        if let Some(Err(e)) = capture.map(|c| c.abort(reason)) {
             pgrx::warning!(
                 "gsnap: could not record the failure of snapshot {}: {}",
                 decl.snap,
@@ -399,23 +459,30 @@ impl CaptureJob {
         shmem::progress().set_phase(Phase::Committing);
     }
 
-    /// Phase two: stores up to `budget` of the pages phase one read.
-    fn store_read(&mut self, index: &IndexState, budget: usize) -> Result<(), StoreError> {
-        for _ in 0..budget {
-            let Some(page) = self.read.pop_front() else {
-                break;
-            };
-            self.read_bytes -= page.view.view.capacity();
-            let item = &self.items[page.item];
-            store_one(index, &mut self.capture, item, page, &mut self.carried)?;
+    /// Starts phase two: the pages phase one kept go to a thread that fingerprints,
+    /// compresses and stores them, paced over `gsnap.capture_pace` of the snapshot interval
+    /// (`storing.rs`). Nothing to store: nothing starts.
+    fn start_storing(&mut self, index: &IndexState) -> Result<(), Result<StoreError, String>> {
+        if self.read.is_empty() {
+            return Ok(());
         }
-        let st = self.capture.stats();
-        shmem::progress().advance(
-            self.items.len() as u32,
-            self.pages_done,
-            st.bytes_stored(),
-            st.new_images,
-        );
+        let previous = index.latest_table().map_err(|e| Ok(index_error(e)))?;
+        let pages = std::mem::take(&mut self.read);
+        self.read_bytes = 0;
+        self.pages_stored_later = pages.len() as u64;
+        shmem::progress().set_to_store(self.pages_stored_later);
+        let targets = self.items.iter().map(|i| i.target).collect();
+        let capture = self
+            .capture
+            .take()
+            .expect("phase one gives the capture back");
+        let window = super::storing::pace_window(self.decl.declared_at_us);
+        let storing = Storing::start(capture, pages, targets, previous, window).map_err(|e| {
+            Err(format!(
+                "phase two's thread could not be started ({e}); the capture was abandoned"
+            ))
+        })?;
+        self.storing = Some(storing);
         Ok(())
     }
 
@@ -438,7 +505,7 @@ impl CaptureJob {
             // SAFETY: the table is locked by this snapshot's session lock and we run inside
             // the worker's transaction; the relation is closed before the step ends.
             let rel = unsafe {
-                pg_sys::relation_open(pg_sys::Oid::from(item.relid), pg_sys::NoLock as i32)
+                pg_sys::relation_open(pg_sys::Oid::from(item.target.relid), pg_sys::NoLock as i32)
             };
             let end = (self.cursor + budget - done).min(item.blocks.len());
             let mvcc = self
@@ -447,21 +514,13 @@ impl CaptureJob {
                 .as_ref()
                 .expect("the MVCC snapshot is held until every page is read");
             let at = self.item;
+            let capture = self.capture.as_mut().expect("phase one holds the capture");
             let result = (self.cursor..end).try_for_each(|i| {
                 let block = item.blocks.get(i);
                 // SAFETY: the relation is open, the block below the size recorded at
                 // declaration (the table cannot shrink below it while locked).
-                let page = unsafe {
-                    read_one(
-                        &mut self.capture,
-                        mvcc,
-                        &self.strategy,
-                        rel,
-                        item,
-                        at,
-                        block,
-                    )
-                }?;
+                let page =
+                    unsafe { read_one(capture, mvcc, &self.strategy, rel, item, at, block) }?;
                 let Some(page) = page else {
                     self.pages_unchanged += 1;
                     return Ok(());
@@ -473,7 +532,8 @@ impl CaptureJob {
                     Ok(())
                 } else {
                     self.stored_while_reading += 1;
-                    store_one(index, &mut self.capture, item, page, &mut self.carried)
+                    let previous = |page| index.latest_image(page).map_err(index_error);
+                    store_one(&previous, capture, &item.target, page, &mut self.carried)
                 }
             });
             shmem::progress().beyond_memory(self.stored_while_reading);
@@ -484,7 +544,7 @@ impl CaptureJob {
             self.pages_done += (end - self.cursor) as u64;
             self.cursor = end;
         }
-        let st = self.capture.stats();
+        let st = capture_stats(self.capture.as_ref());
         shmem::progress().advance(
             self.item as u32,
             self.pages_done,
@@ -496,12 +556,12 @@ impl CaptureJob {
 }
 
 /// A page phase one read: its view at the snapshot and the TOAST values stored for it.
-struct ReadPage {
+pub(super) struct ReadPage {
     /// The item (table) and block.
-    item: usize,
-    block: u32,
-    view: PageView,
-    toasts: Vec<gsnap_store::ToastId>,
+    pub item: usize,
+    pub block: u32,
+    pub view: PageView,
+    pub toasts: Vec<gsnap_store::ToastId>,
 }
 
 /// Reads block `block` of `item`'s table (`rel`, item number `at`) at snapshot `mvcc`: its
@@ -550,11 +610,12 @@ unsafe fn read_one(
 }
 
 /// Stores a page phase one read: its view unless it is the previous page table's image, a
-/// mapping where it changed, and a note if it is unsettled.
-fn store_one(
-    index: &IndexState,
+/// mapping where it changed, and a note if it is unsettled. `previous` looks a page up in the
+/// previous page table (the newest one in the index).
+pub(super) fn store_one(
+    previous: &dyn Fn(PageKey) -> Result<Option<ImageId>, StoreError>,
     capture: &mut Capture<RocksBackend>,
-    item: &Item,
+    target: &Target,
     page: ReadPage,
     carried: &mut Vec<(u32, u32)>,
 ) -> Result<(), StoreError> {
@@ -565,17 +626,10 @@ fn store_one(
         ..
     } = page;
     let page = PageKey {
-        rel: item.rel,
+        rel: target.rel,
         block,
     };
-    let previous = if item.fresh {
-        None
-    } else {
-        // The previous page table is the newest one in the index.
-        index
-            .latest_image(page)
-            .map_err(|e| StoreError::new(gsnap_store::ErrorKind::Corrupt, e.to_string()))?
-    };
+    let previous = if target.fresh { None } else { previous(page)? };
     // A page with no mapping reads as empty, so an empty view needs no mapping then.
     if view.tuples > 0 || previous.is_some() {
         let image = capture.put_image(&view.view, &toasts)?;
@@ -585,7 +639,17 @@ fn store_one(
     }
     if view.unsettled {
         capture.carry(page)?;
-        carried.push((item.relid, block));
+        carried.push((target.relid, block));
     }
     Ok(())
+}
+
+/// A failure of the index, as the capture reports it.
+pub(super) fn index_error(e: impl std::fmt::Display) -> StoreError {
+    StoreError::new(gsnap_store::ErrorKind::Corrupt, e.to_string())
+}
+
+/// The capture's counters, or none while phase two's thread has it.
+fn capture_stats(capture: Option<&Capture<RocksBackend>>) -> gsnap_store::CaptureStats {
+    capture.map(|c| c.stats()).unwrap_or_default()
 }

@@ -209,17 +209,19 @@ impl Worker {
             return; // wait for captures to make room
         }
         self.xact.ensure_open();
+        // Whatever happens below, a capture in flight (reading or storing) is what the
+        // worker does next.
+        let before = shmem::progress().read().phase;
         shmem::progress().set_phase(Phase::Declaring);
-        // Whatever happens below, a capture in flight is what the worker does next.
-        struct Restore(bool);
+        struct Restore(Option<Phase>);
         impl Drop for Restore {
             fn drop(&mut self) {
-                if self.0 {
-                    shmem::progress().set_phase(Phase::Capturing);
+                if let Some(phase) = self.0 {
+                    shmem::progress().set_phase(phase);
                 }
             }
         }
-        let _restore = Restore(self.job.is_some());
+        let _restore = Restore(before.filter(|_| self.job.is_some()));
         let mut locked = Vec::new();
         let mut mvcc = None;
         // SAFETY: the transaction is open.

@@ -304,6 +304,16 @@ impl IndexState {
         }
     }
 
+    /// The sealed bytes of the group that holds the newest page table (the one
+    /// [`IndexState::latest_image`] reads), for a reader off the worker's thread; None if the
+    /// index is empty.
+    pub fn latest_table(&self) -> Result<Option<Vec<u8>>, IndexError> {
+        if self.builder.last_snap().is_some() {
+            return Ok(Some(self.builder.seal()));
+        }
+        Ok(self.last_sealed.clone())
+    }
+
     /// The sealed bytes of the active group (what is published to the group cache).
     pub fn active_bytes(&self) -> Option<Vec<u8>> {
         (!self.builder.is_empty()).then(|| self.builder.seal())

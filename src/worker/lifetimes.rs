@@ -320,11 +320,7 @@ impl Worker {
 
     /// Images the capture in progress maps that existed before it (reclamation keeps them).
     fn capture_keeps(&self) -> impl Fn(ImageId) -> bool + '_ {
-        move |id| {
-            self.job
-                .as_ref()
-                .is_some_and(|j| j.capture_existing_images().contains(&id))
-        }
+        move |id| self.job.as_ref().is_some_and(|j| j.keeps(id))
     }
 
     /// One bounded step of reclamation; true while there is more to do now.
@@ -332,6 +328,11 @@ impl Worker {
         let Some(store) = self.store.clone() else {
             return false;
         };
+        if self.job.as_ref().is_some_and(|j| j.storing()) {
+            // Phase two's thread may map any stored image (a dedup hit) at any moment:
+            // reclamation waits for its commit.
+            return false;
+        }
         if self.job.is_none() && self.release_kept {
             let keep = |_: ImageId| false;
             match store.release_kept(&keep) {

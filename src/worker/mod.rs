@@ -17,6 +17,7 @@ mod page;
 mod publish;
 mod restart;
 mod serve;
+mod storing;
 mod xact;
 
 use crate::gucs;
@@ -188,6 +189,10 @@ pub(crate) struct Worker {
     /// Snapshots exported (for tests) and held until released.
     exports: Vec<u64>,
     next_periodic: Option<Instant>,
+    /// The snapshot still being captured a reader last asked for.
+    capture_awaited: Option<u64>,
+    /// When the worker last warned that captures fall behind the interval.
+    behind_warned: Option<Instant>,
     /// Serialized answers (catalog listings) by key, rebuilt when the catalog changes.
     answers: HashMap<(u32, i64), std::rc::Rc<Vec<u8>>>,
     /// When the retention policy is next applied regardless of commits (pins expire).
@@ -258,6 +263,8 @@ impl Worker {
             durable_waiters: Vec::new(),
             exports: Vec::new(),
             next_periodic: None,
+            behind_warned: None,
+            capture_awaited: None,
             answers: HashMap::new(),
             retention_due: Instant::now(),
             policy_warned: None,
@@ -311,13 +318,21 @@ impl Worker {
             };
             crate::ffi::latch::wait(timeout);
         }
+        // A capture in flight stops here (phase two's thread first); the store finishes it at
+        // its next open.
+        self.job = None;
         log!("gsnap worker stopping");
     }
 
     fn idle_timeout(&self) -> Duration {
         let mut t = Duration::from_secs(1);
         if let Some(job) = &self.job {
-            t = t.min(job.next_batch_at.saturating_duration_since(Instant::now()));
+            t = t.min(if job.storing() {
+                // Phase two's thread is polled: the commit follows it closely.
+                Duration::from_millis(10)
+            } else {
+                job.next_batch_at.saturating_duration_since(Instant::now())
+            });
         }
         if let Some(due) = self.next_periodic {
             t = t.min(due.saturating_duration_since(Instant::now()));
@@ -345,6 +360,23 @@ impl Worker {
         };
         if Instant::now() < due || self.pending.iter().any(|p| p.periodic) {
             return;
+        }
+        if let Some(job) = &self.job {
+            // Captures fall behind the interval: say so (at most once a minute), since every
+            // snapshot queued behind this capture holds VACUUM back until it is read.
+            if self
+                .behind_warned
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+            {
+                self.behind_warned = Some(Instant::now());
+                warning!(
+                    "gsnap: the capture of snapshot {} is not finished when the next periodic \
+                     snapshot is due ({} more queued); captures fall behind \
+                     gsnap.snapshot_interval",
+                    job.snap(),
+                    self.queue.len()
+                );
+            }
         }
         self.pending.push(PendingDeclare::periodic());
         let secs = gucs::SNAPSHOT_INTERVAL.get().max(1) as u64;
@@ -517,6 +549,26 @@ impl Worker {
     }
 
     /// Invalidates cached catalog answers (a snapshot was declared, committed or failed).
+    /// Snapshot `snap` was committed. Of the estimates of what deleting a snapshot would
+    /// free, only the one of the snapshot newest before it changes (it had none), unless the
+    /// capture referenced content stored before it (`shares_older`): every one is computed
+    /// again then. (Recomputing them all after every snapshot cost the worker time in
+    /// proportion to the number of snapshots.)
+    fn snapshot_committed(&mut self, snap: u64, shares_older: bool) {
+        let before = self.frees_generation;
+        self.catalog_changed();
+        if shares_older {
+            return;
+        }
+        let previous = self.frees.keys().copied().filter(|&s| s < snap).max();
+        let now = self.frees_generation;
+        for (&s, entry) in self.frees.iter_mut() {
+            if entry.0 == before && Some(s) != previous {
+                entry.0 = now;
+            }
+        }
+    }
+
     fn catalog_changed(&mut self) {
         self.answers.clear();
         self.frees_generation += 1;

@@ -141,7 +141,18 @@ impl Worker {
                 snap,
                 relid,
                 offset,
-            } => scan_begin(store, snap, relid, offset),
+            } => {
+                let begun = scan_begin(store, snap, relid, offset);
+                if begun
+                    .as_ref()
+                    .is_err_and(|e| e.code == ErrorCode::Capturing)
+                {
+                    // A reader waits for a capture (it asks again every 20 ms): phase two
+                    // stops pacing.
+                    self.capture_awaited = Some(snap.0);
+                }
+                begun
+            }
             Request::IndexPin {
                 first,
                 last,

@@ -261,6 +261,18 @@ impl<B: KvBackend> Capture<B> {
         self.first_image_seq
     }
 
+    /// True if the capture adds a reference to content stored before it: a mapping to an
+    /// older image, or any TOAST value named by its new images (the value may be older). Only
+    /// then does committing it change what deleting an older snapshot would free, besides the
+    /// snapshot newest before it ([`SnapshotStore::would_free`]).
+    pub fn shares_older_content(&self) -> bool {
+        !self.toast_refs.is_empty()
+            || self
+                .mappings
+                .iter()
+                .any(|&(_, image)| keys::image_seq(image) < self.first_new_image_seq())
+    }
+
     /// Images stored before this capture that it maps (reclamation must keep them).
     pub fn existing_images(&self) -> &HashSet<ImageId> {
         &self.existing

@@ -803,6 +803,49 @@ fn a_failed_deletion_write_changes_nothing_in_memory_or_on_disk() {
 // ---- the capture in progress ----------------------------------------------------------------
 
 #[test]
+fn only_a_capture_sharing_older_content_changes_older_estimates() {
+    let store = SnapshotStore::open(MemBackend::new(), options()).unwrap();
+    let (rels, decl) = setup(&store, 1, 4);
+    let (p0, p1) = (page_key(rels[0], 0), page_key(rels[0], 1));
+    let (s1, _) = commit_views(&store, &decl, &[(p0, b"a", &[]), (p1, b"b", &[])]);
+    let (s2, _) = commit_views(&store, &decl, &[(p0, b"c", &[])]);
+    let first = store.would_free(s1).unwrap().expect("s1 is not the newest");
+    assert_eq!(first.images, 1, "deleting s1 frees a");
+    assert_eq!(store.would_free(s2).unwrap(), None, "the newest");
+
+    // New content only: s1's estimate stands, s2 (newest before it) gets one.
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+    let d = cap.put_image(b"d", &[]).unwrap();
+    cap.add_mapping(p1, d).unwrap();
+    assert!(!cap.shares_older_content());
+    let s3 = cap.commit().unwrap().id;
+    assert_eq!(store.would_free(s1).unwrap(), Some(first));
+    assert!(store.would_free(s2).unwrap().is_some());
+
+    // A page mapped to an older image (a dedup hit on a): s1's estimate changes.
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+    let a = cap.put_image(b"a", &[]).unwrap();
+    cap.add_mapping(p0, a).unwrap();
+    assert!(cap.shares_older_content());
+    cap.commit().unwrap();
+    assert_ne!(store.would_free(s1).unwrap(), Some(first));
+    assert!(store.would_free(s3).unwrap().is_some());
+
+    // New images naming a TOAST value (which may be older): counted as sharing.
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+    let t = cap.put_toast(&view(5, 9_000)).unwrap();
+    let e = cap.put_image(b"e", &[t]).unwrap();
+    cap.add_mapping(p1, e).unwrap();
+    assert!(cap.shares_older_content());
+    drop(cap);
+    // A capture that dedups to an older image it does not map shares nothing.
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+    assert_eq!(cap.put_image(b"c", &[]).unwrap(), store.page_table(s2).unwrap()[0].1);
+    assert!(!cap.shares_older_content());
+}
+
+
+#[test]
 fn an_image_the_open_capture_reuses_is_kept_until_its_capture_ends() {
     for commit in [true, false] {
         let store = SnapshotStore::open(MemBackend::new(), options()).unwrap();
