@@ -172,6 +172,51 @@ def read_xact_logs(prefix: str) -> list[tuple[float, float]]:
 # -- 1. pgbench TPS --------------------------------------------------------------------------
 
 
+class ThreadCpu(threading.Thread):
+    """Samples the CPU time of each thread of process `pid` every `period` s and sums it by
+    thread name (the worker's main thread is `postgres`, phase two `gsnap-store`, RocksDB's
+    `rocksdb:low`/`rocksdb:high`). A thread that starts and ends between two samples is
+    missed, so the sums are a lower bound."""
+
+    def __init__(self, pid: int, period: float = 0.2):
+        super().__init__(daemon=True)
+        self.pid, self.period = pid, period
+        self.stop_event = threading.Event()
+        self.last: dict[str, tuple[str, float]] = {}
+        self.by_name: dict[str, float] = {}
+
+    def sample(self) -> None:
+        tck = os.sysconf("SC_CLK_TCK")
+        first = not self.last
+        try:
+            tids = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return
+        for tid in tids:
+            try:
+                text = Path(f"/proc/{self.pid}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            name = text[text.index("(") + 1:text.rindex(")")]
+            f = text[text.rindex(")") + 2:].split()
+            cpu = (int(f[11]) + int(f[12])) / tck
+            # a thread seen for the first time: all its CPU counts, except at the first sample
+            before = self.last[tid][1] if tid in self.last else (cpu if first else 0.0)
+            self.by_name[name] = self.by_name.get(name, 0.0) + cpu - before
+            self.last[tid] = (name, cpu)
+
+    def run(self) -> None:
+        self.sample()
+        while not self.stop_event.wait(self.period):
+            self.sample()
+
+    def stop(self) -> dict[str, float]:
+        self.stop_event.set()
+        self.join()
+        self.sample()
+        return {k: round(v, 2) for k, v in sorted(self.by_name.items()) if v > 0}
+
+
 def bench_tps(b: Bench) -> None:
     a = b.args
     scale, secs, rounds = a.scale, a.seconds, a.rounds
@@ -225,8 +270,10 @@ def bench_tps(b: Bench) -> None:
             cpu0 = cluster_cpu_ms(c)
             stop = threading.Event()
             sampler = threading.Thread(target=sample_horizon, args=(c, stop))
+            threads_cpu = ThreadCpu(wpid) if name == "gsnap+snap" else None
             if name == "gsnap+snap":
                 sampler.start()
+                threads_cpu.start()
             p = subprocess.run(cmd, env=c.env(), capture_output=True, text=True, cwd=b.out)
             if p.returncode != 0:
                 raise RuntimeError(f"pgbench failed: {p.stderr}")
@@ -235,6 +282,7 @@ def bench_tps(b: Bench) -> None:
                 sampler.join()
                 set_interval(0)
                 wait_idle(snap_conn)  # no capture left running into the next configuration's run
+                res["worker_threads_cpu_s"] = threads_cpu.stop()
             res = parse_pgbench(p.stdout)
             # (for gsnap+snap this includes the captures that finished after pgbench)
             res["server_cpu_s"] = round((cluster_cpu_ms(c) - cpu0) / 1000, 2)
@@ -263,6 +311,8 @@ def bench_tps(b: Bench) -> None:
             log(f"   round {r} {name:11s} tps {res.get('tps', 0):9.1f}  lat {res.get('lat_avg_ms', 0):6.3f} ms"
                 f"  server CPU {res['cpu_us_per_xact']:6.1f} us/xact (worker {100 * res['worker_cpu_share']:.1f}%)"
                 f"  snapshots {len(snaps)}  slowest second {row['tps_sec_min']}")
+            if "worker_threads_cpu_s" in res:
+                log(f"      worker CPU by thread (s): {res['worker_threads_cpu_s']}")
     bloat = {}
     for name, c in cl.items():
         with c.connect() as conn:

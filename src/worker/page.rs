@@ -24,43 +24,6 @@ pub struct PageView {
     pub unsettled: bool,
 }
 
-/// A visible tuple copied out of the page into the page's arena of 8-byte words (so it can
-/// be deformed in place): `len` bytes from word `at`.
-struct Copied {
-    lp: u16,
-    len: usize,
-    at: usize,
-    has_external: bool,
-}
-
-impl Copied {
-    /// Copies `bytes`, the tuple at line pointer `lp`, to the end of `arena`.
-    fn copy(arena: &mut Vec<u64>, lp: u16, bytes: &[u8], has_external: bool) -> Copied {
-        let at = arena.len();
-        arena.resize(at + bytes.len().div_ceil(8), 0);
-        let copied = Copied {
-            lp,
-            len: bytes.len(),
-            at,
-            has_external,
-        };
-        copied.bytes_mut(arena).copy_from_slice(bytes);
-        copied
-    }
-
-    fn bytes<'a>(&self, arena: &'a [u64]) -> &'a [u8] {
-        let words = &arena[self.at..self.at + self.len.div_ceil(8)];
-        // SAFETY: the words hold at least `len` initialized bytes.
-        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.len) }
-    }
-
-    fn bytes_mut<'a>(&self, arena: &'a mut [u64]) -> &'a mut [u8] {
-        let words = &mut arena[self.at..self.at + self.len.div_ceil(8)];
-        // SAFETY: as above, exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), self.len) }
-    }
-}
-
 /// True if `xid` is unknown to `snapshot` (in progress at declaration, or later) and has
 /// not aborted.
 ///
@@ -129,9 +92,6 @@ pub unsafe fn capture_page<E>(
     unchanged_at_or_before: Option<u64>,
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
 ) -> Result<Option<PageView>, E> {
-    let mut copied = Vec::new();
-    // One allocation per page for all its tuples (a page holds at most BLCKSZ bytes of them).
-    let mut arena: Vec<u64> = Vec::with_capacity(pg_sys::BLCKSZ as usize / 8 + 64);
     let main = pg_sys::ForkNumber::MAIN_FORKNUM;
     let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
     // SAFETY: the caller's contract: `rel` is open, `block` below its size.
@@ -150,20 +110,24 @@ pub unsafe fn capture_page<E>(
         }
     }
     // SAFETY: the locked buffer of `block` of `rel`, and the caller's registered snapshot.
-    let unsettled = unsafe { copy_visible(rel, buffer, block, snapshot, &mut arena, &mut copied) };
+    let Visible {
+        mut builder,
+        external,
+        unsettled,
+    } = unsafe { copy_visible(rel, buffer, block, snapshot) };
     // SAFETY: releases the lock and the pin taken above; nothing points into the page any more.
     unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
 
-    let mut builder = ViewBuilder::new();
-    for t in copied {
-        if t.has_external {
-            // SAFETY: `t` is a complete heap tuple of `rel` (aligned copy).
-            unsafe { copy_out_toast(rel, t.bytes_mut(&mut arena), store_toast)? };
+    // The tuples were copied once, into the view being built: their TOAST pointers and
+    // headers are rewritten there.
+    builder.tuples_mut(|i, t| {
+        if external.get(i).copied().unwrap_or(false) {
+            // SAFETY: `t` is a complete heap tuple of `rel`, 8-byte aligned in the builder.
+            unsafe { copy_out_toast(rel, t, store_toast)? };
         }
-        heap::normalize(t.bytes_mut(&mut arena))
-            .expect("a heap tuple is at least as long as its header");
-        builder.push(t.lp, t.bytes(&arena));
-    }
+        heap::normalize(t).expect("a heap tuple is at least as long as its header");
+        Ok(())
+    })?;
     Ok(Some(PageView {
         tuples: builder.len(),
         view: builder.finish(),
@@ -181,8 +145,17 @@ unsafe fn page_lsn(buffer: pg_sys::Buffer) -> u64 {
     (u64::from(header.pd_lsn.xlogid) << 32) | u64::from(header.pd_lsn.xrecoff)
 }
 
-/// Copies the tuples of the page in `buffer` that `snapshot` sees into `arena`, noting each
-/// in `copied`; true if the page is unsettled (see [`tuple_unsettled`]).
+/// The tuples of a page a snapshot sees, copied (headers not normalized yet).
+struct Visible {
+    builder: ViewBuilder,
+    /// Per tuple of the builder: it has out-of-line TOAST values.
+    external: Vec<bool>,
+    /// See [`tuple_unsettled`].
+    unsettled: bool,
+}
+
+/// Copies the tuples of the page in `buffer` that `snapshot` sees into a view builder with
+/// room for every line pointer of the page (so nothing is allocated once copying starts).
 ///
 /// # Safety
 /// `buffer` holds block `block` of the open relation `rel`, pinned and share-locked by the
@@ -192,17 +165,22 @@ unsafe fn copy_visible(
     buffer: pg_sys::Buffer,
     block: u32,
     snapshot: pg_sys::Snapshot,
-    arena: &mut Vec<u64>,
-    copied: &mut Vec<Copied>,
-) -> bool {
+) -> Visible {
     // SAFETY: the caller's promise: the locked page, and the open relation's OID.
     let (page, relid) = unsafe { (pg_sys::BufferGetPage(buffer), (*rel).rd_id) };
     // SAFETY: the locked page.
     if unsafe { pg_sys::PageIsNew(page) } {
-        return false;
+        return Visible {
+            builder: ViewBuilder::with_capacity(0, 0),
+            external: Vec::new(),
+            unsettled: false,
+        };
     }
     // SAFETY: the locked page.
     let max = unsafe { pg_sys::PageGetMaxOffsetNumber(page) };
+    // (the tuples of a page, each rounded up to 8 bytes, never exceed the page)
+    let mut builder = ViewBuilder::with_capacity(max as usize, pg_sys::BLCKSZ as usize);
+    let mut external = Vec::new();
     let mut unsettled = false;
     for off in 1..=max {
         // SAFETY: line pointer `off` of the locked page, at most its last.
@@ -233,10 +211,18 @@ unsafe fn copy_visible(
                 )
             };
             let has_external = u32::from(infomask) & pg_sys::HEAP_HASEXTERNAL != 0;
-            copied.push(Copied::copy(arena, off, bytes, has_external));
+            if has_external {
+                external.resize(builder.len(), false);
+                external.push(true);
+            }
+            builder.push(off, bytes);
         }
     }
-    unsettled
+    Visible {
+        builder,
+        external,
+        unsettled,
+    }
 }
 
 /// Stores each out-of-line TOAST value of `t` and points its TOAST pointer at the copy.

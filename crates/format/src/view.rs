@@ -23,19 +23,39 @@ fn pad8(n: usize) -> usize {
     n.next_multiple_of(8)
 }
 
-/// Builds a view tuple by tuple.
-#[derive(Debug, Default, Clone)]
+/// Builds a view tuple by tuple, in the buffer it returns: the tuples are written after room
+/// for the directory of as many tuples as the builder was made for, so a page's tuples are
+/// copied once (and, if fewer are pushed, moved down once).
+#[derive(Debug, Clone)]
 pub struct ViewBuilder {
     dir: Vec<(u16, u16)>,
-    tuples: Vec<u8>,
+    /// Header and directory room (`tuples_at` bytes), then the tuples pushed.
+    out: Vec<u8>,
+    tuples_at: usize,
+}
+
+impl Default for ViewBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl ViewBuilder {
     /// An empty view.
     pub fn new() -> Self {
+        Self::with_capacity(0, 8192)
+    }
+
+    /// An empty view with room for `count` tuples of `tuple_bytes` bytes in all (each rounded
+    /// up to 8): pushing that many makes no other allocation.
+    pub fn with_capacity(count: usize, tuple_bytes: usize) -> Self {
+        let tuples_at = pad8(HEADER + 4 * count);
+        let mut out = Vec::with_capacity(tuples_at + tuple_bytes);
+        out.resize(tuples_at, 0);
         ViewBuilder {
-            dir: Vec::new(),
-            tuples: Vec::with_capacity(8192),
+            dir: Vec::with_capacity(count),
+            out,
+            tuples_at,
         }
     }
 
@@ -46,8 +66,8 @@ impl ViewBuilder {
     pub fn push(&mut self, lp: u16, tuple: &[u8]) {
         let len = u16::try_from(tuple.len()).expect("a heap tuple fits in a page");
         self.dir.push((lp, len));
-        self.tuples.extend_from_slice(tuple);
-        self.tuples.resize(pad8(self.tuples.len()), 0);
+        self.out.extend_from_slice(tuple);
+        self.out.resize(pad8(self.out.len()), 0);
     }
 
     /// Number of tuples so far.
@@ -60,20 +80,49 @@ impl ViewBuilder {
         self.dir.is_empty()
     }
 
+    /// Calls `f` with the index and the bytes of each tuple pushed, which it may change in
+    /// place (not their length). Each starts 8-byte aligned in the builder's buffer.
+    pub fn tuples_mut<E>(
+        &mut self,
+        mut f: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut at = self.tuples_at;
+        for (i, &(_, len)) in self.dir.iter().enumerate() {
+            let len = len as usize;
+            f(i, &mut self.out[at..at + len])?;
+            at += pad8(len);
+        }
+        Ok(())
+    }
+
     /// The encoded view.
     pub fn finish(self) -> Vec<u8> {
-        let dir_end = pad8(HEADER + 4 * self.dir.len());
-        let mut out = Vec::with_capacity(dir_end + self.tuples.len());
-        out.push(VERSION);
-        out.push(0);
-        out.extend_from_slice(&(self.dir.len() as u16).to_le_bytes());
-        out.extend_from_slice(&[0; 4]);
-        for (lp, len) in &self.dir {
-            out.extend_from_slice(&lp.to_le_bytes());
-            out.extend_from_slice(&len.to_le_bytes());
+        let ViewBuilder {
+            dir,
+            mut out,
+            tuples_at,
+        } = self;
+        let dir_end = pad8(HEADER + 4 * dir.len());
+        if dir_end < tuples_at {
+            // Room was left for more tuples than were pushed.
+            out.copy_within(tuples_at.., dir_end);
+            out.truncate(out.len() - (tuples_at - dir_end));
+        } else if dir_end > tuples_at {
+            let mut grown = Vec::with_capacity(out.len() + dir_end - tuples_at);
+            grown.resize(dir_end, 0);
+            grown.extend_from_slice(&out[tuples_at..]);
+            out = grown;
         }
-        out.resize(dir_end, 0);
-        out.extend_from_slice(&self.tuples);
+        out[0] = VERSION;
+        out[1] = 0;
+        out[2..4].copy_from_slice(&(dir.len() as u16).to_le_bytes());
+        out[4..HEADER].fill(0);
+        for (i, (lp, len)) in dir.iter().enumerate() {
+            let at = HEADER + 4 * i;
+            out[at..at + 2].copy_from_slice(&lp.to_le_bytes());
+            out[at + 2..at + 4].copy_from_slice(&len.to_le_bytes());
+        }
+        out[HEADER + 4 * dir.len()..dir_end].fill(0);
         out
     }
 }
@@ -191,6 +240,34 @@ mod tests {
             // never larger than a heap page holding the same tuples
             let page: usize = 24 + tuples.iter().map(|t| 4 + t.len().next_multiple_of(8)).sum::<usize>();
             prop_assert!(bytes.len() <= page);
+        }
+
+        #[test]
+        fn the_room_reserved_never_changes_the_view(tuples in proptest::collection::vec(
+            proptest::collection::vec(any::<u8>(), 0..200), 0..40), room in 0usize..60) {
+            let mut plain = ViewBuilder::new();
+            let mut reserved = ViewBuilder::with_capacity(room, 64);
+            for (i, t) in tuples.iter().enumerate() {
+                plain.push(i as u16 + 1, t);
+                reserved.push(i as u16 + 1, t);
+            }
+            let mut seen = Vec::new();
+            reserved.tuples_mut(|i, bytes| {
+                seen.push((i, bytes.to_vec(), bytes.as_ptr() as usize % 8));
+                bytes.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+                Ok::<(), ()>(())
+            }).unwrap();
+            let want: Vec<_> = tuples.iter().cloned().enumerate().map(|(i, t)| (i, t, 0)).collect();
+            prop_assert_eq!(seen, want);
+            let mut bumped = ViewBuilder::new();
+            for (i, t) in tuples.iter().enumerate() {
+                let t: Vec<u8> = t.iter().map(|b| b.wrapping_add(1)).collect();
+                bumped.push(i as u16 + 1, &t);
+            }
+            prop_assert_eq!(reserved.finish(), bumped.finish());
+            let plain = plain.finish();
+            let decoded = decode(&plain).unwrap();
+            prop_assert_eq!(decoded.len(), tuples.len());
         }
 
         #[test]

@@ -840,10 +840,12 @@ fn only_a_capture_sharing_older_content_changes_older_estimates() {
     drop(cap);
     // A capture that dedups to an older image it does not map shares nothing.
     let mut cap = store.declare_and_begin(decl.clone()).unwrap();
-    assert_eq!(cap.put_image(b"c", &[]).unwrap(), store.page_table(s2).unwrap()[0].1);
+    assert_eq!(
+        cap.put_image(b"c", &[]).unwrap(),
+        store.page_table(s2).unwrap()[0].1
+    );
     assert!(!cap.shares_older_content());
 }
-
 
 #[test]
 fn an_image_the_open_capture_reuses_is_kept_until_its_capture_ends() {
