@@ -282,8 +282,9 @@ def bench_tps(b: Bench) -> None:
                 sampler.join()
                 set_interval(0)
                 wait_idle(snap_conn)  # no capture left running into the next configuration's run
-                res["worker_threads_cpu_s"] = threads_cpu.stop()
             res = parse_pgbench(p.stdout)
+            if threads_cpu is not None:
+                res["worker_threads_cpu_s"] = threads_cpu.stop()
             # (for gsnap+snap this includes the captures that finished after pgbench)
             res["server_cpu_s"] = round((cluster_cpu_ms(c) - cpu0) / 1000, 2)
             res["cpu_us_per_xact"] = round(res["server_cpu_s"] * 1e6 / max(res.get("xacts", 1), 1), 1)

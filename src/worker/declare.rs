@@ -306,7 +306,7 @@ impl Worker {
                     locked,
                 });
                 shmem::progress().set_queued(self.queue.len() as u32);
-                self.catalog_changed();
+                self.listing_changed();
                 for p in batch {
                     match p.slot {
                         Some(s) if p.wait => self.durable_waiters.push((s, snap)),

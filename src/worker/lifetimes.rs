@@ -112,7 +112,7 @@ impl Worker {
                 pins.retain(|p| p.tag != tag);
                 pins.push(Pin { tag, until_us });
                 store.set_pins(snap, pins).map_err(store_error)?;
-                self.catalog_changed();
+                self.listing_changed();
                 Ok(Reply::Done)
             }
             Request::Unpin { snap, tag } => {
@@ -126,7 +126,7 @@ impl Worker {
                 }
                 let pins = info.pins.into_iter().filter(|p| p.tag != tag).collect();
                 store.set_pins(snap, pins).map_err(store_error)?;
-                self.catalog_changed();
+                self.listing_changed();
                 Ok(Reply::Done)
             }
             Request::SetRank { snap, rank } => {
@@ -143,7 +143,7 @@ impl Worker {
                 store
                     .set_explicit_rank(snap, Rank(rank))
                     .map_err(store_error)?;
-                self.catalog_changed();
+                self.listing_changed();
                 Ok(Reply::Done)
             }
             Request::RetentionPreview { policy, offset } => {
@@ -165,9 +165,12 @@ impl Worker {
                     verify(store, repair, &w.capture_keeps())
                 })
             }
-            Request::StoreStats { offset } => self.report_page(Kind::StoreStats, offset, |w| {
-                space(store, w.reclaimed_total, w.deleted_bytes(store))
-            }),
+            Request::StoreStats { offset } => {
+                self.frees_wanted();
+                self.report_page(Kind::StoreStats, offset, |w| {
+                    space(store, w.reclaimed_total, w.deleted_bytes(store))
+                })
+            }
             _ => unreachable!("serve.rs hands only the requests of lifetimes here"),
         }
     }
@@ -556,14 +559,24 @@ impl Worker {
         }
     }
 
+    /// Someone read the estimates: they are kept up to date for the next ten minutes.
+    pub(super) fn frees_wanted(&mut self) {
+        self.frees_wanted_until = Instant::now() + std::time::Duration::from_secs(600);
+    }
+
     /// Brings the estimates of what deleting each snapshot would free (`would_free`) up to
     /// date on a thread (`background.rs`), between captures and reclamations once the catalog
-    /// has been quiet for a moment; the snapshot listing shows them. The thread is stopped
-    /// when a capture or a reclamation starts or the catalog changes again.
+    /// has been quiet for a moment, and only while someone reads them (`gsnap_snapshots()`,
+    /// `gsnap_store_stats()` in the last ten minutes): each costs a read of the snapshot's
+    /// dead mappings and their images' counts, which a worker taking a snapshot every few
+    /// seconds should not spend for nobody. The thread is stopped when a capture or a
+    /// reclamation starts or the catalog changes again.
     pub(super) fn refresh_frees(&mut self) {
+        let now = Instant::now();
         let quiet = self.job.is_none()
             && self.reclaim_job.is_none()
-            && Instant::now() >= self.frees_quiet_at;
+            && now >= self.frees_quiet_at
+            && now < self.frees_wanted_until;
         if let Some(thread) = &self.frees_thread {
             if !quiet || thread.generation != self.frees_generation {
                 thread.cancel();

@@ -13,6 +13,7 @@ mod declare;
 mod definition;
 mod index;
 mod lifetimes;
+mod memory;
 mod page;
 mod publish;
 mod restart;
@@ -191,6 +192,8 @@ pub(crate) struct Worker {
     next_periodic: Option<Instant>,
     /// The snapshot still being captured a reader last asked for.
     capture_awaited: Option<u64>,
+    /// Freed capture memory kept between captures (`memory.rs`).
+    heap: memory::Heap,
     /// When the worker last warned that captures fall behind the interval.
     behind_warned: Option<Instant>,
     /// Serialized answers (catalog listings) by key, rebuilt when the catalog changes.
@@ -231,6 +234,8 @@ pub(crate) struct Worker {
     killed_mappings: u64,
     /// Not before this time (see `catalog_changed`).
     frees_quiet_at: Instant,
+    /// Estimates are computed only until then (`lifetimes.rs`, `frees_wanted`).
+    frees_wanted_until: Instant,
     /// A capture ended: the images reclamation kept for it may be freed.
     release_kept: bool,
     /// Cache keys of index groups replaced (rebuilt without deleted snapshots, merged) not
@@ -264,6 +269,7 @@ impl Worker {
             exports: Vec::new(),
             next_periodic: None,
             behind_warned: None,
+            heap: memory::Heap::new(),
             capture_awaited: None,
             answers: HashMap::new(),
             retention_due: Instant::now(),
@@ -282,6 +288,7 @@ impl Worker {
             log_rewrite: None,
             killed_mappings: 0,
             frees_quiet_at: Instant::now(),
+            frees_wanted_until: Instant::now(),
             release_kept: true,
             replaced_groups: Vec::new(),
             group_spans: HashMap::new(),
@@ -296,6 +303,7 @@ impl Worker {
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
                 self.schedule_periodic();
                 self.retention_due = Instant::now();
+                memory::Heap::configure();
             }
             self.ensure_store();
             self.serve_requests();
@@ -311,6 +319,7 @@ impl Worker {
             self.poll_log_rewrite();
             self.close_broken_store();
             self.release_transaction_if_idle();
+            self.heap.tick(self.job.is_some() || !self.queue.is_empty());
             let timeout = if busy || !self.pending.is_empty() && self.store.is_some() {
                 Duration::from_millis(if busy { 0 } else { 20 })
             } else {
@@ -567,6 +576,13 @@ impl Worker {
                 entry.0 = now;
             }
         }
+    }
+
+    /// The catalog changed in a way that changes no estimate of what deleting a snapshot
+    /// would free: a declaration, a failed capture, a pin, a rank. Only the cached listings
+    /// go.
+    fn listing_changed(&mut self) {
+        self.answers.clear();
     }
 
     fn catalog_changed(&mut self) {

@@ -178,8 +178,14 @@ unsafe fn copy_visible(
     }
     // SAFETY: the locked page.
     let max = unsafe { pg_sys::PageGetMaxOffsetNumber(page) };
-    // (the tuples of a page, each rounded up to 8 bytes, never exceed the page)
-    let mut builder = ViewBuilder::with_capacity(max as usize, pg_sys::BLCKSZ as usize);
+    // The page's tuples, each rounded up to 8 bytes (MAXALIGN), lie between pd_upper and
+    // pd_special: the visible ones never need more room.
+    // SAFETY: the locked page starts with its header.
+    let tuple_space = unsafe {
+        let header = &*page.cast::<pg_sys::PageHeaderData>();
+        usize::from(header.pd_special).saturating_sub(usize::from(header.pd_upper))
+    };
+    let mut builder = ViewBuilder::with_capacity(max as usize, tuple_space);
     let mut external = Vec::new();
     let mut unsettled = false;
     for off in 1..=max {

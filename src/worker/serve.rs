@@ -124,6 +124,7 @@ impl Worker {
             })?;
         match request {
             Request::Snapshots { offset } => {
+                self.frees_wanted();
                 let frees = self.frees_known();
                 let blob =
                     self.cached(answer_key(Kind::Snapshots, 0), || listing(store, &frees))?;

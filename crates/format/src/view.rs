@@ -123,6 +123,8 @@ impl ViewBuilder {
             out[at + 2..at + 4].copy_from_slice(&len.to_le_bytes());
         }
         out[HEADER + 4 * dir.len()..dir_end].fill(0);
+        // (shrinking gives the room not used back in place)
+        out.shrink_to_fit();
         out
     }
 }
