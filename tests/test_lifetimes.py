@@ -473,6 +473,13 @@ def test_estimates_kept_from_snapshot_to_snapshot_equal_ones_computed_afresh(lt)
         conn.execute("UPDATE lt_est_a SET pad = md5(pad) WHERE id % 5 = 0")
         snaps.append(val(conn, "SELECT gsnap_snapshot()"))
         assert all_known(snaps)[snaps[0]] == first
+        # Pages emptied, twice: the second time they map the empty page's image, which the
+        # previous page table names (no older estimate changes).
+        for upto in (300, 600):
+            conn.execute("DELETE FROM lt_est_a WHERE id <= %s", (upto,))
+            conn.execute("VACUUM lt_est_a")
+            snaps.append(val(conn, "SELECT gsnap_snapshot()"))
+            all_known(snaps)
         # A new table with the first snapshot's pages, row for row: its capture maps the first
         # snapshot's images, which deleting that snapshot then no longer frees.
         conn.execute("CREATE TABLE lt_est_b (LIKE lt_est_a) USING gsnap")

@@ -309,7 +309,8 @@ impl Worker {
         } = job;
         self.release_kept = true;
         let capture = capture.expect("phase two gave the capture back before the commit");
-        let shares_older = capture.shares_older_content();
+        let names_toast = capture.names_toast_values();
+        let older_images = capture.older_images_mapped();
         match capture.commit() {
             Ok(info) => {
                 if let Some((blocks, unchanged)) = resumed_from {
@@ -323,6 +324,14 @@ impl Worker {
                         info.stats.pages_captured
                     );
                 }
+                // An older image the previous page table names is named by a mapping no older
+                // snapshot's deletion removes: mapping it again changes no older estimate (an
+                // empty page's image is the common case).
+                let shares_older = names_toast
+                    || !older_images.is_empty()
+                        && self.index.as_ref().is_none_or(|index| {
+                            !index.latest_names_all(&older_images).unwrap_or(false)
+                        });
                 self.index_snapshot(decl.snap);
                 self.retention_due = std::time::Instant::now();
                 declare::release(&decl.locked, decl.mvcc);

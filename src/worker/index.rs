@@ -304,6 +304,28 @@ impl IndexState {
         }
     }
 
+    /// True if the newest page table maps some page to each of `images`.
+    pub fn latest_names_all(
+        &self,
+        images: &std::collections::HashSet<ImageId>,
+    ) -> Result<bool, IndexError> {
+        let mut missing = images.clone();
+        let mut scan = |view: &GroupReader<'_>| -> Result<(), IndexError> {
+            if !view.is_empty() {
+                view.scan_all(view.last_snap()?, &mut |_, image| {
+                    missing.remove(&image);
+                })?;
+            }
+            Ok(())
+        };
+        if self.builder.last_snap().is_some() {
+            scan(&self.builder.view())?;
+        } else if let Some(bytes) = &self.last_sealed {
+            scan(&GroupReader::new(bytes)?)?;
+        }
+        Ok(missing.is_empty())
+    }
+
     /// The sealed bytes of the group that holds the newest page table (the one
     /// [`IndexState::latest_image`] reads), for a reader off the worker's thread; None if the
     /// index is empty.

@@ -266,11 +266,21 @@ impl<B: KvBackend> Capture<B> {
     /// then does committing it change what deleting an older snapshot would free, besides the
     /// snapshot newest before it ([`SnapshotStore::would_free`]).
     pub fn shares_older_content(&self) -> bool {
+        self.names_toast_values() || !self.older_images_mapped().is_empty()
+    }
+
+    /// True if the capture's new images name TOAST values.
+    pub fn names_toast_values(&self) -> bool {
         !self.toast_refs.is_empty()
-            || self
-                .mappings
-                .iter()
-                .any(|&(_, image)| keys::image_seq(image) < self.first_new_image_seq())
+    }
+
+    /// The images stored before this capture that it maps (each once).
+    pub fn older_images_mapped(&self) -> HashSet<ImageId> {
+        self.mappings
+            .iter()
+            .map(|&(_, image)| image)
+            .filter(|&image| keys::image_seq(image) < self.first_new_image_seq())
+            .collect()
     }
 
     /// Images stored before this capture that it maps (reclamation must keep them).
