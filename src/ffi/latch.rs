@@ -3,6 +3,13 @@
 use pgrx::pg_sys;
 use std::time::Duration;
 
+/// True if this process's latch is set (a request or a signal came since it was last reset).
+pub fn is_set() -> bool {
+    // SAFETY: MyLatch is this process's own latch; `is_set` is a sig_atomic_t that setters
+    // write, read without a lock as WaitLatch does.
+    unsafe { (&raw const (*pg_sys::MyLatch).is_set).read_volatile() != 0 }
+}
+
 /// Sleeps on this process's latch for at most `timeout` (or until it is set), then handles
 /// pending interrupts: a cancelled query raises its ERROR here, and the worker absorbs
 /// procsignal barriers (DROP DATABASE and ALTER DATABASE SET TABLESPACE wait for every

@@ -18,6 +18,7 @@ use super::restart::Resumed;
 use super::storing::Storing;
 use super::xact::{self, BulkRead, RegisteredSnapshot};
 use super::{code_of, Worker};
+use crate::ffi::latch;
 use crate::shmem::{self, Phase};
 use gsnap_protocol::{ErrorCode, WorkerError};
 use gsnap_shmem::carry::CarryForward;
@@ -524,7 +525,9 @@ impl CaptureJob {
                 .expect("the MVCC snapshot is held until every page is read");
             let at = self.item;
             let capture = self.capture.as_mut().expect("phase one holds the capture");
-            let result = (self.cursor..end).try_for_each(|i| {
+            let start = self.cursor;
+            let mut reached = start;
+            let mut read = |i: usize| -> Result<(), StoreError> {
                 let block = item.blocks.get(i);
                 // SAFETY: the relation is open, the block below the size recorded at
                 // declaration (the table cannot shrink below it while locked).
@@ -544,14 +547,29 @@ impl CaptureJob {
                     let previous = |page| index.latest_image(page).map_err(index_error);
                     store_one(&previous, capture, &item.target, page, &mut self.carried)
                 }
-            });
+            };
+            let result = (|| {
+                for i in start..end {
+                    // A request (a declaration, a reader's images) sets the worker's latch:
+                    // the batch ends early so the worker answers it.
+                    if i > start && (i - start) % REQUEST_CHECK_PAGES == 0 && latch::is_set() {
+                        break;
+                    }
+                    read(i)?;
+                    reached = i + 1;
+                }
+                Ok::<(), StoreError>(())
+            })();
             shmem::progress().beyond_memory(self.stored_while_reading);
             // SAFETY: opened above.
             unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
             result?;
-            done += end - self.cursor;
-            self.pages_done += (end - self.cursor) as u64;
-            self.cursor = end;
+            done += reached - start;
+            self.pages_done += (reached - start) as u64;
+            self.cursor = reached;
+            if reached < end {
+                break;
+            }
         }
         let st = capture_stats(self.capture.as_ref());
         shmem::progress().advance(
@@ -563,6 +581,9 @@ impl CaptureJob {
         Ok(self.item < self.items.len())
     }
 }
+
+/// Phase one looks at the worker's latch every this many pages of a batch.
+const REQUEST_CHECK_PAGES: usize = 32;
 
 /// A page phase one read: its view at the snapshot and the TOAST values stored for it.
 pub(super) struct ReadPage {
