@@ -552,7 +552,10 @@ impl CaptureJob {
                 for i in start..end {
                     // A request (a declaration, a reader's images) sets the worker's latch:
                     // the batch ends early so the worker answers it.
-                    if i > start && (i - start) % REQUEST_CHECK_PAGES == 0 && latch::is_set() {
+                    if i > start
+                        && (i - start).is_multiple_of(REQUEST_CHECK_PAGES)
+                        && latch::is_set()
+                    {
                         break;
                     }
                     read(i)?;
