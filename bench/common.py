@@ -60,15 +60,30 @@ def pct(values, p):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def read_stat(path: str) -> tuple[str, list[str]] | None:
+    """The name and the fields after it of a `stat` file of /proc (a process's, or one of its
+    threads' under task/); None once it is gone."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (FileNotFoundError, ProcessLookupError):  # gone (a thread may end between the two)
+        return None
+    return text[text.index("(") + 1:text.rindex(")")], text.rsplit(")", 1)[1].split()
+
+
+def stat_cpu_ms(fields: list[str]) -> float:
+    """User + system CPU time in ms (clock-tick resolution) of `read_stat` fields."""
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def proc_stat(pid: int) -> tuple[float, int]:
     """(user + system CPU time in ms (clock-tick resolution), minor page faults) of a process;
     (nan, 0) once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
+    stat = read_stat(f"/proc/{pid}/stat")
+    if stat is None:
         return float("nan"), 0
-    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK"), int(fields[7])
+    fields = stat[1]
+    return stat_cpu_ms(fields), int(fields[7])
 
 
 def cpu_ms(pid: int) -> float:

@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import (PGBIN, BenchBase, Cluster, arg_parser, cpu_ms, log, md_table,  # noqa: E402
-                    pct, perf_report, worker_pid, write_csv)
+                    pct, perf_report, read_stat, stat_cpu_ms, worker_pid, write_csv)
 
 GSNAP_AM = {"PGOPTIONS": "-c default_table_access_method=gsnap"}
 
@@ -182,28 +182,25 @@ class ThreadCpu(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.period = pid, period
         self.stop_event = threading.Event()
-        self.last: dict[str, tuple[str, float]] = {}
+        self.last: dict[str, float] = {}  # CPU seconds by thread id at the last sample
         self.by_name: dict[str, float] = {}
 
     def sample(self) -> None:
-        tck = os.sysconf("SC_CLK_TCK")
         first = not self.last
         try:
             tids = os.listdir(f"/proc/{self.pid}/task")
         except OSError:
             return
         for tid in tids:
-            try:
-                text = Path(f"/proc/{self.pid}/task/{tid}/stat").read_text()
-            except OSError:
+            stat = read_stat(f"/proc/{self.pid}/task/{tid}/stat")
+            if stat is None:
                 continue
-            name = text[text.index("(") + 1:text.rindex(")")]
-            f = text[text.rindex(")") + 2:].split()
-            cpu = (int(f[11]) + int(f[12])) / tck
+            name, fields = stat
+            cpu = stat_cpu_ms(fields) / 1000
             # a thread seen for the first time: all its CPU counts, except at the first sample
-            before = self.last[tid][1] if tid in self.last else (cpu if first else 0.0)
+            before = self.last.get(tid, cpu if first else 0.0)
             self.by_name[name] = self.by_name.get(name, 0.0) + cpu - before
-            self.last[tid] = (name, cpu)
+            self.last[tid] = cpu
 
     def run(self) -> None:
         self.sample()

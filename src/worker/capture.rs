@@ -15,7 +15,7 @@ use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
 use super::page::{capture_page, PageView};
 use super::restart::Resumed;
-use super::storing::Storing;
+use super::storing::{Failure, Storing};
 use super::xact::{self, BulkRead, RegisteredSnapshot};
 use super::{code_of, Worker};
 use crate::ffi::latch;
@@ -87,8 +87,6 @@ pub(crate) struct CaptureJob {
     read_bytes: usize,
     /// Pages read once the budget was full: stored as they were read, under the snapshot.
     stored_while_reading: u64,
-    /// Pages phase two stores (those phase one kept).
-    pages_stored_later: u64,
     /// When every page had been read and the MVCC snapshot was released: phase two (storing
     /// the copies) and the commit are left.
     read_all: Option<std::time::Instant>,
@@ -204,7 +202,6 @@ impl Worker {
             read: std::collections::VecDeque::new(),
             read_bytes: 0,
             stored_while_reading: 0,
-            pages_stored_later: 0,
             read_all: None,
             next_batch_at: std::time::Instant::now(),
         });
@@ -217,7 +214,6 @@ impl Worker {
         else {
             return false;
         };
-        let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
         if let Some(read_at) = job.read_all {
             if let Some(storing) = &job.storing {
                 // Phase two runs on its thread, paced; it hurries once someone waits for this
@@ -228,18 +224,14 @@ impl Worker {
                         || !self.queue.is_empty()
                         || self.durable_waiters.iter().any(|&(_, s)| s == snap),
                 );
-                let (stored, bytes, new_images) = storing.counts();
+                let (to_store, bytes, new_images) = storing.counts();
                 let p = shmem::progress();
                 p.advance(job.items.len() as u32, job.pages_done, bytes, new_images);
-                p.set_to_store(job.pages_stored_later.saturating_sub(stored));
+                p.set_to_store(to_store);
                 if !storing.finished() {
                     return false;
                 }
-                let stored = job.storing.take().expect("checked above").join();
-                job.capture = Some(stored.capture);
-                job.carried.extend(stored.carried);
-                shmem::progress().set_to_store(0);
-                if let Err(failure) = stored.result {
+                if let Err(failure) = job.take_back_from_storing() {
                     return self.fail_step(failure);
                 }
             }
@@ -262,6 +254,7 @@ impl Worker {
             }
             job.next_batch_at = now + std::time::Duration::from_millis(pause as u64);
         }
+        let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
         match xact::in_subtransaction(|| job.run(index, budget)) {
             Ok(Ok(true)) => true,
             Ok(Ok(false)) => {
@@ -281,7 +274,7 @@ impl Worker {
     /// Fails the capture in flight after a step of it failed: a store error (noted, with its
     /// code) or a PostgreSQL ERROR (internal). True: the worker has more to do (the next
     /// snapshot).
-    fn fail_step(&mut self, failure: Result<StoreError, String>) -> bool {
+    fn fail_step(&mut self, failure: Failure) -> bool {
         let (code, reason) = match failure {
             Ok(e) => {
                 self.note_store_error(&e);
@@ -360,13 +353,11 @@ impl Worker {
     }
 
     pub(super) fn abort(&mut self, mut job: CaptureJob, code: ErrorCode, reason: &str) {
-        if let Some(storing) = job.storing.take() {
-            // Stop phase two's thread and take the capture back.
+        if let Some(storing) = &job.storing {
+            // Stop phase two's thread and take the capture back (how it ended does not
+            // matter: the capture fails for `reason`).
             storing.cancel();
-            let stored = storing.join();
-            job.capture = Some(stored.capture);
-            job.carried.extend(stored.carried);
-            shmem::progress().set_to_store(0);
+            let _ = job.take_back_from_storing();
         }
         let CaptureJob {
             decl,
@@ -469,18 +460,27 @@ impl CaptureJob {
         shmem::progress().set_phase(Phase::Committing);
     }
 
+    /// Waits for phase two's thread (finished or cancelled) and takes back the capture and
+    /// the pages it found unsettled; returns how phase two ended.
+    fn take_back_from_storing(&mut self) -> Result<(), Failure> {
+        let stored = self.storing.take().expect("phase two runs").join();
+        self.capture = Some(stored.capture);
+        self.carried.extend(stored.carried);
+        shmem::progress().set_to_store(0);
+        stored.result
+    }
+
     /// Starts phase two: the pages phase one kept go to a thread that fingerprints,
     /// compresses and stores them, paced over `gsnap.capture_pace` of the snapshot interval
     /// (`storing.rs`). Nothing to store: nothing starts.
-    fn start_storing(&mut self, index: &IndexState) -> Result<(), Result<StoreError, String>> {
+    fn start_storing(&mut self, index: &IndexState) -> Result<(), Failure> {
         if self.read.is_empty() {
             return Ok(());
         }
         let previous = index.latest_table().map_err(|e| Ok(index_error(e)))?;
         let pages = std::mem::take(&mut self.read);
         self.read_bytes = 0;
-        self.pages_stored_later = pages.len() as u64;
-        shmem::progress().set_to_store(self.pages_stored_later);
+        shmem::progress().set_to_store(pages.len() as u64);
         let targets = self.items.iter().map(|i| i.target).collect();
         let capture = self
             .capture
@@ -574,7 +574,11 @@ impl CaptureJob {
                 break;
             }
         }
-        let st = capture_stats(self.capture.as_ref());
+        let st = self
+            .capture
+            .as_ref()
+            .expect("phase one holds the capture")
+            .stats();
         shmem::progress().advance(
             self.item as u32,
             self.pages_done,
@@ -680,9 +684,4 @@ pub(super) fn store_one(
 /// A failure of the index, as the capture reports it.
 pub(super) fn index_error(e: impl std::fmt::Display) -> StoreError {
     StoreError::new(gsnap_store::ErrorKind::Corrupt, e.to_string())
-}
-
-/// The capture's counters, or none while phase two's thread has it.
-fn capture_stats(capture: Option<&Capture<RocksBackend>>) -> gsnap_store::CaptureStats {
-    capture.map(|c| c.stats()).unwrap_or_default()
 }

@@ -557,7 +557,6 @@ impl Worker {
         self.retire_active_copies();
     }
 
-    /// Invalidates cached catalog answers (a snapshot was declared, committed or failed).
     /// Snapshot `snap` was committed. Of the estimates of what deleting a snapshot would
     /// free, only the one of the snapshot newest before it changes (it had none), unless the
     /// capture referenced content stored before it (`shares_older`): every one is computed
@@ -585,6 +584,8 @@ impl Worker {
         self.answers.clear();
     }
 
+    /// Invalidates cached catalog answers and every estimate of what deleting a snapshot
+    /// would free (computed again once the catalog has been quiet for a moment).
     fn catalog_changed(&mut self) {
         self.answers.clear();
         self.frees_generation += 1;

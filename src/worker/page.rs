@@ -110,18 +110,14 @@ pub unsafe fn capture_page<E>(
         }
     }
     // SAFETY: the locked buffer of `block` of `rel`, and the caller's registered snapshot.
-    let Visible {
-        mut builder,
-        external,
-        unsettled,
-    } = unsafe { copy_visible(rel, buffer, block, snapshot) };
+    let (mut builder, unsettled) = unsafe { copy_visible(rel, buffer, block, snapshot) };
     // SAFETY: releases the lock and the pin taken above; nothing points into the page any more.
     unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
 
     // The tuples were copied once, into the view being built: their TOAST pointers and
     // headers are rewritten there.
-    builder.tuples_mut(|i, t| {
-        if external.get(i).copied().unwrap_or(false) {
+    builder.tuples_mut(|t| {
+        if heap::has_external(t) {
             // SAFETY: `t` is a complete heap tuple of `rel`, 8-byte aligned in the builder.
             unsafe { copy_out_toast(rel, t, store_toast)? };
         }
@@ -145,17 +141,9 @@ unsafe fn page_lsn(buffer: pg_sys::Buffer) -> u64 {
     (u64::from(header.pd_lsn.xlogid) << 32) | u64::from(header.pd_lsn.xrecoff)
 }
 
-/// The tuples of a page a snapshot sees, copied (headers not normalized yet).
-struct Visible {
-    builder: ViewBuilder,
-    /// Per tuple of the builder: it has out-of-line TOAST values.
-    external: Vec<bool>,
-    /// See [`tuple_unsettled`].
-    unsettled: bool,
-}
-
-/// Copies the tuples of the page in `buffer` that `snapshot` sees into a view builder with
-/// room for every line pointer of the page (so nothing is allocated once copying starts).
+/// Copies the tuples of the page in `buffer` that `snapshot` sees (headers not normalized
+/// yet) into a view builder with room for every line pointer of the page (so nothing is
+/// allocated once copying starts); true if the page is unsettled (see [`tuple_unsettled`]).
 ///
 /// # Safety
 /// `buffer` holds block `block` of the open relation `rel`, pinned and share-locked by the
@@ -165,16 +153,12 @@ unsafe fn copy_visible(
     buffer: pg_sys::Buffer,
     block: u32,
     snapshot: pg_sys::Snapshot,
-) -> Visible {
+) -> (ViewBuilder, bool) {
     // SAFETY: the caller's promise: the locked page, and the open relation's OID.
     let (page, relid) = unsafe { (pg_sys::BufferGetPage(buffer), (*rel).rd_id) };
     // SAFETY: the locked page.
     if unsafe { pg_sys::PageIsNew(page) } {
-        return Visible {
-            builder: ViewBuilder::with_capacity(0, 0),
-            external: Vec::new(),
-            unsettled: false,
-        };
+        return (ViewBuilder::with_capacity(0, 0), false);
     }
     // SAFETY: the locked page.
     let max = unsafe { pg_sys::PageGetMaxOffsetNumber(page) };
@@ -186,7 +170,6 @@ unsafe fn copy_visible(
         usize::from(header.pd_special).saturating_sub(usize::from(header.pd_upper))
     };
     let mut builder = ViewBuilder::with_capacity(max as usize, tuple_space);
-    let mut external = Vec::new();
     let mut unsettled = false;
     for off in 1..=max {
         // SAFETY: line pointer `off` of the locked page, at most its last.
@@ -210,25 +193,11 @@ unsafe fn copy_visible(
         // SAFETY: the tuple, in its locked buffer, tested against the caller's snapshot.
         if unsafe { pg_sys::HeapTupleSatisfiesVisibility(&mut tuple, snapshot, buffer) } {
             // SAFETY: the header and its `len` bytes, on the locked page.
-            let (infomask, bytes) = unsafe {
-                (
-                    (*header).t_infomask,
-                    std::slice::from_raw_parts(header.cast::<u8>(), len),
-                )
-            };
-            let has_external = u32::from(infomask) & pg_sys::HEAP_HASEXTERNAL != 0;
-            if has_external {
-                external.resize(builder.len(), false);
-                external.push(true);
-            }
+            let bytes = unsafe { std::slice::from_raw_parts(header.cast::<u8>(), len) };
             builder.push(off, bytes);
         }
     }
-    Visible {
-        builder,
-        external,
-        unsettled,
-    }
+    (builder, unsettled)
 }
 
 /// Stores each out-of-line TOAST value of `t` and points its TOAST pointer at the copy.

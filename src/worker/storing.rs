@@ -34,7 +34,8 @@ pub(super) type Failure = Result<StoreError, String>;
 struct Shared {
     hurry: AtomicBool,
     cancel: AtomicBool,
-    stored: AtomicU64,
+    /// Pages left to store.
+    to_store: AtomicU64,
     bytes: AtomicU64,
     new_images: AtomicU64,
 }
@@ -77,7 +78,10 @@ impl Storing {
         previous: Option<Vec<u8>>,
         window: Duration,
     ) -> std::io::Result<Storing> {
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            to_store: AtomicU64::new(pages.len() as u64),
+            ..Shared::default()
+        });
         let theirs = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name("gsnap-store".into())
@@ -124,11 +128,11 @@ impl Storing {
         self.shared.cancel.store(true, Relaxed);
     }
 
-    /// Pages stored, bytes stored and new images so far.
+    /// Pages left to store, bytes stored and new images so far.
     pub fn counts(&self) -> (u64, u64, u64) {
         let s = &self.shared;
         (
-            s.stored.load(Relaxed),
+            s.to_store.load(Relaxed),
             s.bytes.load(Relaxed),
             s.new_images.load(Relaxed),
         )
@@ -184,19 +188,19 @@ fn store_all(
         None => Ok(None),
     };
     let start = Instant::now();
-    let total = pages.len().max(1);
+    let total = pages.len();
     for (n, page) in pages.into_iter().enumerate() {
         if n % CHUNK == 0 {
             pace(start, window.mul_f64(n as f64 / total as f64), shared);
             if shared.cancel.load(Relaxed) {
                 return Err(Err("the worker stopped it".into()));
             }
-            publish(capture, n, shared);
+            publish(capture, total - n, shared);
         }
         let target = &targets[page.item];
         store_one(&lookup, capture, target, page, carried).map_err(Ok)?;
     }
-    publish(capture, total, shared);
+    publish(capture, 0, shared);
     Ok(())
 }
 
@@ -223,9 +227,9 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
     }
 }
 
-fn publish(capture: &Capture<RocksBackend>, stored: usize, shared: &Shared) {
+fn publish(capture: &Capture<RocksBackend>, to_store: usize, shared: &Shared) {
     let st = capture.stats();
-    shared.stored.store(stored as u64, Relaxed);
+    shared.to_store.store(to_store as u64, Relaxed);
     shared.bytes.store(st.bytes_stored(), Relaxed);
     shared.new_images.store(st.new_images, Relaxed);
 }

@@ -80,16 +80,16 @@ impl ViewBuilder {
         self.dir.is_empty()
     }
 
-    /// Calls `f` with the index and the bytes of each tuple pushed, which it may change in
-    /// place (not their length). Each starts 8-byte aligned in the builder's buffer.
+    /// Calls `f` with the bytes of each tuple pushed, in order, which it may change in place
+    /// (not their length). Each starts 8-byte aligned in the builder's buffer.
     pub fn tuples_mut<E>(
         &mut self,
-        mut f: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
+        mut f: impl FnMut(&mut [u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         let mut at = self.tuples_at;
-        for (i, &(_, len)) in self.dir.iter().enumerate() {
+        for &(_, len) in &self.dir {
             let len = len as usize;
-            f(i, &mut self.out[at..at + len])?;
+            f(&mut self.out[at..at + len])?;
             at += pad8(len);
         }
         Ok(())
@@ -254,12 +254,12 @@ mod tests {
                 reserved.push(i as u16 + 1, t);
             }
             let mut seen = Vec::new();
-            reserved.tuples_mut(|i, bytes| {
-                seen.push((i, bytes.to_vec(), bytes.as_ptr() as usize % 8));
+            reserved.tuples_mut(|bytes| {
+                seen.push((bytes.to_vec(), bytes.as_ptr() as usize % 8));
                 bytes.iter_mut().for_each(|b| *b = b.wrapping_add(1));
                 Ok::<(), ()>(())
             }).unwrap();
-            let want: Vec<_> = tuples.iter().cloned().enumerate().map(|(i, t)| (i, t, 0)).collect();
+            let want: Vec<_> = tuples.iter().cloned().map(|t| (t, 0)).collect();
             prop_assert_eq!(seen, want);
             let mut bumped = ViewBuilder::new();
             for (i, t) in tuples.iter().enumerate() {
