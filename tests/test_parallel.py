@@ -1,4 +1,4 @@
-"""Parallel AS OF scans (issue 8, point 6).
+"""Parallel AS OF, range and versions scans (issue 8, point 6).
 
 `gsnap_asof` is PARALLEL SAFE and its custom scan parallel-aware: under a Gather, the leader
 resolves the snapshot argument once and every participant reads the blocks it takes from a
@@ -9,6 +9,9 @@ column), with TOASTed values, aggregates split into partial ones, the time form,
 statement's parameter re-resolved on each execution and a Gather rescanned under a nested loop;
 the workers apply the reading role's privileges and policies; errors and cancellations in the
 middle of a parallel scan leave no pinned image behind; partitioned tables stay serial.
+`gsnap_range` and `gsnap_versions` are parallel the same way, blocks being taken over the
+table's incarnations one after another: every (snapshot, row) of a range and every version
+with its run comes out once, equal to the serial scan's and to the per-snapshot truth.
 """
 
 import random
@@ -57,10 +60,10 @@ def analyzed(conn, query: str, *args) -> str:
         "EXPLAIN (ANALYZE, VERBOSE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + query, args or None))
 
 
-def worker_rows(explain: str) -> list[int]:
-    """The rows each worker's part of the parallel AS OF scan returned (EXPLAIN VERBOSE)."""
+def worker_rows(explain: str, node: str = "gsnap AS OF") -> list[int]:
+    """The rows each worker's part of the parallel scan returned (EXPLAIN VERBOSE)."""
     lines = explain.splitlines()
-    at = next(i for i, line in enumerate(lines) if "Parallel Custom Scan (gsnap AS OF)" in line)
+    at = next(i for i, line in enumerate(lines) if f"Parallel Custom Scan ({node})" in line)
     found = []
     for line in lines[at + 1:]:
         if "->" in line:
@@ -205,6 +208,14 @@ def test_parallel_workers_apply_the_readers_privileges_and_policies(conn):
         assert rows(conn, q) == expected
         assert "Workers Launched: 2" in analyzed(conn, q)
         assert sqlstate(conn, f"SELECT id, secret FROM gsnap_asof(NULL::par_docs, {snap})") == "42501"
+        r = f"SELECT (rec).id, (rec).v FROM gsnap_range(NULL::par_docs, {snap}, {snap})"
+        assert "Parallel Custom Scan (gsnap range)" in plan(conn, r)
+        assert rows(conn, r) == expected
+        assert "Workers Launched: 2" in analyzed(conn, r)
+        assert sqlstate(conn, f"SELECT (rec).secret FROM gsnap_range(NULL::par_docs, {snap}, {snap})") == "42501"
+        v = f"SELECT (rec).id, (rec).v FROM gsnap_versions(NULL::par_docs, {snap}, {snap})"
+        assert "Parallel Custom Scan (gsnap versions)" in plan(conn, v)
+        assert rows(conn, v) == expected
     finally:
         conn.execute("RESET ROLE")
 
@@ -252,7 +263,120 @@ def test_errors_and_cancels_in_parallel_scans_leave_nothing_pinned(cluster, conn
     assert "terminated by signal" not in cluster.log()
 
 
-def test_partitioned_tables_and_ranges_stay_serial(conn):
+def range_rows(conn, t: str, first: int, last: int, where: str = "true") -> Counter:
+    return rows(conn, f"SELECT snap_id, (rec).id, (rec).v, (rec).note "
+                      f"FROM gsnap_range(NULL::{t}, {first}, {last}) WHERE {where}")
+
+
+def version_rows(conn, t: str, first: int, last: int, where: str = "true") -> Counter:
+    return rows(conn, f"SELECT first_snap, last_snap, (rec).id, (rec).v, (rec).note "
+                      f"FROM gsnap_versions(NULL::{t}, {first}, {last}) WHERE {where}")
+
+
+def test_parallel_range_and_versions_hand_out_each_row_version_once(conn):
+    """Snapshots of a table that changes between them, rewritten once (VACUUM FULL: a second
+    incarnation, whose blocks the participants take after the first's) and whose row type
+    changes once: the parallel range equals the truth at every snapshot, the parallel
+    versions equal the serial ones (each run whole, from one participant), both workers
+    take part, and the Row Filter and aggregates work above them."""
+    rng = random.Random(9)
+    t = "par_range"
+    make_table(conn, t, 40000, False)
+    truths = {}
+    for i in range(5):
+        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
+        change(conn, t, rng)
+        if i == 1:
+            conn.execute(f"VACUUM FULL {t}")
+        if i == 2:
+            conn.execute(f"ALTER TABLE {t} ADD COLUMN extra int DEFAULT 5")
+    first, last = min(truths), max(truths)
+    expected = Counter()
+    for snap, truth in truths.items():
+        for r, c in truth.items():
+            expected[(snap, *r)] += c
+    serial(conn)
+    serial_versions = version_rows(conn, t, first, last)
+    assert range_rows(conn, t, first, last) == expected
+    parallel(conn)
+    q = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::{t}, {first}, {last})"
+    assert "Parallel Custom Scan (gsnap range)" in plan(conn, q), plan(conn, q)
+    v = f"SELECT first_snap, (rec).id FROM gsnap_versions(NULL::{t}, {first}, {last})"
+    assert "Parallel Custom Scan (gsnap versions)" in plan(conn, v), plan(conn, v)
+    assert range_rows(conn, t, first, last) == expected
+    assert version_rows(conn, t, first, last) == serial_versions
+    # each version's run expanded over the range's snapshots is the truth again
+    runs = Counter()
+    for (a, b, *r), c in serial_versions.items():
+        for snap in truths:
+            if a <= snap <= b:
+                runs[(snap, *r)] += c
+    assert runs == expected
+    # with the leader only collecting, both workers read part of the blocks
+    conn.execute("SET parallel_leader_participation = off")
+    try:
+        for query, node in ((q, "gsnap range"), (v, "gsnap versions")):
+            for _ in range(10):
+                explain = analyzed(conn, query)
+                per_worker = worker_rows(explain, node)
+                assert len(per_worker) == 2, explain
+                if all(r > 0 for r in per_worker):
+                    break
+            else:
+                pytest.fail(f"one worker read every block in 10 runs: {explain}")
+        assert range_rows(conn, t, first, last) == expected
+        assert version_rows(conn, t, first, last) == serial_versions
+    finally:
+        conn.execute("RESET parallel_leader_participation")
+    # the Row Filter, checked once per version in each participant
+    where = "(rec).v % 5 = 0"
+    p = plan(conn, f"SELECT snap_id FROM gsnap_range(NULL::{t}, {first}, {last}) WHERE {where}")
+    assert "Parallel Custom Scan (gsnap range)" in p and "Row Filter" in p, p
+    assert range_rows(conn, t, first, last, where) == Counter(
+        {k: c for k, c in expected.items() if k[2] % 5 == 0})
+    assert version_rows(conn, t, first, last, where) == Counter(
+        {k: c for k, c in serial_versions.items() if k[3] % 5 == 0})
+    # a metric per snapshot
+    agg = (f"SELECT snap_id, count(*), sum((rec).v) FROM gsnap_range(NULL::{t}, {first}, {last}) "
+           "GROUP BY snap_id ORDER BY snap_id")
+    assert conn.execute(agg).fetchall() == [
+        (snap, sum(truth.values()), sum(r[1] * c for r, c in truth.items()))
+        for snap, truth in sorted(truths.items())]
+
+
+def test_a_rescanned_gather_reads_the_range_again(conn):
+    """As for AS OF: a parallel range under a nested loop is scanned again per outer row,
+    the leader starting the shared cursor again each time."""
+    t = "par_range_rescan"
+    make_table(conn, t, 20000, False)
+    a = snapshot(conn)
+    conn.execute(f"UPDATE {t} SET v = -v WHERE id % 2 = 0")
+    b = snapshot(conn)
+    truth = rows(conn, f"SELECT snap_id, (rec).id, (rec).v FROM gsnap_range(NULL::{t}, {a}, {b})")
+    assert sum(truth.values()) == 40000
+    parallel(conn)
+    for s in ["SET enable_hashjoin = off", "SET enable_mergejoin = off", "SET enable_material = off",
+              "SET enable_memoize = off"]:
+        conn.execute(s)
+    conn.execute("CREATE TEMP TABLE par_range_outer (k int)")
+    conn.execute("INSERT INTO par_range_outer VALUES (1), (2), (3)")
+    conn.execute("ANALYZE par_range_outer")
+    try:
+        q = (f"SELECT o.k, r.snap_id, (r.rec).id, (r.rec).v FROM par_range_outer o "
+             f"JOIN gsnap_range(NULL::{t}, {a}, {b}) r ON (r.rec).id % 3 = o.k - 1")
+        explain = analyzed(conn, q)
+        assert "Nested Loop" in explain and "Gather (actual rows=40000 loops=3)" in explain, explain
+        assert "Parallel Custom Scan (gsnap range)" in explain, explain
+        expected = Counter()
+        for (snap, id_, v), c in truth.items():
+            expected[(id_ % 3 + 1, snap, id_, v)] += c
+        assert rows(conn, q) == expected
+    finally:
+        for s in ["enable_hashjoin", "enable_mergejoin", "enable_material", "enable_memoize"]:
+            conn.execute(f"RESET {s}")
+
+
+def test_partitioned_tables_stay_serial(conn):
     conn.execute("CREATE TABLE par_parts (id int, v int) PARTITION BY RANGE (id)")
     conn.execute("CREATE TABLE par_parts_a PARTITION OF par_parts FOR VALUES FROM (0) TO (5000) USING gsnap")
     conn.execute("CREATE TABLE par_parts_b PARTITION OF par_parts FOR VALUES FROM (5000) TO (10000) USING gsnap")
@@ -264,6 +388,9 @@ def test_partitioned_tables_and_ranges_stay_serial(conn):
     q = f"SELECT id, v FROM gsnap_asof(NULL::par_parts, {snap})"
     assert "Parallel" not in plan(conn, q)
     assert rows(conn, q) == truth
-    r = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::par_parts_a, {snap}, {snap})"
+    r = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::par_parts, {snap}, {snap})"
     assert "Parallel" not in plan(conn, r)
-    assert len(rows(conn, r)) == 5000
+    assert len(rows(conn, r)) == 10000
+    v = f"SELECT first_snap, (rec).id FROM gsnap_versions(NULL::par_parts, {snap}, {snap})"
+    assert "Parallel" not in plan(conn, v)
+    assert len(rows(conn, v)) == 10000

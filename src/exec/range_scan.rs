@@ -7,8 +7,13 @@
 //!
 //! The "gsnap versions" node (`FROM gsnap_versions(NULL::t, from, to)`) is the same node
 //! over the versions cursor: one `(first_snap, last_snap, rec)` row per run of a version.
+//!
+//! Under a Gather the scan of a table is parallel-aware: the leader resolves the range once
+//! and puts it, with a block cursor, in the parallel query's shared memory ([`SharedRange`]);
+//! every participant (the leader too) reads the blocks it takes from the cursor, all the
+//! images of each, so every version and its run is handed out by one participant only.
 
-use super::node::{self, ExecMethods, ScanNode};
+use super::node::{self, ExecMethods, ParallelMethods, ScanNode};
 use super::{pruning, ScanTable};
 use crate::ffi::relation::relation_kind;
 use crate::ffi::tuple::{self, row_type_copy};
@@ -16,8 +21,11 @@ use crate::ffi::{expr, list};
 use crate::plan::nodes::ScanKind;
 use crate::read::range::{self, RangeCursor};
 use crate::read::versions::VersionsCursor;
+use crate::read::SharedRange;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+use std::ffi::c_void;
 
 /// What the node keeps between fetches.
 pub(super) struct RangeScan {
@@ -35,6 +43,8 @@ pub(super) struct RangeScan {
     rec: pg_sys::Datum,
     snaps: Vec<u64>,
     next_snap: usize,
+    /// Of a parallel scan: the range and block cursor its participants share.
+    shared: Option<&'static SharedRange>,
 }
 
 /// The cursor of a range (row versions, each repeated per snapshot) or of its versions (one
@@ -47,11 +57,74 @@ enum Cursor {
 
 /// The node's methods.
 pub(super) static METHODS: ExecMethods<RangeScan> =
-    node::methods(c"gsnap range", Some(explain_range));
+    node::methods(c"gsnap range", Some(explain_range)).parallel(PARALLEL);
 
 /// The methods of the versions node.
 pub(super) static VERSIONS_METHODS: ExecMethods<RangeScan> =
-    node::methods(c"gsnap versions", Some(explain_range));
+    node::methods(c"gsnap versions", Some(explain_range)).parallel(PARALLEL);
+
+const PARALLEL: ParallelMethods = ParallelMethods {
+    estimate: estimate_shared,
+    initialize: initialize_shared,
+    attach: attach_shared,
+};
+
+/// The size of a parallel scan's shared state.
+#[pg_guard]
+unsafe extern "C-unwind" fn estimate_shared(
+    _css: *mut pg_sys::CustomScanState,
+    _pcxt: *mut pg_sys::ParallelContext,
+) -> pg_sys::Size {
+    std::mem::size_of::<SharedRange>()
+}
+
+/// The leader, before the scan and before each rescan: resolves the range (its parameters
+/// are set by now) and starts the shared block cursor at the first block.
+#[pg_guard]
+unsafe extern "C-unwind" fn initialize_shared(
+    css: *mut pg_sys::CustomScanState,
+    _pcxt: *mut pg_sys::ParallelContext,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: PostgreSQL passes our begun node's state (not under EXPLAIN without ANALYZE:
+    // nothing runs then).
+    let Some(scan) = (unsafe { node::node_of::<RangeScan>(css) }) else {
+        return;
+    };
+    // SAFETY: our node.
+    let (from, to) = unsafe {
+        (
+            scan.table.snapshot_argument(css, 0),
+            scan.table.snapshot_argument(css, 1),
+        )
+    };
+    let shared = SharedRange::new(scan.table.relid, from, to);
+    let at = coordinate.cast::<SharedRange>();
+    // SAFETY: `coordinate` is the node's share of the parallel query's shared memory, of the
+    // size estimate_shared asked for, suitably aligned (shm_toc allocations are MAXALIGNed);
+    // it lives until the parallel query ends, after the node stops reading.
+    let shared: &'static SharedRange = unsafe {
+        at.write(shared);
+        &*at
+    };
+    scan.shared = Some(shared);
+    scan.reset();
+}
+
+/// A worker: reads the blocks it takes from the leader's shared state.
+#[pg_guard]
+unsafe extern "C-unwind" fn attach_shared(
+    css: *mut pg_sys::CustomScanState,
+    _toc: *mut pg_sys::shm_toc,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: PostgreSQL passes our begun node's state.
+    if let Some(scan) = unsafe { node::node_of::<RangeScan>(css) } {
+        // SAFETY: the shared state the leader initialized (initialize_shared), which lives
+        // until the parallel query ends.
+        scan.shared = Some(unsafe { &*coordinate.cast::<SharedRange>() });
+    }
+}
 
 /// EXPLAIN of a range or versions node: its Row Filter ([`explain`]) and, of a partitioned
 /// table, the partitions over the range and those read (the others pruned at every
@@ -103,6 +176,7 @@ impl ScanNode for RangeScan {
             rec: pg_sys::Datum::from(0usize),
             snaps: Vec::new(),
             next_snap: 0,
+            shared: None,
         }
     }
 
@@ -162,12 +236,16 @@ impl RangeScan {
         slot: *mut pg_sys::TupleTableSlot,
     ) -> bool {
         if self.cursor.is_none() {
-            // SAFETY: our node (the caller's promise).
-            let (from, to) = unsafe {
-                (
-                    self.table.snapshot_argument(css, 0),
-                    self.table.snapshot_argument(css, 1),
-                )
+            // A participant of a parallel scan reads the range the leader resolved.
+            let (from, to) = match self.shared {
+                Some(shared) => (shared.from, shared.to),
+                // SAFETY: our node (the caller's promise).
+                None => unsafe {
+                    (
+                        self.table.snapshot_argument(css, 0),
+                        self.table.snapshot_argument(css, 1),
+                    )
+                },
             };
             let versions = self.table.kind == ScanKind::Versions;
             let relid = self.table.relid;
@@ -181,10 +259,24 @@ impl RangeScan {
                 pruning::refuted_over_rec(constraint, attnums, quals, rec_column, row_type)
             };
             // SAFETY: the table's current row type, copied at begin, lives with the query.
-            let cursors = unsafe { range::cursors(relid, from, to, self.row_desc, &mut refuted) };
+            let mut cursors =
+                unsafe { range::cursors(relid, from, to, self.row_desc, &mut refuted) };
             if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
+                if self.shared.is_some() {
+                    // The planner makes no parallel scan of a partitioned table (each
+                    // participant would read every partition's blocks).
+                    crate::error::error(
+                        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                        "a parallel range scan of a partitioned table was planned",
+                    )
+                    .raise();
+                }
                 let read = cursors.iter().filter(|c| !c.is_empty()).count();
                 self.partitions = Some((cursors.len(), read));
+            } else if let Some(shared) = self.shared {
+                for cursor in &mut cursors {
+                    cursor.share(shared);
+                }
             }
             self.cursor = Some(if versions {
                 Cursor::Versions(cursors.into_iter().map(VersionsCursor::new).collect(), 0)

@@ -184,16 +184,21 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     unsafe { (*path).path.parallel_safe = parallel_safe };
     // SAFETY: the planner's state and relation.
     unsafe { replace_paths(root, rel, relid, path) };
-    let asof = matches!(kind, ScanKind::AsofId | ScanKind::AsofTime);
-    if asof && parallel_safe && !partitioned {
+    // The aggregate node and the diff stay serial.
+    let parallel_aware = matches!(
+        kind,
+        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::Range | ScanKind::Versions
+    );
+    if parallel_aware && parallel_safe && !partitioned {
         // SAFETY: the planner's relation; `private` is a valid plan encoding.
         unsafe { add_parallel_path(rel, kind, private, (tuples, pages), rows) };
     }
 }
 
-/// Adds the parallel-aware AS OF scan of a table as a partial path of `rel` (a Gather above
-/// it collects the participants' rows), costed as PostgreSQL costs a parallel sequential
-/// scan: the pages read once between the participants, the rows' CPU divided among them.
+/// Adds the parallel-aware AS OF, range or versions scan of a table as a partial path of
+/// `rel` (a Gather above it collects the participants' rows), costed as PostgreSQL costs a
+/// parallel sequential scan: the pages read once between the participants, the rows' CPU
+/// divided among them.
 ///
 /// # Safety
 /// The planner's relation, whose scan may run in parallel workers.

@@ -24,3 +24,4 @@ mod toast;
 pub mod versions;
 
 pub use pages::SharedBlocks;
+pub use range::SharedRange;

@@ -19,7 +19,7 @@ const BLOCKS_PER_STEP: u32 = 4096;
 /// Blocks one participant of a parallel scan takes at a time: a 64th of the table, between
 /// 16 and 512 blocks, so that the last steps balance the participants' work and each step's
 /// index walk stays cheap.
-fn parallel_step(nblocks: u32) -> u32 {
+pub(super) fn parallel_step(nblocks: u32) -> u32 {
     (nblocks / 64).clamp(16, 512)
 }
 

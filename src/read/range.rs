@@ -8,11 +8,17 @@
 //! (same line pointer, same bytes: `gsnap_format::versions`) is the same row version: it is
 //! neither decoded nor offered to the caller's filter again, and the filter's answer holds for
 //! all the snapshots of both images.
+//!
+//! Blocks are taken in steps (`Blocks`): a serial cursor takes each incarnation of the table
+//! whole; the participants of a parallel scan take steps of a shared cursor
+//! ([`SharedRange`], in the parallel query's dynamic shared memory) over the incarnations one
+//! after another, so every block is read by exactly one of them, all its images by the same
+//! one (a version's run never spans participants).
 
 use super::decode::Decoder;
-use super::pages::view_tuples;
+use super::pages::{parallel_step, view_tuples};
 use super::partitioned;
-use super::pins::{GroupPins, ImageBatches, PinnedBatch};
+use super::pins::{images_per_batch, GroupPins, ImageBatches, PinnedBatch};
 use super::table::{self, TableAtSnapshot};
 use crate::error::{corrupt_index, error};
 use crate::ffi::memcx::OwnedContext;
@@ -21,7 +27,104 @@ use gsnap_format::versions::ImageMatcher;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 use std::collections::HashMap;
+use std::hash::Hasher;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The block cursor the participants of a parallel range or versions scan share (in dynamic
+/// shared memory): the range the leader resolved, a digest of the snapshots it found in it
+/// (each participant lists them again and must find the same), and the first block no
+/// participant has taken, counted over the table's incarnations one after another.
+#[repr(C)]
+pub struct SharedRange {
+    pub from: u64,
+    pub to: u64,
+    digest: u64,
+    next: AtomicU64,
+}
+
+impl SharedRange {
+    /// A cursor at the first block of the range `from..=to` of table `relid`, as this
+    /// backend lists its snapshots now.
+    pub fn new(relid: pg_sys::Oid, from: u64, to: u64) -> SharedRange {
+        require_ordered(from, to);
+        SharedRange {
+            from,
+            to,
+            digest: digest(&table::in_range(relid, from, to)),
+            next: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What identifies the snapshots a range cursor reads and how their blocks are laid out:
+/// each one's id, incarnation and size.
+fn digest(snaps: &[(u64, TableAtSnapshot)]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (s, t) in snaps {
+        h.write_u64(*s);
+        h.write_u32(t.rel);
+        h.write_u32(t.nblocks);
+    }
+    h.finish()
+}
+
+/// Where a cursor takes its blocks from: positions over the incarnations one after another
+/// (incarnation `i` has positions `starts[i]..starts[i + 1]`, one per block of its largest
+/// size), handed out whole incarnation by whole incarnation (serial), or in steps of the
+/// shared cursor of a parallel scan.
+struct Blocks {
+    starts: Vec<u64>,
+    next: u64,
+    shared: Option<&'static SharedRange>,
+}
+
+impl Blocks {
+    /// The next blocks to read: (incarnation, blocks); None when all are taken.
+    fn take(&mut self) -> Option<(usize, Range<u32>)> {
+        let end = *self
+            .starts
+            .last()
+            .expect("one start per incarnation and the end");
+        let within = |at: u64| {
+            // The incarnation holding position `at` (empty ones hold none).
+            let i = self.starts.partition_point(|&s| s <= at) - 1;
+            (i, self.starts[i], self.starts[i + 1])
+        };
+        let (at, until) = match self.shared {
+            None => {
+                if self.next >= end {
+                    return None;
+                }
+                let (_, _, stop) = within(self.next);
+                (std::mem::replace(&mut self.next, stop), stop)
+            }
+            Some(shared) => {
+                let mut at = shared.next.load(Ordering::Relaxed);
+                loop {
+                    if at >= end {
+                        return None;
+                    }
+                    // A step ends at the end of its incarnation.
+                    let (_, first, stop) = within(at);
+                    let step = u64::from(parallel_step((stop - first) as u32));
+                    let until = (at + step).min(stop);
+                    match shared.next.compare_exchange_weak(
+                        at,
+                        until,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => break (at, until),
+                        Err(now) => at = now,
+                    }
+                }
+            }
+        };
+        let (i, first, _) = within(at);
+        Some((i, (at - first) as u32..(until - first) as u32))
+    }
+}
 
 /// Decoders by row type (the row type can change between snapshots), allocated in the
 /// cursor's long-lived context.
@@ -109,10 +212,15 @@ type Holders = Vec<(Vec<u64>, Vec<usize>, usize)>;
 pub struct RangeCursor {
     snaps: Vec<(u64, TableAtSnapshot)>,
     groups: Option<GroupPins>,
-    /// Segments of `snaps` in which the table has one incarnation; the next one to read.
+    /// Segments of `snaps` in which the table has one incarnation; the one whose runs are
+    /// loaded, numbered from 1 (0: none yet), and its snapshots.
     segments: Vec<Range<usize>>,
     next_segment: usize,
     segment: Range<usize>,
+    /// The blocks of the segments to read, and blocks taken but not queued yet (of a later
+    /// segment than the one loaded).
+    blocks: Blocks,
+    taken: Option<(usize, Range<u32>)>,
     /// The current segment's runs (block, image, snapshots sharing it), and their images.
     runs: Vec<ImageRun>,
     images: ImageBatches<usize>,
@@ -234,12 +342,23 @@ impl RangeCursor {
             .iter()
             .map(|(_, t)| decoders.index_of(t, &long))
             .collect();
+        let mut starts = vec![0];
+        for segment in &segments {
+            let blocks = snaps[segment.clone()].iter().map(|(_, t)| t.nblocks);
+            starts.push(starts.last().copied().unwrap_or(0) + u64::from(blocks.max().unwrap_or(0)));
+        }
         RangeCursor {
             snaps,
             groups,
             segments,
             next_segment: 0,
             segment: 0..0,
+            blocks: Blocks {
+                starts,
+                next: 0,
+                shared: None,
+            },
+            taken: None,
             runs: Vec::new(),
             images: ImageBatches::default(),
             batch: None,
@@ -270,6 +389,25 @@ impl RangeCursor {
         keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
     ) -> Option<(&[u64], pg_sys::Datum)> {
         self.next_version(keep).map(|v| (v.snaps, v.rec))
+    }
+
+    /// Reads only the blocks this participant of a parallel scan takes from `shared` (call
+    /// before the first row is read). An ERROR if this backend found other snapshots in
+    /// the range than the leader did (one was deleted in between).
+    pub fn share(&mut self, shared: &'static SharedRange) {
+        debug_assert!(self.next_segment == 0 && self.taken.is_none());
+        if digest(&self.snaps) != shared.digest {
+            error(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!(
+                    "the snapshots from {} to {} changed while a parallel scan of them began",
+                    shared.from, shared.to
+                ),
+            )
+            .hint("Run the query again.")
+            .raise();
+        }
+        self.blocks.shared = Some(shared);
     }
 
     /// True if no snapshot of the range is read (a partition pruned at every one).
@@ -391,15 +529,39 @@ impl RangeCursor {
                 continue;
             }
             self.batch = None; // unpins
+                               // Keep the next batch and the one after it queued, so the latter is prefetched.
+            while self.images.queued() < 2 * images_per_batch() && self.queue_taken() {}
             if let Some(batch) = self.images.next_batch() {
                 self.batch = Some(batch);
                 self.at = 0;
                 continue;
             }
-            if !self.next_segment() {
+            if self.taken.is_none() {
                 return false;
             }
         }
+    }
+
+    /// Takes the next blocks and queues the images of their runs; false when no block is
+    /// left, or when the blocks taken are of a later segment than the one loaded and images
+    /// of that one are still queued (they are queued once those are read).
+    fn queue_taken(&mut self) -> bool {
+        let Some((segment, blocks)) = self.taken.take().or_else(|| self.blocks.take()) else {
+            return false;
+        };
+        if segment + 1 != self.next_segment {
+            if self.images.queued() > 0 {
+                self.taken = Some((segment, blocks));
+                return false;
+            }
+            self.load_segment(segment);
+        }
+        let first = self.runs.partition_point(|r| r.block < blocks.start);
+        let end = self.runs.partition_point(|r| r.block < blocks.end);
+        for i in first..end {
+            self.images.push(i, self.runs[i].image.0);
+        }
+        true
     }
 
     /// Sets up reading `run`'s image: which snapshots hold its block, by row type, and
@@ -452,13 +614,10 @@ impl RangeCursor {
         }
     }
 
-    /// Moves to the next segment (one incarnation of the table) and queues its images;
-    /// false at the end.
-    fn next_segment(&mut self) -> bool {
-        let Some(segment) = self.segments.get(self.next_segment).cloned() else {
-            return false;
-        };
-        self.next_segment += 1;
+    /// Loads the runs of segment `index` (one incarnation of the table), in block order.
+    fn load_segment(&mut self, index: usize) {
+        let segment = self.segments[index].clone();
+        self.next_segment = index + 1;
         let rel = self.snaps[segment.start].1.rel;
         let (first, last) = (self.snaps[segment.start].0, self.snaps[segment.end - 1].0);
         self.runs.clear();
@@ -478,11 +637,7 @@ impl RangeCursor {
             }
         })
         .unwrap_or_else(|e| corrupt_index(e));
-        for (i, r) in self.runs.iter().enumerate() {
-            self.images.push(i, r.image.0);
-        }
         self.segment = segment;
-        true
     }
 }
 

@@ -93,7 +93,7 @@ extension_sql!(
     r#"
 CREATE FUNCTION gsnap_range(rel anyelement, from_snap bigint, to_snap bigint)
     RETURNS TABLE (snap_id bigint, rec anyelement)
-    AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL RESTRICTED;
+    AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_range(anyelement, bigint, bigint) IS
     'rows of a table at every snapshot of a range: SELECT snap_id, (rec).* FROM gsnap_range(NULL::t, 40, 60)';
 "#,

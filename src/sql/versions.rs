@@ -65,7 +65,7 @@ extension_sql!(
     r#"
 CREATE FUNCTION gsnap_versions(rel anyelement, from_snap bigint, to_snap bigint)
     RETURNS TABLE (first_snap bigint, last_snap bigint, rec anyelement)
-    AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL RESTRICTED;
+    AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_versions(anyelement, bigint, bigint) IS
     'every distinct row version of a range of snapshots once, with the run of snapshots holding it: SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::t, 1, 100)';
 "#,
