@@ -19,10 +19,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from cluster import PGBIN, Cluster  # noqa: E402
+import cluster  # noqa: E402
+from cluster import PGBIN  # noqa: E402
 
 __all__ = ["ROOT", "PGBIN", "Cluster", "log", "write_csv", "md_table", "pct", "proc_stat", "cpu_ms", "installed_gsnap",
            "version_line", "worker_pid", "perf_report", "stale_gsnap_mapping", "arg_parser", "BenchBase"]
+
+
+class Cluster(cluster.Cluster):
+    """A benchmark's cluster: its sessions never prepare statements on their own (psycopg
+    prepares a query run five times, and a prepared plan keeps the planner settings it was
+    made with: a benchmark that runs one query under several settings, serial and parallel
+    say, would measure one plan for all of them)."""
+
+    def connect(self, dbname: str = "postgres", user: str = "postgres", **kw):
+        kw.setdefault("prepare_threshold", None)
+        return super().connect(dbname, user, **kw)
 
 
 def log(msg: str) -> None:

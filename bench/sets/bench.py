@@ -12,6 +12,10 @@
           changed between them (1 page to every page, and 0.5% of the rows at random), against
           one full AS OF scan of the same table; the diff's output is checked against the
           rows updated.
+3. parallel  gsnap_range (count, per-snapshot aggregate) and gsnap_versions over 10 snapshots
+          of a 2M-row table (0.5% of the rows updated at random before each), serial plans
+          (max_parallel_workers_per_gather = 0) against parallel ones (2 workers), and one
+          AS OF scan both ways for reference; results checked equal.
 
 Every benchmark prints its figures as it goes and writes CSV/JSON under --out; summary.json
 collects the target checks. All times are warm (the median of interleaved rounds after a
@@ -726,7 +730,65 @@ def profile_diff(b: Bench, c: Cluster, tgt: dict) -> None:
 # -- main ------------------------------------------------------------------------------------
 
 
-BENCHMARKS = ["range", "diff"]
+# -- 3. parallel range and versions scans -------------------------------------------------------
+
+PARALLEL_QUERIES = {
+    "range_count": "SELECT count(*) FROM gsnap_range(NULL::{t}, {a}, {b})",
+    "range_agg": "SELECT snap_id, count(*), sum((rec).v) FROM gsnap_range(NULL::{t}, {a}, {b}) "
+                 "GROUP BY snap_id ORDER BY snap_id",
+    "versions_count": "SELECT count(*), sum(last_snap - first_snap + 1) FROM gsnap_versions(NULL::{t}, {a}, {b})",
+    "asof_count": "SELECT count(*) FROM gsnap_asof(NULL::{t}, {b})",
+}
+PARALLEL_MODES = {"serial": "SET max_parallel_workers_per_gather = 0",
+                  "parallel": "SET max_parallel_workers_per_gather = 2"}
+
+
+def bench_parallel(b: Bench) -> None:
+    a = b.args
+    rows, n, rounds = a.parallel_rows, 10, a.rounds
+    log(f"== 3. parallel gsnap_range / gsnap_versions over {n} snapshots of {rows:,} rows, serial vs 2 workers "
+        f"({rounds} rounds, interleaved)")
+    c = b.cluster("parallel", ["max_parallel_workers_per_gather = 2", "gsnap.image_cache_size = '256MB'"])
+    conn = c.connect()
+    pages = make_table(conn, "p", rows)
+    snaps = [snapshot(conn)]
+    rng = random.Random(20261126)
+    for _ in range(n - 1):
+        update_rows(conn, "p", rng.sample(range(1, rows + 1), max(1, rows // 200)))
+        snaps.append(snapshot(conn))
+    log(f"   table p: {pages} pages; snapshots {snaps[0]}..{snaps[-1]}")
+    wpid = worker_pid(conn)
+    samples, results = [], {}
+    for rnd in range(rounds + 1):  # round 0 warms the image cache, untimed
+        for qname, sql in PARALLEL_QUERIES.items():
+            for mode, setting in PARALLEL_MODES.items():
+                conn.execute(setting)
+                with Timer(conn, wpid) as tm:
+                    got = conn.execute(sql.format(t="p", a=snaps[0], b=snaps[-1])).fetchall()
+                results.setdefault((qname, mode), got)
+                if rnd:
+                    samples.append({"query": qname, "mode": mode, "round": rnd, **tm.row()})
+    plans = {}
+    for qname, sql in PARALLEL_QUERIES.items():
+        conn.execute(PARALLEL_MODES["parallel"])
+        plan = conn.execute("EXPLAIN (COSTS OFF) " + sql.format(t="p", a=snaps[0], b=snaps[-1])).fetchall()
+        plans[qname] = "Parallel Custom Scan" in "\n".join(r[0] for r in plan)
+    write_csv(b.out / "parallel.csv", samples)
+    res: dict = {"rows": rows, "pages": pages, "snapshots": n, "per_query": {}}
+    table = []
+    for qname in PARALLEL_QUERIES:
+        ser = med([s["ms"] for s in samples if (s["query"], s["mode"]) == (qname, "serial")])
+        par = med([s["ms"] for s in samples if (s["query"], s["mode"]) == (qname, "parallel")])
+        equal = results[(qname, "serial")] == results[(qname, "parallel")]
+        res["per_query"][qname] = {"serial_ms": ser, "parallel_ms": par, "ratio": round(par / ser, 3),
+                                   "parallel_plan": plans[qname], "results_equal": equal}
+        table.append([qname, f"{ser:.0f}", f"{par:.0f}", f"{par / ser:.2f}", plans[qname], equal])
+    log(md_table(["query", "serial ms", "parallel ms (2 workers)", "parallel / serial", "parallel plan",
+                  "same result"], table))
+    b.finish("parallel", res, c, [conn], lambda: None)
+
+
+BENCHMARKS = ["range", "diff", "parallel"]
 
 
 def main() -> int:
@@ -741,6 +803,7 @@ def main() -> int:
     ap.add_argument("--range-ns", help="comma-separated N of the range benchmark")
     ap.add_argument("--diff-rows", type=int)
     ap.add_argument("--diff-ks", help="comma-separated numbers of pages changed of the diff benchmark")
+    ap.add_argument("--parallel-rows", type=int)
     ap.add_argument("--shared-buffers", default="1GB")
     prof = ap.add_mutually_exclusive_group()
     prof.add_argument("--profile", action="store_true", help="perf profiles (default in a full run)")
@@ -752,6 +815,7 @@ def main() -> int:
     a.range_rows = a.range_rows or (100_000 if q else 300_000)
     a.range_ns = [int(x) for x in a.range_ns.split(",")] if a.range_ns else ([5, 10] if q else [5, 10, 20, 40])
     a.diff_rows = a.diff_rows or (400_000 if q else 2_000_000)
+    a.parallel_rows = a.parallel_rows or (300_000 if q else 2_000_000)
     a.diff_ks = [int(x) for x in a.diff_ks.split(",")] if a.diff_ks else (
         [1, 10, 100, 1000] if q else [1, 10, 100, 1000, 3000, 10000])
     do_profile = (a.profile or not q) and not a.no_profile and shutil.which("perf") is not None
@@ -760,7 +824,7 @@ def main() -> int:
     b.do_profile = do_profile
     b.keep_earlier(BENCHMARKS, only)
     b.summary["settings"] = {k: v for k, v in vars(a).items() if k != "out"}
-    return b.run([("range", bench_range), ("diff", bench_diff)], only)
+    return b.run([("range", bench_range), ("diff", bench_diff), ("parallel", bench_parallel)], only)
 
 
 if __name__ == "__main__":

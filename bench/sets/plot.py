@@ -6,7 +6,9 @@ Usage: plot.py RESULTS_DIR. Writes next to the CSV files:
               producing the same rows, the distinct-image bound and the 0.25 target (top),
               and the ratio range / N AS OF per N against the bound ratio (bottom);
   diff.png    gsnap_diff time vs pages changed between two adjacent snapshots (log-log), with
-              one full AS OF scan and 0.1 of it (the target) as horizontal lines.
+              one full AS OF scan and 0.1 of it (the target) as horizontal lines;
+  parallel.png  per query over 10 snapshots, the serial plan's time and the parallel plan's
+              (2 workers), each round as a point and the median as a bar.
 Each plot is skipped when its CSV is missing. Installs matplotlib with pip if it is missing.
 """
 import json
@@ -94,6 +96,30 @@ def plot_range(out):
     save(fig, out, "range.png")
 
 
+def plot_parallel(out):
+    data = rows(out, "parallel.csv")
+    if not data:
+        return
+    queries = []
+    for r in data:
+        if r["query"] not in queries:
+            queries.append(r["query"])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.38
+    for j, (mode, color) in enumerate((("serial", "tab:blue"), ("parallel", "tab:red"))):
+        for i, q in enumerate(queries):
+            ms = [float(r["ms"]) / 1000 for r in data if (r["query"], r["mode"]) == (q, mode)]
+            x = i + (j - 0.5) * width
+            ax.bar(x, statistics.median(ms), width, color=color, alpha=0.6,
+                   label=(f"{mode} plan" + (" (2 workers)" if mode == "parallel" else "")) if i == 0 else None)
+            ax.plot([x] * len(ms), ms, "k.", markersize=4)
+    ax.set_xticks(range(len(queries)), queries)
+    ax.set_ylabel("seconds (bars: median; dots: rounds)")
+    ax.set_title("gsnap_range / gsnap_versions over 10 snapshots of 2M rows: serial vs parallel")
+    ax.legend()
+    save(fig, out, "parallel.png")
+
+
 def plot_diff(out):
     data = rows(out, "diff.csv")
     if not data:
@@ -139,4 +165,4 @@ def plot_diff(out):
 
 
 if __name__ == "__main__":
-    main(__file__, [plot_range, plot_diff])
+    main(__file__, [plot_range, plot_diff, plot_parallel])
