@@ -3,14 +3,16 @@
 //! 1. ACCESS SHARE session locks on every gsnap table, without waiting: if one is taken by
 //!    a rewrite or DROP in progress, the declaration is postponed (never declared in the
 //!    middle of one) and retried by the main loop;
-//! 2. the MVCC snapshot, registered until the capture is durable;
+//! 2. the MVCC snapshot, registered until the last page of the span is read;
 //! 3. the WAL insert LSN, then each table's storage identity, size and row type (after the
 //!    snapshot, so a block extended before it is within the recorded size);
 //! 4. only then the switch to a fresh dirty set: a write recorded before the switch is in
 //!    this snapshot's span, one recorded after it in the next.
 //!
-//! Then the declaration is made durable in the store and the snapshot joins the capture
-//! queue. Writers never wait for any of this.
+//! Then the declaration is made durable in the store and answered; only after the answer is
+//! the retired dirty set read into the span's pages (a set of a million slots takes about
+//! half a millisecond to read), and the snapshot joins the capture queue. Writers never
+//! wait for any of this.
 
 use super::catalog::{self, TableInfo};
 use super::restart::{RestartBase, Resumed};
@@ -258,21 +260,27 @@ impl Worker {
             // SAFETY: a short sleep while a writer finishes recording.
             unsafe { pg_sys::pg_usleep(10) }
         });
-        let drained = dirty.drain(retired);
-        if drained.overflowed_relations > 0 || drained.all_full {
-            let tables = if drained.all_full {
-                "every table".to_string()
-            } else {
-                format!("{} table(s)", drained.overflowed_relations)
-            };
-            pgrx::warning!(
-                "gsnap: written pages of {tables} did not fit the dirty set \
-                 (gsnap.max_dirty_pages = {}); they are captured completely",
-                crate::gucs::MAX_DIRTY_PAGES.get()
-            );
-        }
-        let mut pages = CarryForward::from_drained(drained);
-        pages.absorb(std::mem::take(&mut self.span_leftover));
+        // The retired set is read once the declaration is answered (below): it only tells the
+        // capture which pages to read (and which tables overflowed it, captured in full),
+        // and no other span begins before this function returns.
+        let drain = |leftover: &mut CarryForward| {
+            let drained = dirty.drain(retired);
+            if drained.overflowed_relations > 0 || drained.all_full {
+                let tables = if drained.all_full {
+                    "every table".to_string()
+                } else {
+                    format!("{} table(s)", drained.overflowed_relations)
+                };
+                pgrx::warning!(
+                    "gsnap: written pages of {tables} did not fit the dirty set \
+                     (gsnap.max_dirty_pages = {}); they are captured completely",
+                    crate::gucs::MAX_DIRTY_PAGES.get()
+                );
+            }
+            let mut pages = CarryForward::from_drained(drained);
+            pages.absorb(std::mem::take(leftover));
+            pages
+        };
 
         // The requests this snapshot answers: one with a label or rank, or all without.
         let batch: Vec<PendingDeclare> = if self.pending[0].shares() {
@@ -286,7 +294,7 @@ impl Worker {
         };
         let label = batch[0].label.clone();
         let explicit = Rank(batch[0].rank.unwrap_or(0));
-        match self.record(&store, &prepared, &pages, label, explicit) {
+        match self.record(&store, &prepared, label, explicit) {
             Ok((snap, tables)) => {
                 let export = if batch.iter().any(|p| p.export) {
                     // SAFETY: at the top level of the worker's transaction (exporting from a
@@ -297,6 +305,14 @@ impl Worker {
                 } else {
                     None
                 };
+                for p in batch {
+                    match p.slot {
+                        Some(s) if p.wait => self.durable_waiters.push((s, snap)),
+                        Some(s) => answer_snapshot(s, snap, export.as_deref()),
+                        None => {}
+                    }
+                }
+                let pages = drain(&mut self.span_leftover);
                 self.queue.push_back(Declared {
                     snap,
                     mvcc: Some(mvcc),
@@ -307,18 +323,11 @@ impl Worker {
                 });
                 shmem::progress().set_queued(self.queue.len() as u32);
                 self.listing_changed();
-                for p in batch {
-                    match p.slot {
-                        Some(s) if p.wait => self.durable_waiters.push((s, snap)),
-                        Some(s) => answer_snapshot(s, snap, export.as_deref()),
-                        None => {}
-                    }
-                }
             }
             Err(e) => {
                 self.note_store_error(&e);
                 release(&locked, Some(mvcc));
-                self.span_leftover = pages;
+                self.span_leftover = drain(&mut self.span_leftover);
                 let message = format!("could not declare a snapshot: {}", e.message());
                 pgrx::warning!("{message}");
                 let error = WorkerError::new(super::code_of(&e), message);
@@ -335,7 +344,6 @@ impl Worker {
         &mut self,
         store: &Store,
         p: &Prepared,
-        pages: &CarryForward,
         label: Option<String>,
         explicit: Rank,
     ) -> Result<(u64, Vec<DeclaredTable>), StoreError> {
@@ -365,14 +373,9 @@ impl Worker {
                 .as_ref()
                 .and_then(|b| b.resume(t.relid, t.relfilenode, t.logged));
             let (rel, mode) = match (previous, &resumed) {
-                (Some(k), _) if !self.fresh_start => {
-                    let mode = if pages.needs_full(t.relid) {
-                        Mode::Rescan
-                    } else {
-                        Mode::Incremental
-                    };
-                    (k.rel, mode)
-                }
+                // Its written pages; all of them if they overflowed the dirty set
+                // (`start_capture` asks the span's pages).
+                (Some(k), _) if !self.fresh_start => (k.rel, Mode::Incremental),
                 (_, Some(r)) => (r.rel, Mode::Rescan),
                 _ => {
                     let rel = store.allocate_rel(&RelIncarnation {
