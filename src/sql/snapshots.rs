@@ -21,7 +21,8 @@ fn lsn_text(lsn: u64) -> String {
 }
 
 /// Declares a snapshot of every gsnap table and returns its id. With `wait` (the default)
-/// it returns once the snapshot's capture is durable; without, right after declaration.
+/// it returns once the snapshot's capture is durable; without, right after declaration (a
+/// crash before the capture is durable then loses the snapshot; its id is not reused).
 /// `label` names it (`gsnap_snapshots()` shows it); `rank` raises its rank at once, so the
 /// retention policy keeps it as a member of its periods up to that rank (`daily`: as long
 /// as the day it was taken is kept).

@@ -330,6 +330,14 @@ impl Worker {
         // A capture in flight stops here (phase two's thread first); the store finishes it at
         // its next open.
         self.job = None;
+        // The snapshot ids leased and not handed out are given back, so a clean restart
+        // goes on without a gap (this synced write also makes every declaration durable).
+        if let Some(Err(e)) = self.store.as_ref().map(|s| s.give_back_leases()) {
+            log!(
+                "gsnap: could not give back the snapshot id lease: {}",
+                e.message()
+            );
+        }
         log!("gsnap worker stopping");
     }
 

@@ -70,8 +70,13 @@ pub struct Capture<B: KvBackend> {
 }
 
 impl<B: KvBackend> SnapshotStore<B> {
-    /// Declares a snapshot: its id and declaration are durable when this returns, its
-    /// capture is begun later with [`SnapshotStore::begin_capture`].
+    /// Declares a snapshot; its capture is begun later with [`SnapshotStore::begin_capture`].
+    ///
+    /// The declaration is written without waiting for the disk: it becomes durable with the
+    /// next synced write (at the latest its capture's commit, or any deletion, pin or
+    /// declaration lease), so a declaration never waits for the capture data written before
+    /// it to reach the disk. A crash before that loses the snapshot (it is absent, never half
+    /// present), and its id, taken from a synced lease, is never handed out again.
     ///
     /// Errors: InvalidArgument if the declaration names an unknown relation incarnation or
     /// row type, or the same relation twice.
@@ -110,8 +115,8 @@ impl<B: KvBackend> SnapshotStore<B> {
                 )));
             }
         }
+        let snap = SnapId(self.alloc_leased(&mut ids, Counter::Snap)?);
         let mut batch = WriteBatch::new();
-        let snap = SnapId(self.alloc_in_batch(&mut ids, Counter::Snap, &mut batch));
         let info = SnapshotInfo {
             id: snap,
             state: SnapshotState::Capturing,
@@ -128,7 +133,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             &records::encode_snapshot(&info),
         );
         batch.put(Cf::Catalog, &keys::capturing_key(snap), &[]);
-        self.backend.write(&batch, true)?;
+        self.backend.write(&batch, false)?;
         let mut cat = self.catalog_mut();
         cat.snaps.insert(
             snap,

@@ -12,9 +12,10 @@
 //!   committed has had its carried pages removed and is marked failed (its mappings never
 //!   reached the mapping log, which only a commit writes);
 //! - every id the store hands out is below the persisted counter of its kind, durably, before
-//!   it is handed out (ids of images and TOAST values through a synced lease, the others
-//!   through the synced batch that records them), so no id is ever handed out twice, crash or
-//!   not.
+//!   it is handed out (ids of snapshots, images and TOAST values through a synced lease, the
+//!   others through the synced batch that records them), so no id is ever handed out twice,
+//!   crash or not. A clean close gives back what is left of the snapshot ids' lease
+//!   (`give_back_leases`), so snapshot ids run on without a gap across clean restarts.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -43,6 +44,10 @@ pub struct StoreOptions {
     pub max_batch_bytes: usize,
     /// How many image or TOAST ids one synced counter update reserves.
     pub id_lease: u64,
+    /// How many snapshot ids one synced counter update reserves (a declaration's own write
+    /// is not synced: see [`SnapshotStore::declare`]). After a crash the rest of the lease
+    /// is skipped, as PostgreSQL's sequences skip their cached values.
+    pub snap_id_lease: u64,
     /// The version of what the caller stores in images, row types and groups (opaque to the
     /// store). Recorded when the store is created; opening a store recorded with another
     /// version is refused (Incompatible), unless it is an older one the caller still reads
@@ -59,13 +64,15 @@ pub struct StoreOptions {
 
 impl StoreOptions {
     /// Options for the cluster `system_identifier`, creating the store if needed, with the
-    /// default batch size (4 MiB) and id lease (65536).
+    /// default batch size (4 MiB) and id leases (65536 images or TOAST values, 32
+    /// snapshots).
     pub fn new(system_identifier: u64) -> Self {
         StoreOptions {
             system_identifier,
             create: true,
             max_batch_bytes: 4 << 20,
             id_lease: 1 << 16,
+            snap_id_lease: 32,
             content_version: 0,
             oldest_content_version: 0,
             mapping_log: SkippyConfig::default(),
@@ -223,9 +230,32 @@ impl<B: KvBackend> SnapshotStore<B> {
         &self.backend
     }
 
-    /// Closes the store, returning its backend. Panics if another handle of the store is
-    /// still alive (every capture and log reader holds one).
+    /// Gives back the snapshot ids leased and not handed out: the counter is written down to
+    /// the next id (synced), so that the next open goes on from there instead of skipping the
+    /// lease. Safe at any time (nothing at or above that id was handed out, and the next
+    /// declaration leases again); the worker calls it when it stops cleanly. Errors: the
+    /// backend's (the lease is then skipped after a restart, as after a crash).
+    pub fn give_back_leases(&self) -> Result<()> {
+        let mut ids = self.lock_ids();
+        let i = slot(Counter::Snap);
+        if ids.next[i] < ids.durable[i] {
+            let mut b = WriteBatch::new();
+            b.put(
+                Cf::Meta,
+                &keys::counter_key(Counter::Snap),
+                &ids.next[i].to_be_bytes(),
+            );
+            self.backend.write(&b, true)?;
+            ids.durable[i] = ids.next[i];
+        }
+        Ok(())
+    }
+
+    /// Closes the store (giving back its snapshot id lease if it can), returning its backend.
+    /// Panics if another handle of the store is still alive (every capture and log reader
+    /// holds one).
     pub fn into_backend(self) -> B {
+        let _ = self.give_back_leases();
         match Arc::try_unwrap(self.0) {
             Ok(state) => state.backend,
             Err(_) => panic!("the store is closed while other handles of it are alive"),
@@ -376,12 +406,17 @@ impl<B: KvBackend> SnapshotStore<B> {
         self.catalog.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Allocates an image or TOAST id. If the id is not yet covered by the persisted counter,
-    /// first persists (synced) a counter `id_lease` ids further.
+    /// Allocates a snapshot, image or TOAST id. If the id is not yet covered by the persisted
+    /// counter, first persists (synced) a counter a lease further (`snap_id_lease` for
+    /// snapshots, `id_lease` for the others).
     pub(crate) fn alloc_leased(&self, ids: &mut IdAllocator, c: Counter) -> Result<u64> {
         let i = slot(c);
         if ids.next[i] >= ids.durable[i] {
-            let limit = ids.next[i] + self.options.id_lease.max(1);
+            let lease = match c {
+                Counter::Snap => self.options.snap_id_lease,
+                _ => self.options.id_lease,
+            };
+            let limit = ids.next[i] + lease.max(1);
             let mut b = WriteBatch::new();
             b.put(Cf::Meta, &keys::counter_key(c), &limit.to_be_bytes());
             self.backend.write(&b, true)?;
@@ -392,7 +427,7 @@ impl<B: KvBackend> SnapshotStore<B> {
         Ok(id)
     }
 
-    /// Allocates a snapshot, relation or row type id and adds the updated counter to
+    /// Allocates a relation or row type id and adds the updated counter to
     /// `batch`, which the caller must write synced (while still holding `ids`) before handing
     /// the id out.
     pub(crate) fn alloc_in_batch(

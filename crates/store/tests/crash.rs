@@ -3,7 +3,8 @@
 //! A scenario (row type, relations, four captures of which one aborts, a deletion) is run
 //! once to count its writes, then once per write with a simulated crash at that write. The
 //! disk a crash leaves (synced prefix, plus 0, 1 or all unsynced batches) is reopened and
-//! checked: every snapshot is complete or absent (failed), no mapping of an uncommitted
+//! checked: every snapshot is complete or absent (failed; or gone, if its unsynced
+//! declaration did not reach the disk), no mapping of an uncommitted
 //! snapshot is in the mapping log, page tables equal the model, ids are never reused, the
 //! dedup index is consistent. The mapping log has tiny nodes here, so commits fill nodes and
 //! grow its Skippy levels. Recovery itself is crashed at each of its writes too. Finally, "no
@@ -123,11 +124,21 @@ fn verify_after_crash(disk: MemBackend, log: &Log, what: &str) {
         };
         assert_eq!(s.state, want, "{what}: state of {}", s.id);
     }
-    for s in &log.begun {
+    // A declaration is written unsynced: it is on the disk a crash leaves if a synced write
+    // followed it (its commit, the next id lease, a deletion) or the unsynced batches kept
+    // reach it. So the snapshots that survive are the first ones declared, and every
+    // committed one is among them.
+    let survived = log
+        .begun
+        .iter()
+        .take_while(|s| listed.iter().any(|l| l.id == **s))
+        .count();
+    for s in &log.begun[survived..] {
         assert!(
-            listed.iter().any(|l| l.id == *s),
-            "{what}: begun (durably declared) {s} vanished"
+            !listed.iter().any(|l| l.id == *s),
+            "{what}: {s} survived the crash, an earlier declaration did not"
         );
+        assert!(!log.committed.contains(s), "{what}: committed {s} vanished");
     }
     for snap in log.committed.iter().filter(|s| !log.deleted.contains(s)) {
         let table = store.page_table(*snap).unwrap();
@@ -358,4 +369,48 @@ fn no_space_mid_capture_then_abort() {
     cap.add_mapping(page_key(rels[0], 0), id).unwrap();
     cap.commit().unwrap();
     check_invariants(&store);
+}
+
+#[test]
+fn a_declaration_lost_in_a_crash_leaves_its_id_unused_and_a_clean_close_no_gap() {
+    let store =
+        SnapshotStore::open(FaultyBackend::new(MemBackend::new()).unwrap(), options()).unwrap();
+    let rt = store.put_row_type(b"row type (a int)").unwrap();
+    let rel = store
+        .allocate_rel(&RelIncarnation {
+            pg_relid: 16384,
+            relfilenode: 20000,
+            name: "public.t".into(),
+        })
+        .unwrap();
+    let first = store.declare(decl_for(&[rel], 1, rt, 1)).unwrap();
+    let lost = store.declare(decl_for(&[rel], 1, rt, 2)).unwrap();
+    // The first declaration leased ids (synced); neither declaration's own write is synced:
+    // a crash that keeps the first one's loses the second.
+    assert_eq!(store.backend().unsynced_batches(), 2);
+    let disk = store.backend().disk_after_crash(1);
+    let store = SnapshotStore::open(disk, options()).unwrap();
+    let ids: Vec<SnapId> = store.snapshots().unwrap().iter().map(|s| s.id).collect();
+    assert_eq!(
+        ids,
+        vec![first],
+        "the unsynced declaration is gone, the first one failed"
+    );
+    let next = store.declare(decl_for(&[rel], 1, rt, 3)).unwrap();
+    assert!(next > lost, "{lost} handed out again");
+    assert_eq!(
+        next.0,
+        first.0 + options().snap_id_lease,
+        "the rest of the crashed lease is skipped"
+    );
+    // A clean close gives the rest of the lease back: ids go on without a gap.
+    let before = store.declare(decl_for(&[rel], 1, rt, 4)).unwrap();
+    let disk = FaultyBackend::new(store.into_backend()).unwrap();
+    let store = SnapshotStore::open(disk, options()).unwrap();
+    let after = store.declare(decl_for(&[rel], 1, rt, 5)).unwrap();
+    assert_eq!(after.0, before.0 + 1);
+    // and a later crash still never reuses one: the lease was taken again, synced
+    let disk = store.backend().disk_after_crash(0);
+    let store = SnapshotStore::open(disk, options()).unwrap();
+    assert!(store.declare(decl_for(&[rel], 1, rt, 6)).unwrap().0 > after.0);
 }
