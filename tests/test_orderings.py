@@ -527,3 +527,62 @@ def test_progress_shows_a_capture_in_flight_as_capturing(ocluster):
         finally:
             set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
         conn.execute("SELECT count(*) FROM gsnap_asof(NULL::prog, %s)", (second,))
+
+
+def test_progress_shows_how_far_the_last_capture_dipped_the_writes():
+    """gsnap_progress().worst_second: the lowest rate of write transactions in any second of
+    the last capture, over the median rate of the minute before it. Unknown (NULL) when the
+    database hardly wrote before the capture; about 1 under steady writes the capture does not
+    disturb; near 0 when the writes stopped while the capture ran."""
+    gen = gsnap_cluster("worst-second")
+    c = next(gen)
+    try:
+        with c.connect() as conn:
+            conn.execute("CREATE TABLE ws (id int PRIMARY KEY, v int) USING gsnap")
+            conn.execute("CREATE TABLE ws_log (t timestamptz)")
+            conn.execute("INSERT INTO ws SELECT g, 0 FROM generate_series(1, 1000) g")
+            # idle: no ratio
+            time.sleep(7)
+            conn.execute("SELECT gsnap_snapshot()")
+            time.sleep(2.5)
+            assert progress(conn)["worst_second"] is None
+
+            writing, stop = threading.Event(), threading.Event()
+            writing.set()
+
+            def writer():
+                with c.connect() as w:
+                    while not stop.is_set():
+                        if writing.is_set():
+                            w.execute("INSERT INTO ws_log VALUES (now())")
+                        time.sleep(0.005)
+
+            t = threading.Thread(target=writer)
+            t.start()
+            try:
+                time.sleep(9)
+                # steady writes, an ordinary capture: no real dip
+                conn.execute("UPDATE ws SET v = v + 1 WHERE id % 10 = 0")
+                conn.execute("SELECT gsnap_snapshot()")
+                steady = wait_until(lambda: progress(conn)["worst_second"], 10,
+                                    "a worst second for the capture under steady writes")
+                assert 0.3 < steady < 3, f"worst second {steady} under steady writes"
+                # the writes stop for 3 s while a capture (held open 4 s before its commit) runs
+                set_settings(conn, debug_commit_pause_ms="4s")
+                try:
+                    snap = conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
+                    writing.clear()
+                    time.sleep(3)
+                    writing.set()
+                    wait_until(lambda: progress(conn)["last_durable"] == snap, 30,
+                               f"snapshot {snap} to be durable")
+                finally:
+                    set_settings(conn, debug_commit_pause_ms=None)
+                dipped = wait_until(lambda: (lambda w: w is not None and w != steady and w)(
+                    progress(conn)["worst_second"]), 10, "the worst second of the stalled capture")
+                assert dipped < 0.2, f"worst second {dipped} while the writes stopped for 3 s"
+            finally:
+                stop.set()
+                t.join()
+    finally:
+        gen.close()

@@ -149,6 +149,9 @@ pub struct ProgressShared {
     /// How long the last capture whose pages were all read held its MVCC snapshot (µs from
     /// declaration; 0: none yet).
     last_horizon_held_us: AtomicI64,
+    /// The worst second of the last capture that ended (`worker::disturbance`), in parts per
+    /// million of the rate before it; -1: unknown (too few writes before it); 0: none yet.
+    last_worst_second_ppm: AtomicI64,
     /// Pages of the capture in flight stored as they were read, the copies' memory
     /// (gsnap.capture_memory) being full.
     pages_beyond_memory: AtomicU64,
@@ -182,6 +185,7 @@ pub struct Progress {
     pub last_durable: i64,
     pub last_durable_at_us: i64,
     pub last_horizon_held_us: i64,
+    pub last_worst_second_ppm: i64,
     pub pages_beyond_memory: u64,
     pub pages_to_store: u64,
     pub reclaim_snapshot: i64,
@@ -208,6 +212,7 @@ impl ProgressShared {
             last_durable: self.last_durable.load(Relaxed),
             last_durable_at_us: self.last_durable_at_us.load(Relaxed),
             last_horizon_held_us: self.last_horizon_held_us.load(Relaxed),
+            last_worst_second_ppm: self.last_worst_second_ppm.load(Relaxed),
             pages_beyond_memory: self.pages_beyond_memory.load(Relaxed),
             pages_to_store: self.pages_to_store.load(Relaxed),
             reclaim_snapshot: self.reclaim_snapshot.load(Relaxed),
@@ -285,6 +290,12 @@ impl ProgressShared {
     /// declaration.
     pub fn horizon_released(&self, held_us: i64) {
         self.last_horizon_held_us.store(held_us.max(1), Relaxed);
+    }
+
+    /// The worst second of the last capture that ended: the ratio, or None if unknown.
+    pub fn worst_second(&self, ratio: Option<f64>) {
+        let ppm = ratio.map_or(-1, |r| ((r * 1e6).round() as i64).max(1));
+        self.last_worst_second_ppm.store(ppm, Relaxed);
     }
 
     /// Snapshot `snapshot` became durable.

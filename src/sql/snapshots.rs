@@ -248,6 +248,7 @@ fn gsnap_progress() -> TableIterator<
         name!(horizon_held_ms, Option<f64>),
         name!(pages_beyond_memory, i64),
         name!(pages_to_store, i64),
+        name!(worst_second, Option<f64>),
     ),
 > {
     crate::require_preloaded();
@@ -281,6 +282,7 @@ fn gsnap_progress() -> TableIterator<
         (p.last_horizon_held_us > 0).then(|| p.last_horizon_held_us as f64 / 1000.0),
         p.pages_beyond_memory as i64,
         p.pages_to_store as i64,
+        (p.last_worst_second_ppm > 0).then(|| p.last_worst_second_ppm as f64 / 1e6),
     ))
 }
 

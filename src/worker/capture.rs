@@ -338,6 +338,8 @@ impl Worker {
                     info.stats.new_images,
                 );
                 p.durable(decl.snap as i64, decl.declared_at_us);
+                self.write_rates
+                    .capture_ended(decl.declared_at_us, super::catalog::now_unix_us());
                 p.set_phase(Phase::Idle);
                 self.snapshot_committed(decl.snap, shares_older);
                 self.notify_durable(decl.snap, None);

@@ -11,6 +11,7 @@ mod capture;
 mod catalog;
 mod declare;
 mod definition;
+mod disturbance;
 mod index;
 mod lifetimes;
 mod memory;
@@ -194,6 +195,8 @@ pub(crate) struct Worker {
     capture_awaited: Option<u64>,
     /// Freed capture memory kept between captures (`memory.rs`).
     heap: memory::Heap,
+    /// Write transactions per second around captures (`gsnap_progress().worst_second`).
+    write_rates: disturbance::WriteRates,
     /// When the worker last warned that captures fall behind the interval.
     behind_warned: Option<Instant>,
     /// Serialized answers (catalog listings) by key, rebuilt when the catalog changes.
@@ -270,6 +273,7 @@ impl Worker {
             next_periodic: None,
             behind_warned: None,
             heap: memory::Heap::new(),
+            write_rates: disturbance::WriteRates::default(),
             capture_awaited: None,
             answers: HashMap::new(),
             retention_due: Instant::now(),
@@ -292,6 +296,16 @@ impl Worker {
             release_kept: true,
             replaced_groups: Vec::new(),
             group_spans: HashMap::new(),
+        }
+    }
+
+    /// Reads the next transaction id (at most once a second) and publishes the worst second
+    /// of the captures that reading completes.
+    fn read_write_rate(&mut self) {
+        // SAFETY: reads the transaction id counter under its lock; no transaction needed.
+        let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
+        for worst in self.write_rates.read(catalog::now_unix_us(), next) {
+            shmem::progress().worst_second(worst);
         }
     }
 
@@ -320,6 +334,7 @@ impl Worker {
             self.close_broken_store();
             self.release_transaction_if_idle();
             self.heap.tick(self.job.is_some() || !self.queue.is_empty());
+            self.read_write_rate();
             let timeout = if busy || !self.pending.is_empty() && self.store.is_some() {
                 Duration::from_millis(if busy { 0 } else { 20 })
             } else {
