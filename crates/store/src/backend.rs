@@ -90,6 +90,13 @@ impl WriteBatch {
         });
     }
 
+    /// Empties the batch, keeping its room for the next one (a capture writes many batches
+    /// of about the same size).
+    pub fn clear(&mut self) {
+        self.ops.clear();
+        self.bytes = 0;
+    }
+
     /// The operations, in order.
     pub fn ops(&self) -> &[BatchOp] {
         &self.ops

@@ -560,8 +560,8 @@ impl<B: KvBackend> Capture<B> {
         if self.batch.size_bytes() < self.store.options.max_batch_bytes {
             return Ok(());
         }
-        let batch = std::mem::take(&mut self.batch);
-        let r = self.store.backend.write(&batch, false);
+        let r = self.store.backend.write(&self.batch, false);
+        self.batch.clear();
         self.poison_on_error(r)?;
         self.pending_images.clear();
         self.pending_toast.clear();
