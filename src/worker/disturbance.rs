@@ -32,18 +32,19 @@ pub struct WriteRates {
 }
 
 impl WriteRates {
-    /// Notes the next transaction id `next_xid` read at `now_us`, unless the last reading is
-    /// less than a second old. Returns the worst second of each capture this reading
-    /// completes (its intervals are all read), oldest first: Some(ratio), or None when the
-    /// baseline is unknown.
-    pub fn read(&mut self, now_us: i64, next_xid: u64) -> Vec<Option<f64>> {
-        if self
-            .readings
+    /// True if a reading is due at `now_us` (the last one is a second old). The worker's loop
+    /// may turn thousands of times a second while it captures: the transaction id counter
+    /// (whose lock every writer takes) is read only when a reading is due.
+    pub fn due(&self, now_us: i64) -> bool {
+        self.readings
             .back()
-            .is_some_and(|&(t, _)| now_us - t < SAMPLE_US)
-        {
-            return Vec::new();
-        }
+            .is_none_or(|&(t, _)| now_us - t >= SAMPLE_US)
+    }
+
+    /// Notes the next transaction id `next_xid` read at `now_us` (when [`WriteRates::due`]).
+    /// Returns the worst second of each capture this reading completes (its intervals are
+    /// all read), oldest first: Some(ratio), or None when the baseline is unknown.
+    pub fn read(&mut self, now_us: i64, next_xid: u64) -> Vec<Option<f64>> {
         self.readings.push_back((now_us, next_xid));
         while self
             .readings

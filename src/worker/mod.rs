@@ -302,9 +302,13 @@ impl Worker {
     /// Reads the next transaction id (at most once a second) and publishes the worst second
     /// of the captures that reading completes.
     fn read_write_rate(&mut self) {
+        let now = catalog::now_unix_us();
+        if !self.write_rates.due(now) {
+            return;
+        }
         // SAFETY: reads the transaction id counter under its lock; no transaction needed.
         let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
-        for worst in self.write_rates.read(catalog::now_unix_us(), next) {
+        for worst in self.write_rates.read(now, next) {
             shmem::progress().worst_second(worst);
         }
     }
