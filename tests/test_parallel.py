@@ -73,6 +73,25 @@ def worker_rows(explain: str, node: str = "gsnap AS OF") -> list[int]:
     return found
 
 
+JOIN_METHODS = ["enable_hashjoin", "enable_mergejoin", "enable_material", "enable_memoize"]
+
+
+def rescanned_under_a_nested_loop(conn, outer: str) -> None:
+    """Joins plan as nested loops that scan their inner side again for each row of `outer`, a
+    temporary table of the rows 1, 2, 3 (a temporary table keeps the join itself in the
+    leader); undone by `reset_join_methods`."""
+    for s in JOIN_METHODS:
+        conn.execute(f"SET {s} = off")
+    conn.execute(f"CREATE TEMP TABLE {outer} (k int)")
+    conn.execute(f"INSERT INTO {outer} VALUES (1), (2), (3)")
+    conn.execute(f"ANALYZE {outer}")
+
+
+def reset_join_methods(conn) -> None:
+    for s in JOIN_METHODS:
+        conn.execute(f"RESET {s}")
+
+
 def make_table(conn, name: str, n: int, dropped: bool) -> None:
     junk = ", junk int" if dropped else ""
     conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY{junk}, v int, note text) USING gsnap")
@@ -164,12 +183,7 @@ def test_a_rescanned_gather_reads_the_snapshot_again(conn):
     truth = rows(conn, f"SELECT id, v FROM {t}")
     conn.execute(f"UPDATE {t} SET v = -v")
     parallel(conn)
-    for s in ["SET enable_hashjoin = off", "SET enable_mergejoin = off", "SET enable_material = off",
-              "SET enable_memoize = off"]:
-        conn.execute(s)
-    conn.execute("CREATE TEMP TABLE par_outer (k int)")
-    conn.execute("INSERT INTO par_outer VALUES (1), (2), (3)")
-    conn.execute("ANALYZE par_outer")
+    rescanned_under_a_nested_loop(conn, "par_outer")
     try:
         q = (f"SELECT o.k, a.id, a.v FROM par_outer o "
              f"JOIN gsnap_asof(NULL::{t}, {snap}) a ON a.id % 3 = o.k - 1")
@@ -182,8 +196,7 @@ def test_a_rescanned_gather_reads_the_snapshot_again(conn):
             expected[(id_ % 3 + 1, id_, v)] += c
         assert got == expected
     finally:
-        for s in ["enable_hashjoin", "enable_mergejoin", "enable_material", "enable_memoize"]:
-            conn.execute(f"RESET {s}")
+        reset_join_methods(conn)
 
 
 def test_parallel_workers_apply_the_readers_privileges_and_policies(conn):
@@ -355,12 +368,7 @@ def test_a_rescanned_gather_reads_the_range_again(conn):
     truth = rows(conn, f"SELECT snap_id, (rec).id, (rec).v FROM gsnap_range(NULL::{t}, {a}, {b})")
     assert sum(truth.values()) == 40000
     parallel(conn)
-    for s in ["SET enable_hashjoin = off", "SET enable_mergejoin = off", "SET enable_material = off",
-              "SET enable_memoize = off"]:
-        conn.execute(s)
-    conn.execute("CREATE TEMP TABLE par_range_outer (k int)")
-    conn.execute("INSERT INTO par_range_outer VALUES (1), (2), (3)")
-    conn.execute("ANALYZE par_range_outer")
+    rescanned_under_a_nested_loop(conn, "par_range_outer")
     try:
         q = (f"SELECT o.k, r.snap_id, (r.rec).id, (r.rec).v FROM par_range_outer o "
              f"JOIN gsnap_range(NULL::{t}, {a}, {b}) r ON (r.rec).id % 3 = o.k - 1")
@@ -372,8 +380,7 @@ def test_a_rescanned_gather_reads_the_range_again(conn):
             expected[(id_ % 3 + 1, snap, id_, v)] += c
         assert rows(conn, q) == expected
     finally:
-        for s in ["enable_hashjoin", "enable_mergejoin", "enable_material", "enable_memoize"]:
-            conn.execute(f"RESET {s}")
+        reset_join_methods(conn)
 
 
 def test_partitioned_tables_stay_serial(conn):

@@ -95,15 +95,8 @@ unsafe extern "C-unwind" fn initialize_shared(
     };
     // SAFETY: our node.
     let snap = unsafe { scan.table.snapshot_argument(css, 0) };
-    let shared = coordinate.cast::<SharedBlocks>();
-    // SAFETY: `coordinate` is the node's share of the parallel query's shared memory, of the
-    // size estimate_shared asked for, suitably aligned (shm_toc allocations are MAXALIGNed);
-    // it lives until the parallel query ends, after the node stops reading.
-    let shared: &'static SharedBlocks = unsafe {
-        shared.write(SharedBlocks::new(snap));
-        &*shared
-    };
-    scan.shared = Some(shared);
+    // SAFETY: PostgreSQL's share for this node, of the size estimate_shared asked for.
+    scan.shared = Some(unsafe { node::place_shared(coordinate, SharedBlocks::new(snap)) });
     scan.rows = None;
 }
 
@@ -116,9 +109,8 @@ unsafe extern "C-unwind" fn attach_shared(
 ) {
     // SAFETY: PostgreSQL passes our begun node's state.
     if let Some(scan) = unsafe { node::node_of::<AsofScan>(css) } {
-        // SAFETY: the shared state the leader initialized (initialize_shared), which lives
-        // until the parallel query ends.
-        scan.shared = Some(unsafe { &*coordinate.cast::<SharedBlocks>() });
+        // SAFETY: the shared state the leader initialized (initialize_shared).
+        scan.shared = Some(unsafe { node::shared_at(coordinate) });
     }
 }
 

@@ -131,6 +131,33 @@ pub(super) struct ParallelMethods {
     ),
 }
 
+/// Writes a parallel scan's shared state `shared` at `coordinate` (the leader, in
+/// `initialize`) and returns it.
+///
+/// # Safety
+/// `coordinate` is the node's share of the parallel query's dynamic shared memory, of the
+/// size its `estimate` asked for (`size_of::<S>()`), suitably aligned (shm_toc allocations
+/// are MAXALIGNed); it lives until the parallel query ends, after the node stops reading.
+pub(super) unsafe fn place_shared<S>(coordinate: *mut c_void, shared: S) -> &'static S {
+    let at = coordinate.cast::<S>();
+    // SAFETY: the caller's promise.
+    unsafe {
+        at.write(shared);
+        &*at
+    }
+}
+
+/// The shared state the leader placed at `coordinate` ([`place_shared`]), as a worker sees it
+/// (in `attach`).
+///
+/// # Safety
+/// `coordinate` is what `initialize` was given, initialized by [`place_shared`]; it lives
+/// until the parallel query ends.
+pub(super) unsafe fn shared_at<S>(coordinate: *mut c_void) -> &'static S {
+    // SAFETY: the caller's promise.
+    unsafe { &*coordinate.cast::<S>() }
+}
+
 impl<N> ExecMethods<N> {
     /// These methods with `parallel`'s callbacks: the leader initializes the shared state
     /// before the first scan and before each rescan.

@@ -99,15 +99,8 @@ unsafe extern "C-unwind" fn initialize_shared(
         )
     };
     let shared = SharedRange::new(scan.table.relid, from, to);
-    let at = coordinate.cast::<SharedRange>();
-    // SAFETY: `coordinate` is the node's share of the parallel query's shared memory, of the
-    // size estimate_shared asked for, suitably aligned (shm_toc allocations are MAXALIGNed);
-    // it lives until the parallel query ends, after the node stops reading.
-    let shared: &'static SharedRange = unsafe {
-        at.write(shared);
-        &*at
-    };
-    scan.shared = Some(shared);
+    // SAFETY: PostgreSQL's share for this node, of the size estimate_shared asked for.
+    scan.shared = Some(unsafe { node::place_shared(coordinate, shared) });
     scan.reset();
 }
 
@@ -120,9 +113,8 @@ unsafe extern "C-unwind" fn attach_shared(
 ) {
     // SAFETY: PostgreSQL passes our begun node's state.
     if let Some(scan) = unsafe { node::node_of::<RangeScan>(css) } {
-        // SAFETY: the shared state the leader initialized (initialize_shared), which lives
-        // until the parallel query ends.
-        scan.shared = Some(unsafe { &*coordinate.cast::<SharedRange>() });
+        // SAFETY: the shared state the leader initialized (initialize_shared).
+        scan.shared = Some(unsafe { node::shared_at(coordinate) });
     }
 }
 
