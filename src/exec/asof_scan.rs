@@ -14,7 +14,7 @@
 //! ([`SharedBlocks`]); every participant (the leader too) reads the blocks it takes from the
 //! cursor, so the rows are those of one snapshot, each read once.
 
-use super::node::{self, ExecMethods, ParallelMethods, ScanNode};
+use super::node::{self, ExecMethods, ParallelNode, ScanNode};
 use super::{pruning, ScanTable};
 use crate::ffi::tuple::{self, item_pointer};
 use crate::read::asof::{AsofRows, Row};
@@ -23,7 +23,6 @@ use crate::read::SharedBlocks;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
-use std::ffi::c_void;
 
 /// Unguarded declarations of the call made for every row (it cannot raise an ERROR here: the
 /// slot is ours and of the right kind), to spare the per-call error trap.
@@ -64,53 +63,22 @@ enum Reader {
 }
 
 /// The node's methods.
-pub(super) static METHODS: ExecMethods<AsofScan> = node::methods(c"gsnap AS OF", Some(explain))
-    .parallel(ParallelMethods {
-        estimate: estimate_shared,
-        initialize: initialize_shared,
-        attach: attach_shared,
-    });
+pub(super) static METHODS: ExecMethods<AsofScan> =
+    node::methods(c"gsnap AS OF", Some(explain)).parallel();
 
-/// The size of a parallel scan's shared state.
-#[pg_guard]
-unsafe extern "C-unwind" fn estimate_shared(
-    _css: *mut pg_sys::CustomScanState,
-    _pcxt: *mut pg_sys::ParallelContext,
-) -> pg_sys::Size {
-    std::mem::size_of::<SharedBlocks>()
-}
+impl ParallelNode for AsofScan {
+    type Shared = SharedBlocks;
 
-/// The leader, before the scan and before each rescan: resolves the snapshot argument (its
-/// parameters are set by now) and starts the shared block cursor at block 0.
-#[pg_guard]
-unsafe extern "C-unwind" fn initialize_shared(
-    css: *mut pg_sys::CustomScanState,
-    _pcxt: *mut pg_sys::ParallelContext,
-    coordinate: *mut c_void,
-) {
-    // SAFETY: PostgreSQL passes our begun node's state (not under EXPLAIN without ANALYZE:
-    // nothing runs then).
-    let Some(scan) = (unsafe { node::node_of::<AsofScan>(css) }) else {
-        return;
-    };
-    // SAFETY: our node.
-    let snap = unsafe { scan.table.snapshot_argument(css, 0) };
-    // SAFETY: PostgreSQL's share for this node, of the size estimate_shared asked for.
-    scan.shared = Some(unsafe { node::place_shared(coordinate, SharedBlocks::new(snap)) });
-    scan.rows = None;
-}
+    /// Resolves the snapshot argument once, for every participant, with a block cursor at
+    /// block 0.
+    unsafe fn share(&mut self, css: *mut pg_sys::CustomScanState) -> SharedBlocks {
+        // SAFETY: our node (the caller's promise).
+        SharedBlocks::new(unsafe { self.table.snapshot_argument(css, 0) })
+    }
 
-/// A worker: reads the blocks it takes from the leader's shared state.
-#[pg_guard]
-unsafe extern "C-unwind" fn attach_shared(
-    css: *mut pg_sys::CustomScanState,
-    _toc: *mut pg_sys::shm_toc,
-    coordinate: *mut c_void,
-) {
-    // SAFETY: PostgreSQL passes our begun node's state.
-    if let Some(scan) = unsafe { node::node_of::<AsofScan>(css) } {
-        // SAFETY: the shared state the leader initialized (initialize_shared).
-        scan.shared = Some(unsafe { node::shared_at(coordinate) });
+    fn join(&mut self, shared: &'static SharedBlocks) {
+        self.shared = Some(shared);
+        self.rows = None;
     }
 }
 

@@ -111,62 +111,82 @@ pub(super) const fn methods<N: ScanNode>(
     )
 }
 
-/// The callbacks of a node that can run in a parallel plan as a parallel-aware scan:
-/// the size of its shared state, its initialization by the leader (again before a rescan),
-/// and a worker's attachment to it.
-pub(super) struct ParallelMethods {
-    pub estimate: unsafe extern "C-unwind" fn(
-        *mut pg_sys::CustomScanState,
-        *mut pg_sys::ParallelContext,
-    ) -> pg_sys::Size,
-    pub initialize: unsafe extern "C-unwind" fn(
-        *mut pg_sys::CustomScanState,
-        *mut pg_sys::ParallelContext,
-        *mut c_void,
-    ),
-    pub attach: unsafe extern "C-unwind" fn(
-        *mut pg_sys::CustomScanState,
-        *mut pg_sys::shm_toc,
-        *mut c_void,
-    ),
+/// A node that can run in a parallel plan as a parallel-aware scan: the leader resolves what
+/// the participants share (before the first scan and before each rescan) into `Shared`,
+/// placed in the parallel query's dynamic shared memory; every participant reads from it.
+pub(super) trait ParallelNode: ScanNode {
+    /// The participants' shared state (plain data and atomics: it lives in shared memory).
+    type Shared: 'static;
+
+    /// The leader: the shared state for the next scan (its parameters are set by now).
+    ///
+    /// # Safety
+    /// `css` is this node's state.
+    unsafe fn share(&mut self, css: *mut pg_sys::CustomScanState) -> Self::Shared;
+
+    /// Reads from now on as a participant of the scan `shared` describes (the leader after
+    /// [`ParallelNode::share`], each worker when it attaches): drops an open reader.
+    fn join(&mut self, shared: &'static Self::Shared);
 }
 
-/// Writes a parallel scan's shared state `shared` at `coordinate` (the leader, in
-/// `initialize`) and returns it.
-///
-/// # Safety
-/// `coordinate` is the node's share of the parallel query's dynamic shared memory, of the
-/// size its `estimate` asked for (`size_of::<S>()`), suitably aligned (shm_toc allocations
-/// are MAXALIGNed); it lives until the parallel query ends, after the node stops reading.
-pub(super) unsafe fn place_shared<S>(coordinate: *mut c_void, shared: S) -> &'static S {
-    let at = coordinate.cast::<S>();
-    // SAFETY: the caller's promise.
-    unsafe {
-        at.write(shared);
-        &*at
+impl<N: ParallelNode> ExecMethods<N> {
+    /// These methods with the callbacks of a parallel-aware scan.
+    pub(super) const fn parallel(mut self) -> ExecMethods<N> {
+        self.0.EstimateDSMCustomScan = Some(estimate_shared::<N>);
+        self.0.InitializeDSMCustomScan = Some(initialize_shared::<N>);
+        self.0.ReInitializeDSMCustomScan = Some(initialize_shared::<N>);
+        self.0.InitializeWorkerCustomScan = Some(attach_shared::<N>);
+        self
     }
 }
 
-/// The shared state the leader placed at `coordinate` ([`place_shared`]), as a worker sees it
-/// (in `attach`).
-///
-/// # Safety
-/// `coordinate` is what `initialize` was given, initialized by [`place_shared`]; it lives
-/// until the parallel query ends.
-pub(super) unsafe fn shared_at<S>(coordinate: *mut c_void) -> &'static S {
-    // SAFETY: the caller's promise.
-    unsafe { &*coordinate.cast::<S>() }
+/// The size of a parallel scan's shared state.
+#[pg_guard]
+unsafe extern "C-unwind" fn estimate_shared<N: ParallelNode>(
+    _css: *mut pg_sys::CustomScanState,
+    _pcxt: *mut pg_sys::ParallelContext,
+) -> pg_sys::Size {
+    std::mem::size_of::<N::Shared>()
 }
 
-impl<N> ExecMethods<N> {
-    /// These methods with `parallel`'s callbacks: the leader initializes the shared state
-    /// before the first scan and before each rescan.
-    pub(super) const fn parallel(mut self, parallel: ParallelMethods) -> ExecMethods<N> {
-        self.0.EstimateDSMCustomScan = Some(parallel.estimate);
-        self.0.InitializeDSMCustomScan = Some(parallel.initialize);
-        self.0.ReInitializeDSMCustomScan = Some(parallel.initialize);
-        self.0.InitializeWorkerCustomScan = Some(parallel.attach);
-        self
+/// The leader, before the scan and before each rescan: places the node's shared state in its
+/// share of the parallel query's shared memory.
+#[pg_guard]
+unsafe extern "C-unwind" fn initialize_shared<N: ParallelNode>(
+    css: *mut pg_sys::CustomScanState,
+    _pcxt: *mut pg_sys::ParallelContext,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: PostgreSQL passes our begun node's state (not under EXPLAIN without ANALYZE:
+    // nothing runs then).
+    let Some(scan) = (unsafe { node_of::<N>(css) }) else {
+        return;
+    };
+    // SAFETY: our node.
+    let shared = unsafe { scan.share(css) };
+    let at = coordinate.cast::<N::Shared>();
+    // SAFETY: `coordinate` is the node's share of the parallel query's shared memory, of the
+    // size estimate_shared asked for, suitably aligned (shm_toc allocations are MAXALIGNed);
+    // it lives until the parallel query ends, after the node stops reading.
+    let shared: &'static N::Shared = unsafe {
+        at.write(shared);
+        &*at
+    };
+    scan.join(shared);
+}
+
+/// A worker: reads from the leader's shared state.
+#[pg_guard]
+unsafe extern "C-unwind" fn attach_shared<N: ParallelNode>(
+    css: *mut pg_sys::CustomScanState,
+    _toc: *mut pg_sys::shm_toc,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: PostgreSQL passes our begun node's state.
+    if let Some(scan) = unsafe { node_of::<N>(css) } {
+        // SAFETY: the shared state the leader placed there (initialize_shared), which lives
+        // until the parallel query ends.
+        scan.join(unsafe { &*coordinate.cast::<N::Shared>() });
     }
 }
 

@@ -13,7 +13,7 @@
 //! every participant (the leader too) reads the blocks it takes from the cursor, all the
 //! images of each, so every version and its run is handed out by one participant only.
 
-use super::node::{self, ExecMethods, ParallelMethods, ScanNode};
+use super::node::{self, ExecMethods, ParallelNode, ScanNode};
 use super::{pruning, ScanTable};
 use crate::ffi::relation::relation_kind;
 use crate::ffi::tuple::{self, row_type_copy};
@@ -25,7 +25,6 @@ use crate::read::SharedRange;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
-use std::ffi::c_void;
 
 /// What the node keeps between fetches.
 pub(super) struct RangeScan {
@@ -57,64 +56,31 @@ enum Cursor {
 
 /// The node's methods.
 pub(super) static METHODS: ExecMethods<RangeScan> =
-    node::methods(c"gsnap range", Some(explain_range)).parallel(PARALLEL);
+    node::methods(c"gsnap range", Some(explain_range)).parallel();
 
 /// The methods of the versions node.
 pub(super) static VERSIONS_METHODS: ExecMethods<RangeScan> =
-    node::methods(c"gsnap versions", Some(explain_range)).parallel(PARALLEL);
+    node::methods(c"gsnap versions", Some(explain_range)).parallel();
 
-const PARALLEL: ParallelMethods = ParallelMethods {
-    estimate: estimate_shared,
-    initialize: initialize_shared,
-    attach: attach_shared,
-};
+impl ParallelNode for RangeScan {
+    type Shared = SharedRange;
 
-/// The size of a parallel scan's shared state.
-#[pg_guard]
-unsafe extern "C-unwind" fn estimate_shared(
-    _css: *mut pg_sys::CustomScanState,
-    _pcxt: *mut pg_sys::ParallelContext,
-) -> pg_sys::Size {
-    std::mem::size_of::<SharedRange>()
-}
+    /// Resolves the range once, for every participant, with a block cursor at the first
+    /// block.
+    unsafe fn share(&mut self, css: *mut pg_sys::CustomScanState) -> SharedRange {
+        // SAFETY: our node (the caller's promise).
+        let (from, to) = unsafe {
+            (
+                self.table.snapshot_argument(css, 0),
+                self.table.snapshot_argument(css, 1),
+            )
+        };
+        SharedRange::new(self.table.relid, from, to)
+    }
 
-/// The leader, before the scan and before each rescan: resolves the range (its parameters
-/// are set by now) and starts the shared block cursor at the first block.
-#[pg_guard]
-unsafe extern "C-unwind" fn initialize_shared(
-    css: *mut pg_sys::CustomScanState,
-    _pcxt: *mut pg_sys::ParallelContext,
-    coordinate: *mut c_void,
-) {
-    // SAFETY: PostgreSQL passes our begun node's state (not under EXPLAIN without ANALYZE:
-    // nothing runs then).
-    let Some(scan) = (unsafe { node::node_of::<RangeScan>(css) }) else {
-        return;
-    };
-    // SAFETY: our node.
-    let (from, to) = unsafe {
-        (
-            scan.table.snapshot_argument(css, 0),
-            scan.table.snapshot_argument(css, 1),
-        )
-    };
-    let shared = SharedRange::new(scan.table.relid, from, to);
-    // SAFETY: PostgreSQL's share for this node, of the size estimate_shared asked for.
-    scan.shared = Some(unsafe { node::place_shared(coordinate, shared) });
-    scan.reset();
-}
-
-/// A worker: reads the blocks it takes from the leader's shared state.
-#[pg_guard]
-unsafe extern "C-unwind" fn attach_shared(
-    css: *mut pg_sys::CustomScanState,
-    _toc: *mut pg_sys::shm_toc,
-    coordinate: *mut c_void,
-) {
-    // SAFETY: PostgreSQL passes our begun node's state.
-    if let Some(scan) = unsafe { node::node_of::<RangeScan>(css) } {
-        // SAFETY: the shared state the leader initialized (initialize_shared).
-        scan.shared = Some(unsafe { node::shared_at(coordinate) });
+    fn join(&mut self, shared: &'static SharedRange) {
+        self.shared = Some(shared);
+        self.reset();
     }
 }
 
