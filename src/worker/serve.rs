@@ -387,51 +387,11 @@ fn load_images(store: &Store, ids: &[ImageId]) -> Result<Vec<PinnedEntry>, Worke
     let verify = store.verifies_images();
     let (entries, _) = pin(&wanted, |keys| {
         let ids: Vec<ImageId> = keys.iter().map(|k| ImageId(k.id)).collect();
-        // Two threads read the records of a large request (RocksDB's reads are thread-safe):
-        // the worker serves every reader's images, parallel scans' participants at once.
-        let records = in_halves(&ids, |half| store.image_records(half))?;
+        let records = store.image_records(&ids)?;
         Ok(records.into_iter().map(|r| Image(r, verify)).collect())
     })
     .map_err(load_failure)?;
     Ok(entries)
-}
-
-/// Work items at and above which a request's store reads and decompression are split
-/// between the worker's main thread and a helper thread (below, the thread's start costs
-/// more than it saves).
-const SPLIT_AT: usize = 128;
-
-/// `f` over `items`, in two halves on two threads when there are at least [`SPLIT_AT`]
-/// (the second half on a scoped helper thread, which calls no PostgreSQL function), the
-/// results concatenated in order; the first error, if any.
-fn in_halves<T: Sync, R: Send>(
-    items: &[T],
-    f: impl Fn(&[T]) -> Result<Vec<R>, StoreError> + Sync,
-) -> Result<Vec<R>, StoreError> {
-    if items.len() < SPLIT_AT {
-        return f(items);
-    }
-    let (first, second) = items.split_at(items.len() / 2);
-    let (a, b) = std::thread::scope(|s| {
-        let helper = std::thread::Builder::new()
-            .name("gsnap-load".into())
-            .spawn_scoped(s, || f(second));
-        let a = f(first);
-        let b = match helper {
-            Ok(h) => h.join().unwrap_or_else(|_| {
-                Err(StoreError::new(
-                    ErrorKind::Io,
-                    "a thread loading images panicked".to_string(),
-                ))
-            }),
-            // No thread to be had: the caller's thread does it.
-            Err(_) => f(second),
-        };
-        (a, b)
-    });
-    let mut out = a?;
-    out.extend(b?);
-    Ok(out)
 }
 
 fn toast_fetch(
@@ -501,7 +461,7 @@ impl Loaded for Image {
 /// under it, are written (decompressed) into their slots without it, and are made visible
 /// under it again: backends pinning and unpinning other slots wait for none of the store
 /// reads or the decompression, and no lookup sees a half-written slot.
-fn pin<L: Loaded + Sync>(
+fn pin<L: Loaded>(
     wanted: &[(u32, CacheKey)],
     load: impl FnOnce(&[CacheKey]) -> Result<Vec<L>, StoreError>,
 ) -> Result<(Vec<PinnedEntry>, Option<u32>), StoreError> {
@@ -554,24 +514,20 @@ fn pin<L: Loaded + Sync>(
                 }
             }
         });
-        let fresh: Vec<(usize, &L)> = reserved
-            .iter()
-            .zip(&loaded)
-            .filter(|((_, _, fresh), _)| *fresh)
-            .map(|(&(_, slot, _), l)| (slot, l))
-            .collect();
-        let failure = in_halves(&fresh, |half| {
-            for &(slot, l) in half {
+        let mut failure = None;
+        for (&(_, slot, fresh), l) in reserved.iter().zip(&loaded) {
+            if fresh {
                 // SAFETY: the slot is reserved as loading and pinned by this process: no
                 // lookup finds it and nothing evicts it until finish_loading, so these are
-                // the only writes to its `len()` bytes (each slot is in one half only).
+                // the only writes to its `len()` bytes.
                 let out =
                     unsafe { std::slice::from_raw_parts_mut(shmem::cache_slot_ptr(slot), l.len()) };
-                l.write_into(out)?;
+                if let Err(e) = l.write_into(out) {
+                    failure = Some(e);
+                    break;
+                }
             }
-            Ok(Vec::<()>::new())
-        })
-        .err();
+        }
         shmem::with_cache(|c| {
             for (&(i, slot, fresh), l) in reserved.iter().zip(&loaded) {
                 match (&failure, fresh) {
