@@ -92,6 +92,14 @@ def reset_join_methods(conn) -> None:
         conn.execute(f"RESET {s}")
 
 
+def assert_gather_rescanned(conn, query: str, node: str, rows_per_loop: int) -> None:
+    """`query` ran a Gather over the parallel `node` scan three times under a nested loop,
+    each time returning `rows_per_loop` rows."""
+    explain = analyzed(conn, query)
+    assert "Nested Loop" in explain and f"Gather (actual rows={rows_per_loop} loops=3)" in explain, explain
+    assert f"Parallel Custom Scan ({node})" in explain, explain
+
+
 def make_table(conn, name: str, n: int, dropped: bool) -> None:
     junk = ", junk int" if dropped else ""
     conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY{junk}, v int, note text) USING gsnap")
@@ -187,9 +195,7 @@ def test_a_rescanned_gather_reads_the_snapshot_again(conn):
     try:
         q = (f"SELECT o.k, a.id, a.v FROM par_outer o "
              f"JOIN gsnap_asof(NULL::{t}, {snap}) a ON a.id % 3 = o.k - 1")
-        explain = analyzed(conn, q)
-        assert "Nested Loop" in explain and "Gather (actual rows=20000 loops=3)" in explain, explain
-        assert "Parallel Custom Scan (gsnap AS OF)" in explain, explain
+        assert_gather_rescanned(conn, q, "gsnap AS OF", 20000)
         got = rows(conn, q)
         expected = Counter()
         for (id_, v), c in truth.items():
@@ -372,9 +378,7 @@ def test_a_rescanned_gather_reads_the_range_again(conn):
     try:
         q = (f"SELECT o.k, r.snap_id, (r.rec).id, (r.rec).v FROM par_range_outer o "
              f"JOIN gsnap_range(NULL::{t}, {a}, {b}) r ON (r.rec).id % 3 = o.k - 1")
-        explain = analyzed(conn, q)
-        assert "Nested Loop" in explain and "Gather (actual rows=40000 loops=3)" in explain, explain
-        assert "Parallel Custom Scan (gsnap range)" in explain, explain
+        assert_gather_rescanned(conn, q, "gsnap range", 40000)
         expected = Counter()
         for (snap, id_, v), c in truth.items():
             expected[(id_ % 3 + 1, snap, id_, v)] += c

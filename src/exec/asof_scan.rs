@@ -22,7 +22,6 @@ use crate::read::partitioned::PartitionedRows;
 use crate::read::SharedBlocks;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::PgSqlErrorCode;
 
 /// Unguarded declarations of the call made for every row (it cannot raise an ERROR here: the
 /// slot is ours and of the right kind), to spare the per-call error trap.
@@ -192,13 +191,7 @@ impl AsofScan {
             return;
         }
         if self.shared.is_some() {
-            // The planner makes no parallel scan of a partitioned table (each participant
-            // would read every partition).
-            crate::error::error(
-                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                "a parallel AS OF scan of a partitioned table was planned",
-            )
-            .raise();
+            node::parallel_partitioned("AS OF");
         }
         // SAFETY: our node's plan and its conditions, as planned.
         let quals = unsafe { node::plan_of(css).scan.plan.qual };

@@ -24,7 +24,6 @@ use crate::read::versions::VersionsCursor;
 use crate::read::SharedRange;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::PgSqlErrorCode;
 
 /// What the node keeps between fetches.
 pub(super) struct RangeScan {
@@ -221,13 +220,7 @@ impl RangeScan {
                 unsafe { range::cursors(relid, from, to, self.row_desc, &mut refuted) };
             if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
                 if self.shared.is_some() {
-                    // The planner makes no parallel scan of a partitioned table (each
-                    // participant would read every partition's blocks).
-                    crate::error::error(
-                        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                        "a parallel range scan of a partitioned table was planned",
-                    )
-                    .raise();
+                    node::parallel_partitioned("range");
                 }
                 let read = cursors.iter().filter(|c| !c.is_empty()).count();
                 self.partitions = Some((cursors.len(), read));

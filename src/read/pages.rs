@@ -144,8 +144,9 @@ impl PageReader {
                 let batch = self.batch.as_ref().expect("checked above");
                 return Some(batch.get(self.at - 1));
             }
-            self.batch = None; // unpins
-                               // Keep the next batch and the one after it queued, so the latter is prefetched.
+            // Unpin the batch read; keep the next batch and the one after it queued, so the
+            // latter is prefetched.
+            self.batch = None;
             while self.images.queued() < 2 * images_per_batch() && self.next_block < self.nblocks {
                 self.look_up_next_step();
             }

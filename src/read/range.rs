@@ -91,13 +91,13 @@ impl Blocks {
             let i = self.starts.partition_point(|&s| s <= at) - 1;
             (i, self.starts[i], self.starts[i + 1])
         };
-        let (at, until) = match self.shared {
+        let (i, first, at, until) = match self.shared {
             None => {
                 if self.next >= end {
                     return None;
                 }
-                let (_, _, stop) = within(self.next);
-                (std::mem::replace(&mut self.next, stop), stop)
+                let (i, first, stop) = within(self.next);
+                (i, first, std::mem::replace(&mut self.next, stop), stop)
             }
             Some(shared) => {
                 let mut at = shared.next.load(Ordering::Relaxed);
@@ -106,7 +106,7 @@ impl Blocks {
                         return None;
                     }
                     // A step ends at the end of its incarnation.
-                    let (_, first, stop) = within(at);
+                    let (i, first, stop) = within(at);
                     let step = u64::from(parallel_step((stop - first) as u32));
                     let until = (at + step).min(stop);
                     match shared.next.compare_exchange_weak(
@@ -115,13 +115,12 @@ impl Blocks {
                         Ordering::Relaxed,
                         Ordering::Relaxed,
                     ) {
-                        Ok(_) => break (at, until),
+                        Ok(_) => break (i, first, at, until),
                         Err(now) => at = now,
                     }
                 }
             }
         };
-        let (i, first, _) = within(at);
         Some((i, (at - first) as u32..(until - first) as u32))
     }
 }
@@ -215,7 +214,7 @@ pub struct RangeCursor {
     /// Segments of `snaps` in which the table has one incarnation; the one whose runs are
     /// loaded, numbered from 1 (0: none yet), and its snapshots.
     segments: Vec<Range<usize>>,
-    next_segment: usize,
+    loaded_segment: usize,
     segment: Range<usize>,
     /// The blocks of the segments to read, and blocks taken but not queued yet (of a later
     /// segment than the one loaded).
@@ -351,7 +350,7 @@ impl RangeCursor {
             snaps,
             groups,
             segments,
-            next_segment: 0,
+            loaded_segment: 0,
             segment: 0..0,
             blocks: Blocks {
                 starts,
@@ -395,7 +394,7 @@ impl RangeCursor {
     /// before the first row is read). An ERROR if this backend found other snapshots in
     /// the range than the leader did (one was deleted in between).
     pub fn share(&mut self, shared: &'static SharedRange) {
-        debug_assert!(self.next_segment == 0 && self.taken.is_none());
+        debug_assert!(self.loaded_segment == 0 && self.taken.is_none());
         if digest(&self.snaps) != shared.digest {
             error(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -492,7 +491,7 @@ impl RangeCursor {
                             snaps: &self.holders[self.holder].0,
                             positions: &self.holders[self.holder].1,
                             rec: kept.rec,
-                            block: (self.next_segment, run.block),
+                            block: (self.loaded_segment, run.block),
                             image: self.image,
                             lp,
                             continued: known.is_some(),
@@ -528,8 +527,9 @@ impl RangeCursor {
                 }
                 continue;
             }
-            self.batch = None; // unpins
-                               // Keep the next batch and the one after it queued, so the latter is prefetched.
+            // Unpin the batch read; keep the next batch and the one after it queued, so the
+            // latter is prefetched.
+            self.batch = None;
             while self.images.queued() < 2 * images_per_batch() && self.queue_taken() {}
             if let Some(batch) = self.images.next_batch() {
                 self.batch = Some(batch);
@@ -549,7 +549,7 @@ impl RangeCursor {
         let Some((segment, blocks)) = self.taken.take().or_else(|| self.blocks.take()) else {
             return false;
         };
-        if segment + 1 != self.next_segment {
+        if segment + 1 != self.loaded_segment {
             if self.images.queued() > 0 {
                 self.taken = Some((segment, blocks));
                 return false;
@@ -595,7 +595,7 @@ impl RangeCursor {
         self.next_tuple = 0;
         let same_block = self
             .versions_of
-            .is_some_and(|(seg, block, _)| (seg, block) == (self.next_segment, run.block));
+            .is_some_and(|(seg, block, _)| (seg, block) == (self.loaded_segment, run.block));
         if !same_block {
             // SAFETY: the previous block's rows are consumed (the caller asked for more).
             unsafe { self.block_cx.reset() };
@@ -607,7 +607,7 @@ impl RangeCursor {
         if !(same_block && self.matching && self.versions_of.map(|v| v.2) == decoder) {
             self.matcher.forget();
         }
-        self.versions_of = decoder.map(|d| (self.next_segment, run.block, d));
+        self.versions_of = decoder.map(|d| (self.loaded_segment, run.block, d));
         if self.matching && self.tuples.is_empty() {
             // An empty image: the block's next image has no version in common with it.
             self.matcher.end_image();
@@ -617,7 +617,7 @@ impl RangeCursor {
     /// Loads the runs of segment `index` (one incarnation of the table), in block order.
     fn load_segment(&mut self, index: usize) {
         let segment = self.segments[index].clone();
-        self.next_segment = index + 1;
+        self.loaded_segment = index + 1;
         let rel = self.snaps[segment.start].1.rel;
         let (first, last) = (self.snaps[segment.start].0, self.snaps[segment.end - 1].0);
         self.runs.clear();

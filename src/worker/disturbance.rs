@@ -19,7 +19,7 @@ const KEEP_US: i64 = 180_000_000;
 /// The minute before a declaration whose median rate is the baseline (µs).
 const BASELINE_US: i64 = 60_000_000;
 /// Below this many write transactions a second before the declaration, no ratio is given.
-pub const MIN_BASELINE_PER_S: f64 = 5.0;
+const MIN_BASELINE_PER_S: f64 = 5.0;
 
 /// Readings of the next transaction id, and the captures that ended waiting for the reading
 /// after their end.
