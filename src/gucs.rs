@@ -48,6 +48,9 @@ pub static CAPTURE_PACE: GucSetting<f64> = GucSetting::<f64>::new(0.5);
 /// Check every image read from the store against its BLAKE3 fingerprint.
 pub static VERIFY_IMAGES: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// Keep a key map of each captured table with a primary key or unique index (`keymap.rs`).
+pub static KEY_MAPS: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// Declared snapshots that may wait for their capture.
 pub static MAX_QUEUED_SNAPSHOTS: GucSetting<i32> = GucSetting::<i32>::new(16);
 
@@ -269,6 +272,17 @@ pub fn init() {
         &RECLAIM_BATCH,
         1,
         1 << 20,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"gsnap.key_maps",
+        c"Keep a key map of each table with a primary key (or unique index), so that lookups \
+          by key AS OF a snapshot read only the pages that can hold the key.",
+        c"The capture hashes the key of every row of the pages it reads. Turned on for a table \
+          (or its key changes), the next capture reads every page of the table once; lookups \
+          by key use the map for the snapshots taken from then on.",
+        &KEY_MAPS,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -14,6 +14,7 @@ mod exec;
 mod ffi;
 mod gucs;
 mod ipc;
+mod keymap;
 mod locks;
 mod plan;
 mod read;

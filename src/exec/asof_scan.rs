@@ -17,7 +17,8 @@
 use super::node::{self, ExecMethods, ParallelNode, ScanNode};
 use super::{pruning, ScanTable};
 use crate::ffi::tuple::{self, item_pointer};
-use crate::read::asof::{AsofRows, Row};
+use crate::keymap::KeyConditions;
+use crate::read::asof::{AsofRows, KeyMapUse, Row};
 use crate::read::partitioned::PartitionedRows;
 use crate::read::SharedBlocks;
 use pgrx::pg_sys;
@@ -53,6 +54,9 @@ pub(super) struct AsofScan {
     tuple: pg_sys::HeapTupleData,
     /// Of a parallel scan: the snapshot and block cursor its participants share.
     shared: Option<&'static SharedBlocks>,
+    /// Of a lookup by key (the conditions fix the table's key): what the key map said at
+    /// the last open.
+    key_map: Option<KeyMapUse>,
 }
 
 /// The reader of a table, or of a partitioned table's partitions.
@@ -95,6 +99,53 @@ unsafe extern "C-unwind" fn explain(
     };
     // SAFETY: EXPLAIN's state.
     unsafe { node::explain_partitions(es, scan.partitions, "at the snapshot") };
+    let rel = scan.table.rel();
+    // SAFETY: our node, and its open table.
+    let Some(keys) = (unsafe { key_conditions(css, rel.as_ptr(), &scan.columns) }) else {
+        return;
+    };
+    // SAFETY: in the transaction that runs EXPLAIN.
+    let columns = unsafe { keys.column_names(rel.oid()) };
+    // SAFETY: EXPLAIN's state.
+    unsafe { node::explain_property(es, "Key Lookup", &columns) };
+    let pages = match &scan.rows {
+        Some(Reader::Table(rows)) => rows.pages_read(),
+        _ => None,
+    };
+    let used = match (scan.key_map, pages) {
+        (None, _) => return, // not run (EXPLAIN without ANALYZE)
+        (Some(KeyMapUse::Pages(_)), Some(n)) => format!("{n} pages read"),
+        (Some(KeyMapUse::Pages(n)), None) => format!("{n} candidate pages"),
+        (Some(KeyMapUse::NoMap), _) => "none at this snapshot: every page read".to_string(),
+        (Some(KeyMapUse::Later(s)), _) => {
+            format!("starts at snapshot {s}: every page read")
+        }
+        (Some(KeyMapUse::TooMany), _) => "too many keys or pages: every page read".to_string(),
+    };
+    // SAFETY: EXPLAIN's state.
+    unsafe { node::explain_property(es, "Key Map", &used) };
+}
+
+/// The node's conditions that fix the table's key, if they do (`keymap.rs`): over its scan
+/// tuple, whose columns are the table's `columns`.
+///
+/// # Safety
+/// `css` is our node; `rel` its open table; in a transaction.
+unsafe fn key_conditions(
+    css: *mut pg_sys::CustomScanState,
+    rel: pg_sys::Relation,
+    columns: &[usize],
+) -> Option<KeyConditions> {
+    // SAFETY: our node's plan and its conditions, as planned.
+    let quals = unsafe { node::plan_of(css).scan.plan.qual };
+    let attnum_of = |v: &pg_sys::Var| {
+        (v.varno == pg_sys::INDEX_VAR && v.varattno >= 1)
+            .then(|| columns.get(v.varattno as usize - 1))
+            .flatten()
+            .map(|&c| c as i16 + 1)
+    };
+    // SAFETY: the caller's promise.
+    unsafe { KeyConditions::find(rel, quals, &attnum_of) }
 }
 
 impl ScanNode for AsofScan {
@@ -126,6 +177,7 @@ impl ScanNode for AsofScan {
             partitions: None,
             tuple: pg_sys::HeapTupleData::default(),
             shared: None,
+            key_map: None,
         }
     }
 
@@ -186,6 +238,14 @@ impl AsofScan {
             let mut rows = unsafe { AsofRows::open(relid, desc, snap, self.heap_slot) };
             if let Some(shared) = self.shared {
                 rows.share(shared);
+            // SAFETY: our node (the caller's promise).
+            } else if let Some(keys) = unsafe { key_conditions(css, rel.as_ptr(), &self.columns) } {
+                // SAFETY: our node's state, initialized; parameters are bound by now.
+                let use_ = match unsafe { keys.hashes(&mut (*css).ss.ps) } {
+                    Some(hashes) => rows.look_up_keys(&keys.definition(), &hashes),
+                    None => KeyMapUse::TooMany,
+                };
+                self.key_map = Some(use_);
             }
             self.rows = Some(Reader::Table(Box::new(rows)));
             return;

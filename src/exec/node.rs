@@ -80,10 +80,20 @@ pub(super) unsafe fn explain_partitions(
     where_: &str,
 ) {
     if let Some((all, read)) = partitions {
-        let text = std::ffi::CString::new(format!("{read} of {all} {where_}")).unwrap_or_default();
-        // SAFETY: the caller's promise; a label and a C string EXPLAIN copies.
-        unsafe { pg_sys::ExplainPropertyText(c"Partitions Read".as_ptr(), text.as_ptr(), es) };
+        // SAFETY: the caller's promise.
+        unsafe { explain_property(es, "Partitions Read", &format!("{read} of {all} {where_}")) };
     }
+}
+
+/// One line (text property) of EXPLAIN.
+///
+/// # Safety
+/// `es` is the EXPLAIN in progress.
+pub(super) unsafe fn explain_property(es: *mut pg_sys::ExplainState, label: &str, text: &str) {
+    let label = std::ffi::CString::new(label).unwrap_or_default();
+    let text = std::ffi::CString::new(text).unwrap_or_default();
+    // SAFETY: the caller's promise; C strings EXPLAIN copies.
+    unsafe { pg_sys::ExplainPropertyText(label.as_ptr(), text.as_ptr(), es) };
 }
 
 /// The methods of node `N`, shown as `name` in EXPLAIN, with its `explain` callback if any.

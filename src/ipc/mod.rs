@@ -225,6 +225,31 @@ pub fn scan_begin(snap: SnapId, relid: u32) -> Result<Option<(ScanHeader, Vec<u8
     }
 }
 
+/// The (block, image) pairs a key map names.
+pub type KeyPages = Vec<(u32, gsnap_protocol::ImageId)>;
+
+/// What the key map of relation incarnation `rel` says of the keys hashed to `hashes`
+/// (`keymap.rs`): the snapshot it is complete from (None: no map with `definition`), and the
+/// (block, image) pairs that may hold the keys (None: too many to list).
+pub fn key_candidates(
+    rel: u32,
+    definition: &[u8],
+    hashes: &[u64],
+) -> Option<(SnapId, Option<KeyPages>)> {
+    match request(Request::KeyCandidates {
+        rel,
+        definition: definition.to_vec(),
+        hashes: hashes.to_vec(),
+    }) {
+        Reply::KeyCandidates {
+            start,
+            complete,
+            pairs,
+        } => start.map(|s| (s, complete.then_some(pairs))),
+        reply => unexpected(Kind::KeyCandidates, reply),
+    }
+}
+
 /// The latest readable snapshot taken at or before `unix_us` (µs since the Unix epoch).
 pub fn resolve_time(unix_us: i64) -> SnapId {
     match request(Request::ResolveTime { unix_us }) {

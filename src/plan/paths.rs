@@ -149,6 +149,18 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         (tuples, f64::from(pages))
     };
     let (tuples, pages) = (per_table * tuples.max(1.0), pages.max(1.0));
+    // An AS OF scan whose conditions fix the table's key reads only the pages its key map
+    // names (`keymap.rs`), when the snapshot has one.
+    let by_key = matches!(kind, ScanKind::AsofId | ScanKind::AsofTime)
+        && !partitioned
+        // SAFETY: the open table, and the planner's conditions over the relation `rti`.
+        && unsafe {
+            let attnum_of = |v: &pg_sys::Var| {
+                (v.varno as pg_sys::Index == rti && v.varattno >= 1).then_some(v.varattno)
+            };
+            crate::keymap::KeyConditions::find(table.as_ptr(), (*rel).baserestrictinfo, &attnum_of)
+                .is_some()
+        };
     drop(table);
     // SAFETY: the planner's state and the relation's conditions.
     let rows = unsafe {
@@ -175,7 +187,12 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         (*rel).reltarget
     };
     let private = PathPlan { relid, kind, args }.encode();
-    let cost = scan_cost(pages, tuples, 1.0);
+    let cost = if by_key {
+        // About a page per row found.
+        scan_cost(rows.min(pages), rows, 1.0)
+    } else {
+        scan_cost(pages, tuples, 1.0)
+    };
     let path = new_path(kind, private, rel, pathtarget, rows, cost);
     // SAFETY: the planner's relation: the scan may run in a parallel worker if everything
     // the relation computes may (the reader function is PARALLEL SAFE).
@@ -189,7 +206,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         kind,
         ScanKind::AsofId | ScanKind::AsofTime | ScanKind::Range | ScanKind::Versions
     );
-    if parallel_aware && parallel_safe && !partitioned {
+    if parallel_aware && parallel_safe && !partitioned && !by_key {
         // SAFETY: the planner's relation; `private` is a valid plan encoding.
         unsafe { add_parallel_path(rel, kind, private, (tuples, pages), rows) };
     }

@@ -35,6 +35,19 @@ pub enum Row<'a> {
     },
 }
 
+/// What a lookup by key made of the table's key map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMapUse {
+    /// The map named this many (block, image) pairs: only those pages are read.
+    Pages(usize),
+    /// The snapshot's incarnation of the table has no map for this key: every page is read.
+    NoMap,
+    /// The map starts at a later snapshot: every page is read.
+    Later(u64),
+    /// The map named more pages than a lookup takes: every page is read.
+    TooMany,
+}
+
 /// The rows of one table at one snapshot, in block and line pointer order.
 pub struct AsofRows {
     pages: PageReader,
@@ -107,6 +120,30 @@ impl AsofRows {
             next: 0,
             scratch: OwnedContext::new("gsnap AS OF rows"),
         }
+    }
+
+    /// Reads only the pages the table's key map says may hold one of the keys hashed to
+    /// `hashes` (key definition `definition`, `keymap.rs`), if the map covers the snapshot;
+    /// call before the first row. Returns what the map said.
+    pub fn look_up_keys(&mut self, definition: &[u8], hashes: &[u64]) -> KeyMapUse {
+        let (snap, rel) = (self.pages.snap(), self.pages.rel());
+        match crate::ipc::key_candidates(rel, definition, hashes) {
+            None => KeyMapUse::NoMap,
+            Some((start, _)) if start.0 > snap => KeyMapUse::Later(start.0),
+            Some((_, None)) => KeyMapUse::TooMany,
+            Some((_, Some(pairs))) => {
+                let n = pairs.len();
+                self.pages
+                    .only(pairs.into_iter().map(|(b, i)| (b, i.0)).collect());
+                KeyMapUse::Pages(n)
+            }
+        }
+    }
+
+    /// Of a reader restricted by [`AsofRows::look_up_keys`]: the pages it reads (once the
+    /// first row was asked for).
+    pub fn pages_read(&self) -> Option<usize> {
+        self.pages.restricted_to()
     }
 
     /// Makes this reader a participant of a parallel scan: it reads only the blocks it takes

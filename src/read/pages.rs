@@ -60,6 +60,8 @@ pub struct PageReader {
     /// Of a participant in a parallel scan: where the blocks are taken from.
     shared: Option<&'static SharedBlocks>,
     images: ImageBatches<u32>,
+    /// Of a lookup by key: the only (block, image) pairs to read, sorted (`keymap.rs`).
+    only: Option<Vec<(u32, u64)>>,
     /// The batch being read and the position in it.
     batch: Option<PinnedBatch<u32>>,
     at: usize,
@@ -78,9 +80,34 @@ impl PageReader {
             next_block: 0,
             shared: None,
             images: ImageBatches::default(),
+            only: None,
             batch: None,
             at: 0,
         }
+    }
+
+    /// Reads only the blocks among `pairs` (block, image) that the snapshot maps to that
+    /// image (call before the first page is read): the pages a key map says may hold a key.
+    pub fn only(&mut self, mut pairs: Vec<(u32, u64)>) {
+        debug_assert!(self.batch.is_none() && self.images.queued() == 0);
+        pairs.sort_unstable();
+        self.only = Some(pairs);
+    }
+
+    /// The number of pages a reader restricted by [`PageReader::only`] reads (known once the
+    /// first page was asked for).
+    pub fn restricted_to(&self) -> Option<usize> {
+        self.only.as_ref().map(Vec::len)
+    }
+
+    /// The snapshot read.
+    pub fn snap(&self) -> u64 {
+        self.snap
+    }
+
+    /// The relation incarnation read.
+    pub fn rel(&self) -> u32 {
+        self.rel
     }
 
     /// Reads only the blocks this participant of a parallel scan takes from `shared` (call
@@ -93,6 +120,10 @@ impl PageReader {
     /// Looks up the images of the next step of blocks (blocks without one read as empty
     /// pages and are left out).
     fn look_up_next_step(&mut self) {
+        if self.only.is_some() {
+            self.look_up_only();
+            return;
+        }
         let step = match self.shared {
             None => BLOCKS_PER_STEP,
             Some(shared) => {
@@ -127,6 +158,39 @@ impl PageReader {
             // The snapshot maps no page of the table: every block is empty.
             None => self.next_block = self.nblocks,
         }
+    }
+
+    /// Looks up the blocks of [`PageReader::only`] at once, keeping those the snapshot maps to
+    /// an image named with them; the list then holds only those.
+    fn look_up_only(&mut self) {
+        self.next_block = self.nblocks;
+        let pairs = self.only.take().unwrap_or_default();
+        let view = self.groups.view_of(self.snap);
+        let tree = view
+            .tree(SnapId(self.snap))
+            .unwrap_or_else(|e| corrupt_index(e));
+        let relation = tree
+            .relation(RelId(self.rel))
+            .unwrap_or_else(|e| corrupt_index(e));
+        let mut kept = Vec::new();
+        if let Some(relation) = relation {
+            let mut at = 0;
+            while at < pairs.len() {
+                let block = pairs[at].0;
+                let run = pairs[at..].iter().take_while(|p| p.0 == block).count();
+                if block < self.nblocks {
+                    let image = relation.lookup(block).unwrap_or_else(|e| corrupt_index(e));
+                    if let Some(image) =
+                        image.filter(|i| pairs[at..at + run].iter().any(|p| p.1 == i.0))
+                    {
+                        self.images.push(block, image.0);
+                        kept.push((block, image.0));
+                    }
+                }
+                at += run;
+            }
+        }
+        self.only = Some(kept);
     }
 
     /// The page the last [`PageReader::next_page`] returned.

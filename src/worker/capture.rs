@@ -19,6 +19,7 @@ use super::storing::{Failure, Storing};
 use super::xact::{self, BulkRead, RegisteredSnapshot};
 use super::{code_of, Worker};
 use crate::ffi::latch;
+use crate::keymap::{self, KeyHasher};
 use crate::shmem::{self, Phase};
 use gsnap_protocol::{ErrorCode, WorkerError};
 use gsnap_shmem::carry::CarryForward;
@@ -54,13 +55,30 @@ pub(super) struct Target {
     pub rel: RelId,
     /// First capture of this incarnation: no previous page table to compare with.
     pub fresh: bool,
+    /// The table's key map (`keymap.rs`): the pages' key hashes are recorded.
+    pub keys: Option<KeyTarget>,
+}
+
+/// How a capture records a table's key hashes.
+#[derive(Clone, Copy)]
+pub(super) struct KeyTarget {
+    /// The key map (its start snapshot) the hashes belong to.
+    pub map: SnapId,
+    /// This capture starts the map: the hashes of every page are recorded, not only those of
+    /// the pages whose image changed.
+    pub every_page: bool,
 }
 
 struct Item {
     target: Target,
     blocks: Blocks,
+    /// The table's size at declaration.
+    nblocks: u32,
     /// The first capture after a start: what it may skip (`restart.rs`).
     resumed: Option<Resumed>,
+    /// The table's key, hashed into the key map (decided when the table is first opened).
+    hasher: Option<KeyHasher>,
+    keys_decided: bool,
 }
 
 /// A capture in progress.
@@ -148,9 +166,13 @@ impl Worker {
                         relid: t.relid,
                         rel: t.rel,
                         fresh,
+                        keys: None,
                     },
                     blocks,
+                    nblocks: t.nblocks,
                     resumed: t.resumed.clone(),
+                    hasher: None,
+                    keys_decided: false,
                 }
             })
             .collect();
@@ -505,7 +527,13 @@ impl CaptureJob {
         let memory = crate::gucs::capture_memory_bytes();
         let mut done = 0;
         while self.item < self.items.len() {
-            let item = &self.items[self.item];
+            if !self.items[self.item].keys_decided {
+                let snap = SnapId(self.decl.snap);
+                let capture = self.capture.as_mut().expect("phase one holds the capture");
+                // SAFETY: in the worker's transaction, the table locked by the snapshot.
+                unsafe { decide_keys(capture, &mut self.items[self.item], snap) }?;
+            }
+            let item = &mut self.items[self.item];
             if self.cursor >= item.blocks.len() {
                 self.item += 1;
                 self.cursor = 0;
@@ -529,12 +557,30 @@ impl CaptureJob {
             let capture = self.capture.as_mut().expect("phase one holds the capture");
             let start = self.cursor;
             let mut reached = start;
+            let Item {
+                target,
+                blocks,
+                resumed,
+                hasher,
+                ..
+            } = item;
             let mut read = |i: usize| -> Result<(), StoreError> {
-                let block = item.blocks.get(i);
+                let block = blocks.get(i);
+                let hasher = hasher.as_mut();
                 // SAFETY: the relation is open, the block below the size recorded at
                 // declaration (the table cannot shrink below it while locked).
-                let page =
-                    unsafe { read_one(capture, mvcc, &self.strategy, rel, item, at, block) }?;
+                let page = unsafe {
+                    read_one(
+                        capture,
+                        mvcc,
+                        &self.strategy,
+                        rel,
+                        resumed.as_ref(),
+                        hasher,
+                        at,
+                        block,
+                    )
+                }?;
                 let Some(page) = page else {
                     self.pages_unchanged += 1;
                     return Ok(());
@@ -547,7 +593,7 @@ impl CaptureJob {
                 } else {
                     self.stored_while_reading += 1;
                     let previous = |page| index.latest_image(page).map_err(index_error);
-                    store_one(&previous, capture, &item.target, page, &mut self.carried)
+                    store_one(&previous, capture, target, page, &mut self.carried)
                 }
             };
             let result = (|| {
@@ -610,18 +656,20 @@ pub(super) struct ReadPage {
 ///
 /// # Safety
 /// `rel` is the open, locked relation of `item`; `block` is below its size at declaration.
+#[allow(clippy::too_many_arguments)]
 unsafe fn read_one(
     capture: &mut Capture<RocksBackend>,
     mvcc: &RegisteredSnapshot,
     strategy: &BulkRead,
     rel: pg_sys::Relation,
-    item: &Item,
+    resumed: Option<&Resumed>,
+    hasher: Option<&mut KeyHasher>,
     at: usize,
     block: u32,
 ) -> Result<Option<ReadPage>, StoreError> {
     let mut toasts = Vec::new();
     // After a start: a block that may be skipped when its LSN says it is unchanged.
-    let unchanged_at_or_before = item.resumed.as_ref().and_then(|r| {
+    let unchanged_at_or_before = resumed.and_then(|r| {
         r.lsn_floor
             .filter(|_| block < r.prev_nblocks && !r.carried.contains(&block))
     });
@@ -633,6 +681,7 @@ unsafe fn read_one(
             mvcc.as_ptr(),
             strategy.as_ptr(),
             unchanged_at_or_before,
+            hasher,
             &mut |bytes| {
                 let id = capture.put_toast(bytes)?;
                 toasts.push(id);
@@ -672,8 +721,17 @@ pub(super) fn store_one(
     // A page with no mapping reads as empty, so an empty view needs no mapping then.
     if view.tuples > 0 || previous.is_some() {
         let image = capture.put_image(&view.view, &toasts)?;
-        if previous != Some(image) {
+        let changed = previous != Some(image);
+        if changed {
             capture.add_mapping(page, image)?;
+        }
+        // The key map names every image a snapshot from its start maps: those of the pages
+        // that changed, and, in the capture that starts it, every page's.
+        match target.keys {
+            Some(keys) if (changed || keys.every_page) && !view.keys.is_empty() => {
+                capture.add_keys(page, image, keys.map, &view.keys)?
+            }
+            _ => {}
         }
     }
     if view.unsettled {
@@ -681,6 +739,64 @@ pub(super) fn store_one(
         carried.push((target.relid, block));
     }
     Ok(())
+}
+
+/// Decides how this capture keeps `item`'s key map: none if the table has no key (or key
+/// maps are off: a map the incarnation had ends), the map recorded if the table's key is the
+/// one it was started with, else a map started by this capture, which then reads every
+/// block of the table (not only the changed ones) and records every page's keys.
+///
+/// # Safety
+/// In the worker's transaction, with the table locked by the snapshot being captured.
+unsafe fn decide_keys(
+    capture: &mut Capture<RocksBackend>,
+    item: &mut Item,
+    snap: SnapId,
+) -> Result<(), StoreError> {
+    item.keys_decided = true;
+    let relid = pg_sys::Oid::from(item.target.relid);
+    // SAFETY: the caller's promise.
+    let rel = unsafe { pg_sys::relation_open(relid, pg_sys::NoLock as i32) };
+    // SAFETY: the open relation.
+    let key = crate::gucs::KEY_MAPS
+        .get()
+        .then(|| unsafe { keymap::table_key(rel) })
+        .flatten();
+    let recorded = capture.store().key_map(item.target.rel);
+    let decided = (|| {
+        let recorded = recorded?;
+        let Some(key) = key else {
+            if recorded.is_some() {
+                capture.end_key_map(item.target.rel)?;
+            }
+            return Ok(());
+        };
+        let definition = key.encode();
+        let keys = match recorded {
+            Some(map) if map.definition == definition => KeyTarget {
+                map: map.start,
+                every_page: false,
+            },
+            _ => {
+                capture.start_key_map(item.target.rel, &definition)?;
+                item.blocks = Blocks::All(item.nblocks);
+                // Every page's keys are needed: none may be skipped by its LSN.
+                item.resumed = None;
+                KeyTarget {
+                    map: snap,
+                    every_page: true,
+                }
+            }
+        };
+        item.target.keys = Some(keys);
+        // SAFETY: in the transaction; the relation's descriptor outlives the capture's use
+        // of the hasher (it is reopened under the same lock for every batch).
+        item.hasher = Some(unsafe { KeyHasher::new(key, (*rel).rd_att) });
+        Ok(())
+    })();
+    // SAFETY: opened above.
+    unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
+    decided
 }
 
 /// A failure of the index, as the capture reports it.

@@ -22,6 +22,8 @@ pub struct PageView {
     pub tuples: usize,
     /// The view may change without a recorded write: capture the page again next time.
     pub unsettled: bool,
+    /// The key hashes of the view's rows (with a key hasher; rows with a NULL key left out).
+    pub keys: Vec<u64>,
 }
 
 /// True if `xid` is unknown to `snapshot` (in progress at declaration, or later) and has
@@ -90,6 +92,7 @@ pub unsafe fn capture_page<E>(
     snapshot: pg_sys::Snapshot,
     strategy: pg_sys::BufferAccessStrategy,
     unchanged_at_or_before: Option<u64>,
+    mut hasher: Option<&mut crate::keymap::KeyHasher>,
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
 ) -> Result<Option<PageView>, E> {
     let main = pg_sys::ForkNumber::MAIN_FORKNUM;
@@ -114,9 +117,17 @@ pub unsafe fn capture_page<E>(
     // SAFETY: releases the lock and the pin taken above; nothing points into the page any more.
     unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
 
-    // The tuples were copied once, into the view being built: their TOAST pointers and
-    // headers are rewritten there.
+    // The tuples were copied once, into the view being built: their keys are hashed there
+    // (before the TOAST pointers are rewritten), then their TOAST pointers and headers are
+    // rewritten.
+    let mut keys = Vec::new();
+    // SAFETY: the open relation's descriptor.
+    let desc = unsafe { (*rel).rd_att };
     builder.tuples_mut(|t| {
+        if let Some(hasher) = hasher.as_deref_mut() {
+            // SAFETY: `t` is a complete heap tuple of `rel`, 8-byte aligned in the builder.
+            keys.extend(unsafe { hasher.hash(t, desc) });
+        }
         if heap::has_external(t) {
             // SAFETY: `t` is a complete heap tuple of `rel`, 8-byte aligned in the builder.
             unsafe { copy_out_toast(rel, t, store_toast)? };
@@ -128,6 +139,7 @@ pub unsafe fn capture_page<E>(
         tuples: builder.len(),
         view: builder.finish(),
         unsettled,
+        keys,
     }))
 }
 

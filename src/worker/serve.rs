@@ -17,7 +17,7 @@ use gsnap_protocol::{
     ErrorCode, Kind, Page, PinnedEntry, Reply, Request, WorkerError, MAX_PINNED_PER_REPLY,
 };
 use gsnap_shmem::cache::{CacheError, CacheKey};
-use gsnap_store::{ErrorKind, ImageId, SnapId, SnapshotState, StoreError, ToastId};
+use gsnap_store::{ErrorKind, ImageId, RelId, SnapId, SnapshotState, StoreError, ToastId};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -181,6 +181,11 @@ impl Worker {
                 first_chunk,
                 max_chunks,
             } => toast_fetch(store, ToastId(value), first_chunk, max_chunks),
+            Request::KeyCandidates {
+                rel,
+                definition,
+                hashes,
+            } => key_candidates(store, RelId(rel), &definition, &hashes),
             request @ (Request::Delete { .. }
             | Request::Pin { .. }
             | Request::Unpin { .. }
@@ -348,6 +353,37 @@ fn resolve_time(store: &Store, time_us: i64) -> Result<SnapId, WorkerError> {
             f.id.0, f.decl.declared_at_us
         )),
         None => e.with_hint("no readable snapshot exists yet; take one with gsnap_snapshot()"),
+    })
+}
+
+/// The pages of `rel` that may hold the keys hashed to `hashes`, if its key map was started
+/// with `definition` (`keymap.rs`).
+fn key_candidates(
+    store: &Store,
+    rel: RelId,
+    definition: &[u8],
+    hashes: &[u64],
+) -> Result<Reply, WorkerError> {
+    let none = Reply::KeyCandidates {
+        start: None,
+        complete: true,
+        pairs: Vec::new(),
+    };
+    let Some(map) = store.key_map(rel).map_err(fail)? else {
+        return Ok(none);
+    };
+    if map.definition != definition {
+        return Ok(none);
+    }
+    let mut pairs = store.key_candidates(rel, hashes).map_err(fail)?;
+    let complete = pairs.len() <= gsnap_protocol::MAX_KEY_CANDIDATES;
+    if !complete {
+        pairs.clear();
+    }
+    Ok(Reply::KeyCandidates {
+        start: Some(map.start),
+        complete,
+        pairs,
     })
 }
 

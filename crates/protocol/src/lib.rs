@@ -83,9 +83,9 @@ pub use gsnap_core::{ImageId, RelId, SnapId};
 pub use listing::{GroupRow, GroupState, ScanHeader, SnapshotRow, SnapshotState, TableRow};
 pub use reply::{
     decode_answer, GroupEntry, Page, Pages, PinnedEntry, Pins, Reply, MAX_GROUPS_PER_REPLY,
-    MAX_PINNED_PER_REPLY,
+    MAX_KEY_CANDIDATES, MAX_PINNED_PER_REPLY,
 };
-pub use request::{Kind, Request, MAX_IDS_PER_REQUEST};
+pub use request::{Kind, Request, MAX_IDS_PER_REQUEST, MAX_KEY_HASHES};
 pub use wire::{DecodeError, EncodeError};
 
 /// The protocol version, the first byte of every request and answer.

@@ -10,7 +10,7 @@
 
 use crate::wire::{DecodeError, EncodeError, Reader, Writer};
 use crate::{Kind, WorkerError, MAX_MESSAGE_BYTES};
-use gsnap_core::SnapId;
+use gsnap_core::{ImageId, SnapId};
 
 /// The status byte of an answer that carries a [`Reply`].
 pub(crate) const STATUS_OK: u8 = 0;
@@ -21,6 +21,8 @@ pub(crate) const STATUS_ERROR: u8 = 1;
 const REPLY_HEADER: usize = 3;
 /// The most pinned entries one reply carries ([`Reply::ToastPinned`] has the most besides).
 pub const MAX_PINNED_PER_REPLY: usize = (MAX_MESSAGE_BYTES - REPLY_HEADER - 4 - 8 - 4) / 12;
+/// The most (block, image) pairs one [`Reply::KeyCandidates`] carries.
+pub const MAX_KEY_CANDIDATES: usize = (MAX_MESSAGE_BYTES - REPLY_HEADER - 8 - 1 - 4) / 12;
 /// The most pinned groups one reply carries.
 pub const MAX_GROUPS_PER_REPLY: usize = (MAX_MESSAGE_BYTES - REPLY_HEADER - 4) / 24;
 
@@ -158,6 +160,15 @@ pub enum Reply {
         len: u64,
         entries: Vec<PinnedEntry>,
     },
+    /// KeyCandidates: the snapshot the relation's key map is complete from (None: it has no
+    /// map with the definition asked for), and the (block, image) pairs that may hold the
+    /// keys, sorted; `complete` false if there were more than [`MAX_KEY_CANDIDATES`] (the
+    /// reader then reads every page).
+    KeyCandidates {
+        start: Option<SnapId>,
+        complete: bool,
+        pairs: Vec<(u32, ImageId)>,
+    },
 }
 
 /// The cache pins a reply holds for its requester.
@@ -181,6 +192,7 @@ impl Reply {
             Reply::GroupsPinned { .. } => 6,
             Reply::ImagesPinned { .. } => 7,
             Reply::ToastPinned { .. } => 8,
+            Reply::KeyCandidates { .. } => 9,
         }
     }
 
@@ -195,6 +207,7 @@ impl Reply {
             Reply::GroupsPinned { .. } => "GroupsPinned",
             Reply::ImagesPinned { .. } => "ImagesPinned",
             Reply::ToastPinned { .. } => "ToastPinned",
+            Reply::KeyCandidates { .. } => "KeyCandidates",
         }
     }
 
@@ -244,6 +257,17 @@ impl Reply {
             } => {
                 w.u32(*chunks).u64(*len);
                 pinned(&mut w, entries)?;
+            }
+            Reply::KeyCandidates {
+                start,
+                complete,
+                pairs,
+            } => {
+                w.u64(start.map_or(0, |s| s.0)).bool(*complete);
+                w.count(pairs.len())?;
+                for (block, image) in pairs {
+                    w.u32(*block).u64(image.0);
+                }
             }
         }
         w.into_message()
@@ -326,6 +350,19 @@ fn decode_reply(kind: Kind, r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
             len: r.u64()?,
             entries: decode_pinned(r)?,
         },
+        9 => {
+            let start = r.u64()?;
+            let complete = r.bool("complete")?;
+            let n = r.count("key candidates", 12)?;
+            let pairs = (0..n)
+                .map(|_| Ok((r.u32()?, ImageId(r.u64()?))))
+                .collect::<Result<_, DecodeError>>()?;
+            Reply::KeyCandidates {
+                start: (start != 0).then_some(SnapId(start)),
+                complete,
+                pairs,
+            }
+        }
         tag => {
             return Err(DecodeError::UnknownTag {
                 what: "reply",

@@ -56,11 +56,13 @@ pub enum Kind {
     Verify = 17,
     /// Paged. Reply: [`Reply::Page`] of [`crate::listing::decode_report`].
     StoreStats = 18,
+    /// Reply: [`Reply::KeyCandidates`].
+    KeyCandidates = 19,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 19] = [
         Kind::Declare,
         Kind::ReleaseExport,
         Kind::Snapshots,
@@ -79,6 +81,7 @@ impl Kind {
         Kind::RetentionPreview,
         Kind::Verify,
         Kind::StoreStats,
+        Kind::KeyCandidates,
     ];
 
     /// The tag the transport carries.
@@ -139,6 +142,7 @@ impl Kind {
                 | (Kind::IndexPin, Reply::GroupsPinned { .. })
                 | (Kind::ToastFetch, Reply::ToastPinned { .. })
                 | (Kind::LoadImages, Reply::ImagesPinned { .. })
+                | (Kind::KeyCandidates, Reply::KeyCandidates { .. })
         )
     }
 }
@@ -215,7 +219,18 @@ pub enum Request {
     Verify { repair: bool, offset: u64 },
     /// The store's space: live, dead and on-disk bytes, from byte `offset`.
     StoreStats { offset: u64 },
+    /// The pages of relation incarnation `rel` that may hold a row whose key hashes to one
+    /// of `hashes` (at most [`MAX_KEY_HASHES`]), if its key map was started with
+    /// `definition`.
+    KeyCandidates {
+        rel: u32,
+        definition: Vec<u8>,
+        hashes: Vec<u64>,
+    },
 }
+
+/// The most key hashes one [`Request::KeyCandidates`] carries.
+pub const MAX_KEY_HASHES: usize = 512;
 
 impl Request {
     /// The request's kind.
@@ -239,6 +254,7 @@ impl Request {
             Request::RetentionPreview { .. } => Kind::RetentionPreview,
             Request::Verify { .. } => Kind::Verify,
             Request::StoreStats { .. } => Kind::StoreStats,
+            Request::KeyCandidates { .. } => Kind::KeyCandidates,
         }
     }
 
@@ -337,6 +353,16 @@ impl Request {
             Request::StoreStats { offset } => {
                 w.u64(*offset);
             }
+            Request::KeyCandidates {
+                rel,
+                definition,
+                hashes,
+            } => {
+                w.u32(*rel).bytes(definition)?.count(hashes.len())?;
+                for h in hashes {
+                    w.u64(*h);
+                }
+            }
         }
         w.into_message()
     }
@@ -421,6 +447,19 @@ impl Request {
                 offset: r.u64()?,
             },
             Kind::StoreStats => Request::StoreStats { offset: r.u64()? },
+            Kind::KeyCandidates => {
+                let rel = r.u32()?;
+                let definition = r.bytes("key definition")?.to_vec();
+                let n = r.count("key hashes", 8)?;
+                let hashes = (0..n)
+                    .map(|_| r.u64())
+                    .collect::<Result<_, DecodeError>>()?;
+                Request::KeyCandidates {
+                    rel,
+                    definition,
+                    hashes,
+                }
+            }
         };
         r.finish()?;
         Ok(request)

@@ -79,6 +79,16 @@ fn request() -> impl Strategy<Value = Request> {
         (any::<bool>(), any::<u64>())
             .prop_map(|(repair, offset)| Request::Verify { repair, offset }),
         any::<u64>().prop_map(|offset| Request::StoreStats { offset }),
+        (
+            any::<u32>(),
+            vec(any::<u8>(), 0..60),
+            vec(any::<u64>(), 0..MAX_KEY_HASHES)
+        )
+            .prop_map(|(rel, definition, hashes)| Request::KeyCandidates {
+                rel,
+                definition,
+                hashes
+            }),
     ]
 }
 
@@ -157,6 +167,22 @@ fn reply() -> impl Strategy<Value = (Kind, Reply)> {
                 },
             )
         }),
+        (
+            proptest::option::of((1..u64::MAX).prop_map(SnapId)),
+            any::<bool>(),
+            vec(
+                (any::<u32>(), any::<u64>().prop_map(ImageId)),
+                0..MAX_KEY_CANDIDATES
+            )
+        )
+            .prop_map(|(start, complete, pairs)| (
+                Kind::KeyCandidates,
+                Reply::KeyCandidates {
+                    start,
+                    complete,
+                    pairs
+                }
+            )),
     ]
 }
 

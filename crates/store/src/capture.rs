@@ -65,6 +65,8 @@ pub struct Capture<B: KvBackend> {
     toast_refs: HashMap<ToastId, u64>,
     /// The sequence number of the first image this capture may store.
     first_image_seq: u64,
+    /// Key maps this capture starts (Some: the definition) or ends (None), written at commit.
+    key_maps: Vec<(RelId, Option<Vec<u8>>)>,
     failed: Option<StoreError>,
     finished: bool,
 }
@@ -222,6 +224,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             existing: HashSet::new(),
             toast_refs: HashMap::new(),
             first_image_seq: marker.first_image_seq,
+            key_maps: Vec::new(),
             failed: None,
             finished: false,
         })
@@ -286,6 +289,11 @@ impl<B: KvBackend> Capture<B> {
             .map(|&(_, image)| image)
             .filter(|&image| keys::image_seq(image) < self.first_new_image_seq())
             .collect()
+    }
+
+    /// The store the capture writes to.
+    pub fn store(&self) -> &SnapshotStore<B> {
+        &self.store
     }
 
     /// Images stored before this capture that it maps (reclamation must keep them).
@@ -416,6 +424,57 @@ impl<B: KvBackend> Capture<B> {
         Ok(())
     }
 
+    /// Records that image `image`, mapped at `page` (by this capture or an earlier one),
+    /// holds rows whose keys hash to `hashes` under key map `map` (its start snapshot; see
+    /// `keymap.rs`): hashes made with [`crate::settle_key_hash`], or [`crate::WILDCARD_KEY`]
+    /// for a row whose key could not be hashed. Written with the capture's data: an entry is a fact about the image's
+    /// content, true whether or not the capture commits.
+    pub fn add_keys(
+        &mut self,
+        page: PageKey,
+        image: ImageId,
+        map: SnapId,
+        hashes: &[u64],
+    ) -> Result<()> {
+        self.usable()?;
+        self.check_page(page)?;
+        let mut value = Vec::with_capacity(4 + 8 * hashes.len());
+        value.extend_from_slice(&page.rel.0.to_be_bytes());
+        for &h in hashes {
+            value.extend_from_slice(&h.to_be_bytes());
+            self.batch.put(
+                Cf::Keys,
+                &keys::key_entry_key(page.rel, h, page.block, image),
+                &[],
+            );
+        }
+        self.batch.put(
+            Cf::Keys,
+            &keys::image_keys_key(image, page.block, map),
+            &value,
+        );
+        self.flush_if_full()
+    }
+
+    /// Starts the key map of relation incarnation `rel` at this snapshot, with the caller's
+    /// definition of the key (`def`, opaque): written at commit. The capture must record the
+    /// keys of every page of the relation (mapped or not) with [`Capture::add_keys`].
+    pub fn start_key_map(&mut self, rel: RelId, def: &[u8]) -> Result<()> {
+        self.usable()?;
+        self.check_rel(rel)?;
+        self.key_maps.push((rel, Some(def.to_vec())));
+        Ok(())
+    }
+
+    /// Ends the key map of `rel` at this snapshot (its record is removed at commit; the
+    /// entries stay until their images are freed).
+    pub fn end_key_map(&mut self, rel: RelId) -> Result<()> {
+        self.usable()?;
+        self.check_rel(rel)?;
+        self.key_maps.push((rel, None));
+        Ok(())
+    }
+
     /// Records that `page` is unsettled at this snapshot and carried into the next span.
     pub fn carry(&mut self, page: PageKey) -> Result<()> {
         self.usable()?;
@@ -447,6 +506,17 @@ impl<B: KvBackend> Capture<B> {
             &records::encode_snapshot(&info),
         );
         self.batch.delete(Cf::Catalog, &keys::capturing_key(snap));
+        for (rel, def) in std::mem::take(&mut self.key_maps) {
+            let key = keys::key_map_key(rel);
+            match def {
+                Some(def) => {
+                    let mut value = snap.0.to_be_bytes().to_vec();
+                    value.extend_from_slice(&def);
+                    self.batch.put(Cf::Catalog, &key, &value);
+                }
+                None => self.batch.delete(Cf::Catalog, &key),
+            }
+        }
         let batch = std::mem::take(&mut self.batch);
         if let Err(e) = self.store.backend.write(&batch, true) {
             self.failed = Some(e.clone());
@@ -527,6 +597,10 @@ impl<B: KvBackend> Capture<B> {
             )));
         }
         Ok(())
+    }
+
+    fn check_rel(&self, rel: RelId) -> Result<()> {
+        self.check_page(PageKey { rel, block: 0 })
     }
 
     /// Looks a fingerprint up among this batch's new content, then in the dedup index.

@@ -65,6 +65,9 @@ pub enum Cf {
     Groups,
     /// Reference counts of images and TOAST values, and the TOAST values each image names.
     Refs,
+    /// Key maps: which (block, image) pairs hold a row with a given key hash, and the hashes
+    /// each image was recorded with (`keymap.rs`).
+    Keys,
 }
 
 impl Cf {
@@ -72,7 +75,7 @@ impl Cf {
     pub fn all() -> Vec<Cf> {
         let mut all = vec![Cf::Meta, Cf::Catalog, Cf::Dedup];
         all.extend((0..IMAGE_RANKS).map(|r| Cf::Images(Rank(r))));
-        all.extend([Cf::Toast, Cf::MapLog, Cf::Groups, Cf::Refs]);
+        all.extend([Cf::Toast, Cf::MapLog, Cf::Groups, Cf::Refs, Cf::Keys]);
         all
     }
 
@@ -87,6 +90,7 @@ impl Cf {
             Cf::MapLog => "maplog".into(),
             Cf::Groups => "groups".into(),
             Cf::Refs => "refs".into(),
+            Cf::Keys => "keys".into(),
         }
     }
 }
@@ -156,6 +160,9 @@ pub const TAG_KEPT_IMAGE: u8 = b'Z';
 /// `catalog`: `'W' toast` -> empty: a TOAST value whose count reached zero while a capture
 /// was open (which may have reused it: kept until the capture ends, `refs.rs`).
 pub const TAG_KEPT_TOAST: u8 = b'W';
+/// `catalog`: `'Y' rel` -> key map record: the snapshot it starts at (u64 BE), then the
+/// caller's definition of the key (opaque bytes).
+pub const TAG_KEY_MAP: u8 = b'Y';
 
 pub(crate) fn tagged_u64(tag: u8, n: u64) -> [u8; 9] {
     let mut k = [0; 9];
@@ -413,6 +420,70 @@ pub fn image_toasts_key(id: ImageId) -> [u8; 9] {
     tagged_u64(b'L', id.0)
 }
 
+// ---- key maps ------------------------------------------------------------------------------
+
+/// `keys`: `'E' rel hash block image` -> empty: image `image`, mapped at `block` of `rel`,
+/// holds a row whose key hashes to `hash`.
+pub fn key_entry_key(rel: RelId, hash: u64, block: u32, image: ImageId) -> [u8; 25] {
+    let mut k = [0; 25];
+    k[..13].copy_from_slice(&key_entry_prefix(rel, hash));
+    k[13..17].copy_from_slice(&block.to_be_bytes());
+    k[17..].copy_from_slice(&image.0.to_be_bytes());
+    k
+}
+
+/// The prefix of the `keys` entries of `rel` for key hash `hash`.
+pub fn key_entry_prefix(rel: RelId, hash: u64) -> [u8; 13] {
+    let mut k = [0; 13];
+    k[0] = b'E';
+    k[1..5].copy_from_slice(&rel.0.to_be_bytes());
+    k[5..].copy_from_slice(&hash.to_be_bytes());
+    k
+}
+
+/// Decodes a `keys` entry key: (block, image).
+pub fn decode_key_entry_key(key: &[u8]) -> Result<(u32, ImageId)> {
+    match key {
+        [b'E', rest @ ..] if rest.len() == 24 => {
+            Ok((be_u32(&rest[12..16]), ImageId(be_u64(&rest[16..]))))
+        }
+        _ => Err(bad_key("keys", key)),
+    }
+}
+
+/// `keys`: `'F' image block map` -> rel (u32 BE), then the key hashes recorded for the image
+/// at that block by key map `map` (its start snapshot, u64 BE) (u64 BE each): what freeing
+/// the image must delete.
+pub fn image_keys_key(image: ImageId, block: u32, map: SnapId) -> [u8; 21] {
+    let mut k = [0; 21];
+    k[..9].copy_from_slice(&image_keys_prefix(image));
+    k[9..13].copy_from_slice(&block.to_be_bytes());
+    k[13..].copy_from_slice(&map.0.to_be_bytes());
+    k
+}
+
+/// The prefix of the `'F'` records of `image`.
+pub fn image_keys_prefix(image: ImageId) -> [u8; 9] {
+    tagged_u64(b'F', image.0)
+}
+
+/// Decodes an `'F'` key: (image, block).
+pub fn decode_image_keys_key(key: &[u8]) -> Result<(ImageId, u32)> {
+    match key {
+        [b'F', rest @ ..] if rest.len() == 20 => {
+            Ok((ImageId(be_u64(&rest[..8])), be_u32(&rest[8..12])))
+        }
+        _ => Err(bad_key("keys", key)),
+    }
+}
+
+/// `catalog` key of the key map record of relation incarnation `rel`.
+pub fn key_map_key(rel: RelId) -> [u8; 5] {
+    let mut k = [TAG_KEY_MAP, 0, 0, 0, 0];
+    k[1..].copy_from_slice(&rel.0.to_be_bytes());
+    k
+}
+
 /// Decodes a `refs` key: its tag and id.
 pub fn decode_refs_key(key: &[u8]) -> Result<(u8, u64)> {
     match key {
@@ -474,6 +545,7 @@ mod tests {
             TAG_GROUP_META,
             TAG_KEPT_IMAGE,
             TAG_KEPT_TOAST,
+            TAG_KEY_MAP,
         ];
         let mut sorted = tags.to_vec();
         sorted.sort();

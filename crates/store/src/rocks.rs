@@ -253,10 +253,12 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
         Cf::Meta | Cf::Catalog | Cf::Groups => {
             opts.set_write_buffer_size(config.small_write_buffer_bytes)
         }
+        // Small entries, read by short prefix scans (one key's entries).
+        Cf::Keys => opts.set_write_buffer_size(config.small_write_buffer_bytes),
     }
     if matches!(
         cf,
-        Cf::Images(_) | Cf::Toast | Cf::MapLog | Cf::Dedup | Cf::Refs
+        Cf::Images(_) | Cf::Toast | Cf::MapLog | Cf::Dedup | Cf::Refs | Cf::Keys
     ) {
         // Half of any 256 consecutive entries, or half of the file, being deletions.
         opts.add_compact_on_deletion_collector_factory(256, 128, 0.5);

@@ -1,0 +1,511 @@
+//! Key maps: lookups by key AS OF a snapshot that read only the pages that can hold the key
+//! (README, "Lookups by key").
+//!
+//! A table's *key* is its primary key, or else its first unique B-tree index (lowest OID)
+//! on plain columns without a predicate. The capture hashes the key of every row of every
+//! page it reads, with the hash function PostgreSQL's hash joins use for the index's
+//! equality operator (the hash operator family's, so values the operator finds equal hash
+//! equal, across the family's types too), and records the hashes per page image
+//! (`gsnap_store::keymap`). A key that cannot be hashed from the page (an out-of-line TOAST
+//! value) is recorded as the wildcard: its page is a candidate for every key.
+//!
+//! The map of a relation incarnation is complete from the snapshot whose capture started it
+//! (it read every page of the table); a lookup AS OF an older snapshot scans. What a reader
+//! gets from the map is a superset of the pages holding the key (hash collisions add pages,
+//! never remove them); the query's own conditions decide which rows are returned.
+
+use crate::ffi::memcx::OwnedContext;
+use gsnap_store::{settle_key_hash, WILDCARD_KEY};
+use pgrx::pg_sys;
+
+/// One column of a table's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyColumn {
+    pub attnum: i16,
+    /// The column's type when the map was started.
+    pub type_oid: pg_sys::Oid,
+    /// The collation the key is compared (and hashed) with: the index's.
+    pub collation: pg_sys::Oid,
+    /// The hash function of the index's equality operator, for the column's side.
+    pub hash_proc: pg_sys::Oid,
+}
+
+/// The definition of a table's key, as recorded with its key map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyDef {
+    pub columns: Vec<KeyColumn>,
+}
+
+/// The version of the encoding of [`KeyDef`] (its first byte).
+const DEF_VERSION: u8 = 1;
+
+impl KeyDef {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![DEF_VERSION];
+        for c in &self.columns {
+            out.extend_from_slice(&c.attnum.to_be_bytes());
+            for oid in [c.type_oid, c.collation, c.hash_proc] {
+                out.extend_from_slice(&oid.to_u32().to_be_bytes());
+            }
+        }
+        out
+    }
+}
+
+/// The key hash of a row whose key columns hash to `parts` (in the definition's order).
+pub fn combine(parts: &[u32]) -> u64 {
+    let mut h: u64 = 0x243F_6A88_85A3_08D3;
+    for &p in parts {
+        h = (h.rotate_left(23) ^ u64::from(p)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    settle_key_hash(h ^ (h >> 29))
+}
+
+/// The key of the open relation `rel` (None: it has none a map can use).
+///
+/// # Safety
+/// `rel` is an open relation; in a transaction.
+pub unsafe fn table_key(rel: pg_sys::Relation) -> Option<KeyDef> {
+    // SAFETY: the caller's open relation.
+    let primary = unsafe { pg_sys::RelationGetPrimaryKeyIndex(rel) };
+    let candidates: Vec<pg_sys::Oid> = if primary != pg_sys::InvalidOid {
+        vec![primary]
+    } else {
+        // SAFETY: as above; the list is the relcache's copy, in the current context.
+        unsafe { crate::ffi::list::oids(pg_sys::RelationGetIndexList(rel)) }
+    };
+    // SAFETY: the caller's open relation, whose descriptor lives as long as it.
+    let desc = unsafe { (*rel).rd_att };
+    candidates
+        .into_iter()
+        // SAFETY: in the caller's transaction.
+        .find_map(|index| unsafe { index_key(index, desc) })
+}
+
+/// The key index `index` defines, if it is a valid unique B-tree index on plain columns
+/// without a predicate whose equality operators can be hashed.
+///
+/// # Safety
+/// In a transaction; `desc` is the descriptor of the index's table.
+unsafe fn index_key(index: pg_sys::Oid, desc: pg_sys::TupleDesc) -> Option<KeyDef> {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: an index of the caller's table, locked like a query locks it.
+    let irel = unsafe { pg_sys::index_open(index, lock) };
+    // SAFETY: the open index's relcache entry.
+    let def = unsafe {
+        let form = &*(*irel).rd_index;
+        let btree = (*(*irel).rd_rel).relam == pg_sys::BTREE_AM_OID;
+        let partial = !pg_sys::heap_attisnull(
+            (*irel).rd_indextuple,
+            pg_sys::Anum_pg_index_indpred as i32,
+            std::ptr::null_mut(),
+        );
+        if !btree || !form.indisunique || !form.indisvalid || partial {
+            None
+        } else {
+            let keys = form.indnkeyatts as usize;
+            let attnums = form.indkey.values.as_slice(keys);
+            let atts = crate::ffi::tuple::attributes(desc);
+            (0..keys)
+                .map(|i| {
+                    let attnum = attnums[i];
+                    if attnum <= 0 {
+                        return None; // an expression
+                    }
+                    let opfamily = *(*irel).rd_opfamily.add(i);
+                    let intype = *(*irel).rd_opcintype.add(i);
+                    let eq = pg_sys::get_opfamily_member(
+                        opfamily,
+                        intype,
+                        intype,
+                        pg_sys::BTEqualStrategyNumber as i16,
+                    );
+                    let (mut left, mut right) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+                    if eq == pg_sys::InvalidOid
+                        || !pg_sys::get_op_hash_functions(eq, &mut left, &mut right)
+                    {
+                        return None;
+                    }
+                    Some(KeyColumn {
+                        attnum,
+                        type_oid: atts[attnum as usize - 1].atttypid,
+                        collation: *(*irel).rd_indcollation.add(i),
+                        hash_proc: left,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(|columns| KeyDef { columns })
+        }
+    };
+    // SAFETY: opened above.
+    unsafe { pg_sys::index_close(irel, lock) };
+    def
+}
+
+/// Hashes the keys of a table's rows (on the capture's side).
+pub struct KeyHasher {
+    def: KeyDef,
+    functions: Vec<pg_sys::FmgrInfo>,
+    /// `attlen` of each key column.
+    lengths: Vec<i16>,
+    /// Where the functions keep what they cache (they live as long as the hasher).
+    _functions_memory: OwnedContext,
+    /// What one call allocates (a detoasted compressed value); reset before the next.
+    scratch: OwnedContext,
+}
+
+impl KeyHasher {
+    /// A hasher for `def`, the key of the table whose descriptor is `desc`.
+    ///
+    /// # Safety
+    /// In a transaction.
+    pub unsafe fn new(def: KeyDef, desc: pg_sys::TupleDesc) -> KeyHasher {
+        // SAFETY: the caller's descriptor.
+        let atts = unsafe { crate::ffi::tuple::attributes(desc) };
+        let memory = OwnedContext::new("gsnap key hash functions");
+        let functions = def
+            .columns
+            .iter()
+            .map(|c| {
+                // SAFETY: an all-zero FmgrInfo is what fmgr_info fills in.
+                let mut f: pg_sys::FmgrInfo = unsafe { std::mem::zeroed() };
+                // SAFETY: a hash function found in the catalog; its cache in `memory`.
+                memory.run(|| unsafe { pg_sys::fmgr_info(c.hash_proc, &mut f) });
+                f
+            })
+            .collect();
+        let lengths = def
+            .columns
+            .iter()
+            .map(|c| atts[c.attnum as usize - 1].attlen)
+            .collect();
+        KeyHasher {
+            def,
+            functions,
+            lengths,
+            _functions_memory: memory,
+            scratch: OwnedContext::new("gsnap key hashing"),
+        }
+    }
+
+    /// The key hash of heap tuple `tuple` (whose descriptor is the one given to `new`): None
+    /// if a key column is NULL (no equality finds it), the wildcard if a key column is an
+    /// out-of-line TOAST value.
+    ///
+    /// # Safety
+    /// `tuple` is a complete heap tuple of the table, 8-byte aligned; in a transaction.
+    pub unsafe fn hash(&mut self, tuple: &[u8], desc: pg_sys::TupleDesc) -> Option<u64> {
+        let mut data = pg_sys::HeapTupleData {
+            t_len: tuple.len() as u32,
+            t_self: pg_sys::ItemPointerData::default(),
+            t_tableOid: pg_sys::InvalidOid,
+            t_data: tuple.as_ptr().cast_mut().cast(),
+        };
+        let mut parts = [0u32; 8];
+        let mut many = Vec::new();
+        for (i, c) in self.def.columns.iter().enumerate() {
+            let mut null = false;
+            // SAFETY: the caller's tuple and descriptor.
+            let datum =
+                unsafe { pg_sys::heap_getattr(&mut data, c.attnum.into(), desc, &mut null) };
+            if null {
+                return None;
+            }
+            // SAFETY: a varlena's first byte; 0x01 is the header of a TOAST pointer (an
+            // external value).
+            if self.lengths[i] == -1 && unsafe { *datum.cast_mut_ptr::<u8>() } == 0x01 {
+                return Some(WILDCARD_KEY);
+            }
+            let f = &mut self.functions[i];
+            // SAFETY: nothing the previous call allocated is used any more.
+            unsafe { self.scratch.reset() };
+            // SAFETY: the column's hash function, called as a hash join calls it.
+            let h = self
+                .scratch
+                .run(|| unsafe { pg_sys::FunctionCall1Coll(f, c.collation, datum) });
+            let h = h.value() as u32;
+            match parts.get_mut(i) {
+                Some(p) => *p = h,
+                None => many.push(h),
+            }
+        }
+        let n = self.def.columns.len();
+        Some(if n <= parts.len() {
+            combine(&parts[..n])
+        } else {
+            let mut all = parts.to_vec();
+            all.extend(many);
+            combine(&all)
+        })
+    }
+}
+
+/// The condition one key column is given by a query: an expression (without the scanned
+/// table's columns) its value must equal, or an array it must be in.
+struct ColumnCondition {
+    expr: *mut pg_sys::Expr,
+    array: bool,
+    /// The hash function of the operator's other side (the expression's values).
+    hash_proc: pg_sys::Oid,
+}
+
+/// A query's conditions that fix the key of the table it scans: an equality (or `= ANY`)
+/// for every key column.
+pub struct KeyConditions {
+    def: KeyDef,
+    columns: Vec<ColumnCondition>,
+}
+
+/// The most keys (combinations of the columns' values) a lookup hashes; more: the scan
+/// reads every page.
+const MAX_KEYS: usize = gsnap_protocol::MAX_KEY_HASHES;
+
+/// `node` without the binary-compatible relabelings around it (a varchar column compared
+/// as text).
+///
+/// # Safety
+/// `node` is a valid expression node.
+unsafe fn strip(mut node: *mut pg_sys::Node) -> *mut pg_sys::Node {
+    // SAFETY: the caller's node; a RelabelType's argument is a node.
+    unsafe {
+        while crate::ffi::node::is_a(node, pg_sys::NodeTag::T_RelabelType) {
+            node = (*node.cast::<pg_sys::RelabelType>()).arg.cast();
+        }
+    }
+    node
+}
+
+/// True if comparing with collation `given` finds equal exactly the values comparing with
+/// `key` does, hashed alike: the same collation, or two deterministic ones.
+///
+/// # Safety
+/// In a transaction.
+unsafe fn same_equality(given: pg_sys::Oid, key: pg_sys::Oid) -> bool {
+    given == key
+        || (given != pg_sys::InvalidOid
+            && key != pg_sys::InvalidOid
+            // SAFETY: catalog lookups of existing collations.
+            && unsafe {
+                pg_sys::get_collation_isdeterministic(given)
+                    && pg_sys::get_collation_isdeterministic(key)
+            })
+}
+
+/// The condition `clause` gives key column `column`, if it is `column op expr` (or `expr op
+/// column`, or `column op ANY (array)`) with an operator hashed by the column's hash function
+/// and an expression free of the scan's columns and of volatile functions.
+///
+/// # Safety
+/// `clause` is a valid expression; in a transaction.
+unsafe fn condition_of(
+    clause: *mut pg_sys::Node,
+    column: &KeyColumn,
+    attnum_of: &dyn Fn(&pg_sys::Var) -> Option<i16>,
+) -> Option<ColumnCondition> {
+    use crate::ffi::node::is_a;
+    let is_column = |n: *mut pg_sys::Node| {
+        // SAFETY: nodes of the caller's clause.
+        unsafe {
+            let n = strip(n);
+            is_a(n, pg_sys::NodeTag::T_Var) && attnum_of(&*n.cast()) == Some(column.attnum)
+        }
+    };
+    let is_value = |n: *mut pg_sys::Node| {
+        // SAFETY: as above.
+        unsafe { !pg_sys::contain_var_clause(n) && !pg_sys::contain_volatile_functions(n) }
+    };
+    // SAFETY: the caller's clause, read by its tag.
+    unsafe {
+        let (opno, collation, args, array) = if is_a(clause, pg_sys::NodeTag::T_OpExpr) {
+            let op = &*clause.cast::<pg_sys::OpExpr>();
+            (op.opno, op.inputcollid, op.args, false)
+        } else if is_a(clause, pg_sys::NodeTag::T_ScalarArrayOpExpr) {
+            let op = &*clause.cast::<pg_sys::ScalarArrayOpExpr>();
+            if !op.useOr {
+                return None;
+            }
+            (op.opno, op.inputcollid, op.args, true)
+        } else {
+            return None;
+        };
+        if crate::ffi::list::len(args) != 2 || !same_equality(collation, column.collation) {
+            return None;
+        }
+        let (left, right) = (
+            crate::ffi::list::nth::<pg_sys::Node>(args, 0),
+            crate::ffi::list::nth::<pg_sys::Node>(args, 1),
+        );
+        let (mut lproc, mut rproc) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+        if !pg_sys::get_op_hash_functions(opno, &mut lproc, &mut rproc) {
+            return None;
+        }
+        if is_column(left) && is_value(right) && lproc == column.hash_proc {
+            Some(ColumnCondition {
+                expr: right.cast(),
+                array,
+                hash_proc: rproc,
+            })
+        } else if !array && is_column(right) && is_value(left) && rproc == column.hash_proc {
+            Some(ColumnCondition {
+                expr: left.cast(),
+                array,
+                hash_proc: lproc,
+            })
+        } else {
+            None
+        }
+    }
+}
+
+impl KeyConditions {
+    /// The conditions among `quals` (a list of implicitly AND-ed clauses, or of
+    /// RestrictInfos) that fix the key of the open table `rel`, whose columns' Vars
+    /// `attnum_of` recognizes; None unless every key column has one.
+    ///
+    /// # Safety
+    /// `rel` is open, `quals` NIL or a valid list; in a transaction.
+    pub unsafe fn find(
+        rel: pg_sys::Relation,
+        quals: *mut pg_sys::List,
+        attnum_of: &dyn Fn(&pg_sys::Var) -> Option<i16>,
+    ) -> Option<KeyConditions> {
+        if quals.is_null() {
+            return None;
+        }
+        // SAFETY: the caller's promise.
+        let def = unsafe { table_key(rel) }?;
+        // SAFETY: the caller's list; a RestrictInfo's clause is an expression.
+        let clauses: Vec<*mut pg_sys::Node> = unsafe {
+            crate::ffi::list::iter::<pg_sys::Node>(quals)
+                .map(|n| {
+                    if crate::ffi::node::is_a(n, pg_sys::NodeTag::T_RestrictInfo) {
+                        (*n.cast::<pg_sys::RestrictInfo>()).clause.cast()
+                    } else {
+                        n
+                    }
+                })
+                .collect()
+        };
+        let columns = def
+            .columns
+            .iter()
+            .map(|c| {
+                clauses
+                    .iter()
+                    // SAFETY: the clauses of the caller's list.
+                    .find_map(|&clause| unsafe { condition_of(clause, c, attnum_of) })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(KeyConditions { def, columns })
+    }
+
+    /// The definition of the key the conditions fix, as key maps record it.
+    pub fn definition(&self) -> Vec<u8> {
+        self.def.encode()
+    }
+
+    /// The key columns' names, for EXPLAIN.
+    ///
+    /// # Safety
+    /// In a transaction; `relid` is the table.
+    pub unsafe fn column_names(&self, relid: pg_sys::Oid) -> String {
+        self.def
+            .columns
+            .iter()
+            .map(|c| {
+                // SAFETY: a column of the table (missing_ok: a name is only shown).
+                let name = unsafe { pg_sys::get_attname(relid, c.attnum, true) };
+                if name.is_null() {
+                    format!("#{}", c.attnum)
+                } else {
+                    // SAFETY: a palloc'd C string.
+                    unsafe { std::ffi::CStr::from_ptr(name) }
+                        .to_string_lossy()
+                        .into_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The hashes of the keys the conditions allow, their expressions evaluated in
+    /// `planstate`'s context (parameters bound); None if there are more than a lookup takes.
+    /// A NULL value allows no key (the operators are strict).
+    ///
+    /// # Safety
+    /// `planstate` is the scan node's state, initialized; in a transaction.
+    pub unsafe fn hashes(&self, planstate: *mut pg_sys::PlanState) -> Option<Vec<u64>> {
+        let mut keys: Vec<Vec<u32>> = vec![Vec::new()];
+        for (c, column) in self.columns.iter().zip(&self.def.columns) {
+            // SAFETY: the caller's promise.
+            let values = unsafe { evaluate(c, column.collation, planstate) };
+            let mut next = Vec::with_capacity(keys.len() * values.len());
+            for k in &keys {
+                for &v in &values {
+                    let mut k = k.clone();
+                    k.push(v);
+                    next.push(k);
+                }
+            }
+            if next.len() > MAX_KEYS {
+                return None;
+            }
+            keys = next;
+        }
+        let mut hashes: Vec<u64> = keys.iter().map(|k| combine(k)).collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        Some(hashes)
+    }
+}
+
+/// The hashes (by the condition's hash function, with `collation`) of the values condition
+/// `c` allows: its expression's value, or the non-NULL elements of its array.
+///
+/// # Safety
+/// As for [`KeyConditions::hashes`].
+unsafe fn evaluate(
+    c: &ColumnCondition,
+    collation: pg_sys::Oid,
+    planstate: *mut pg_sys::PlanState,
+) -> Vec<u32> {
+    // SAFETY: the caller's promise: the node's state and expression context; the values are
+    // hashed before the per-tuple memory they may live in is reset.
+    unsafe {
+        let state = pg_sys::ExecInitExpr(c.expr, planstate);
+        let econtext = (*planstate).ps_ExprContext;
+        let mut null = false;
+        let value = pg_sys::ExecEvalExprSwitchContext(state, econtext, &mut null);
+        if null {
+            return Vec::new();
+        }
+        let mut f: pg_sys::FmgrInfo = std::mem::zeroed();
+        pg_sys::fmgr_info(c.hash_proc, &mut f);
+        let mut hash =
+            |d: pg_sys::Datum| pg_sys::FunctionCall1Coll(&mut f, collation, d).value() as u32;
+        if !c.array {
+            return vec![hash(value)];
+        }
+        let array = pg_sys::pg_detoast_datum(value.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+        let element = (*array).elemtype;
+        let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
+        pg_sys::get_typlenbyvalalign(element, &mut len, &mut byval, &mut align);
+        let mut elements = std::ptr::null_mut();
+        let mut nulls = std::ptr::null_mut();
+        let mut n = 0;
+        pg_sys::deconstruct_array(
+            array,
+            element,
+            len.into(),
+            byval,
+            align,
+            &mut elements,
+            &mut nulls,
+            &mut n,
+        );
+        (0..n as usize)
+            .filter(|&i| !*nulls.add(i))
+            .map(|i| hash(*elements.add(i)))
+            .collect()
+    }
+}

