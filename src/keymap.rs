@@ -83,63 +83,98 @@ pub unsafe fn table_key(rel: pg_sys::Relation) -> Option<KeyDef> {
 }
 
 /// The key index `index` defines, if it is a valid unique B-tree index on plain columns
-/// without a predicate whose equality operators can be hashed.
+/// without a predicate whose equality operators can be hashed. Read from the catalog caches,
+/// without locking the index (the worker must never wait for a REINDEX).
 ///
 /// # Safety
 /// In a transaction; `desc` is the descriptor of the index's table.
 unsafe fn index_key(index: pg_sys::Oid, desc: pg_sys::TupleDesc) -> Option<KeyDef> {
-    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-    // SAFETY: an index of the caller's table, locked like a query locks it.
-    let irel = unsafe { pg_sys::index_open(index, lock) };
-    // SAFETY: the open index's relcache entry.
-    let def = unsafe {
-        let form = &*(*irel).rd_index;
-        let btree = (*(*irel).rd_rel).relam == pg_sys::BTREE_AM_OID;
-        let partial = !pg_sys::heap_attisnull(
-            (*irel).rd_indextuple,
+    let index_cache = pg_sys::SysCacheIdentifier::INDEXRELID as i32;
+    let class_cache = pg_sys::SysCacheIdentifier::RELOID as i32;
+    // SAFETY: catalog cache lookups by OID, released below.
+    unsafe {
+        let class = pg_sys::SearchSysCache1(class_cache, pg_sys::Datum::from(index));
+        if class.is_null() {
+            return None;
+        }
+        let btree = (*pg_sys::GETSTRUCT(class).cast::<pg_sys::FormData_pg_class>()).relam
+            == pg_sys::BTREE_AM_OID;
+        pg_sys::ReleaseSysCache(class);
+        let tuple = pg_sys::SearchSysCache1(index_cache, pg_sys::Datum::from(index));
+        if tuple.is_null() {
+            return None;
+        }
+        let def = btree.then(|| key_of_index_tuple(tuple, desc)).flatten();
+        pg_sys::ReleaseSysCache(tuple);
+        def
+    }
+}
+
+/// The key a `pg_index` row defines (see [`index_key`]).
+///
+/// # Safety
+/// `tuple` is a `pg_index` row from the catalog cache; `desc` its table's descriptor.
+unsafe fn key_of_index_tuple(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<KeyDef> {
+    let cache = pg_sys::SysCacheIdentifier::INDEXRELID as i32;
+    // SAFETY: the caller's pg_index row; its variable-length columns read by the cache.
+    unsafe {
+        let form = &*pg_sys::GETSTRUCT(tuple).cast::<pg_sys::FormData_pg_index>();
+        let plain = pg_sys::heap_attisnull(
+            tuple,
             pg_sys::Anum_pg_index_indpred as i32,
             std::ptr::null_mut(),
+        ) && pg_sys::heap_attisnull(
+            tuple,
+            pg_sys::Anum_pg_index_indexprs as i32,
+            std::ptr::null_mut(),
         );
-        if !btree || !form.indisunique || !form.indisvalid || partial {
-            None
-        } else {
-            let keys = form.indnkeyatts as usize;
-            let attnums = form.indkey.values.as_slice(keys);
-            let atts = crate::ffi::tuple::attributes(desc);
-            (0..keys)
-                .map(|i| {
-                    let attnum = attnums[i];
-                    if attnum <= 0 {
-                        return None; // an expression
-                    }
-                    let opfamily = *(*irel).rd_opfamily.add(i);
-                    let intype = *(*irel).rd_opcintype.add(i);
-                    let eq = pg_sys::get_opfamily_member(
-                        opfamily,
-                        intype,
-                        intype,
-                        pg_sys::BTEqualStrategyNumber as i16,
-                    );
-                    let (mut left, mut right) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
-                    if eq == pg_sys::InvalidOid
-                        || !pg_sys::get_op_hash_functions(eq, &mut left, &mut right)
-                    {
-                        return None;
-                    }
-                    Some(KeyColumn {
-                        attnum,
-                        type_oid: atts[attnum as usize - 1].atttypid,
-                        collation: *(*irel).rd_indcollation.add(i),
-                        hash_proc: left,
-                    })
-                })
-                .collect::<Option<Vec<_>>>()
-                .map(|columns| KeyDef { columns })
+        if !form.indisunique || !form.indisvalid || !plain {
+            return None;
         }
-    };
-    // SAFETY: opened above.
-    unsafe { pg_sys::index_close(irel, lock) };
-    def
+        let vector = |attno: u32| {
+            let mut null = false;
+            let d = pg_sys::SysCacheGetAttr(cache, tuple, attno as pg_sys::AttrNumber, &mut null);
+            (!null).then(|| d.cast_mut_ptr::<pg_sys::oidvector>())
+        };
+        let (classes, collations) = (
+            vector(pg_sys::Anum_pg_index_indclass)?,
+            vector(pg_sys::Anum_pg_index_indcollation)?,
+        );
+        let keys = form.indnkeyatts as usize;
+        let attnums = form.indkey.values.as_slice(keys);
+        let classes = (*classes).values.as_slice(keys);
+        let collations = (*collations).values.as_slice(keys);
+        let atts = crate::ffi::tuple::attributes(desc);
+        (0..keys)
+            .map(|i| {
+                let attnum = attnums[i];
+                if attnum <= 0 {
+                    return None;
+                }
+                let opfamily = pg_sys::get_opclass_family(classes[i]);
+                let intype = pg_sys::get_opclass_input_type(classes[i]);
+                let eq = pg_sys::get_opfamily_member(
+                    opfamily,
+                    intype,
+                    intype,
+                    pg_sys::BTEqualStrategyNumber as i16,
+                );
+                let (mut left, mut right) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+                if eq == pg_sys::InvalidOid
+                    || !pg_sys::get_op_hash_functions(eq, &mut left, &mut right)
+                {
+                    return None;
+                }
+                Some(KeyColumn {
+                    attnum,
+                    type_oid: atts.get(attnum as usize - 1)?.atttypid,
+                    collation: collations[i],
+                    hash_proc: left,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(|columns| KeyDef { columns })
+    }
 }
 
 /// Hashes the keys of a table's rows (on the capture's side).
@@ -300,16 +335,11 @@ unsafe fn same_equality(given: pg_sys::Oid, key: pg_sys::Oid) -> bool {
 unsafe fn condition_of(
     clause: *mut pg_sys::Node,
     column: &KeyColumn,
-    attnum_of: &dyn Fn(&pg_sys::Var) -> Option<i16>,
+    column_of: &dyn Fn(*mut pg_sys::Node) -> Option<i16>,
 ) -> Option<ColumnCondition> {
     use crate::ffi::node::is_a;
-    let is_column = |n: *mut pg_sys::Node| {
-        // SAFETY: nodes of the caller's clause.
-        unsafe {
-            let n = strip(n);
-            is_a(n, pg_sys::NodeTag::T_Var) && attnum_of(&*n.cast()) == Some(column.attnum)
-        }
-    };
+    // SAFETY: nodes of the caller's clause.
+    let is_column = |n: *mut pg_sys::Node| column_of(unsafe { strip(n) }) == Some(column.attnum);
     let is_value = |n: *mut pg_sys::Node| {
         // SAFETY: as above.
         unsafe { !pg_sys::contain_var_clause(n) && !pg_sys::contain_volatile_functions(n) }
@@ -359,15 +389,16 @@ unsafe fn condition_of(
 
 impl KeyConditions {
     /// The conditions among `quals` (a list of implicitly AND-ed clauses, or of
-    /// RestrictInfos) that fix the key of the open table `rel`, whose columns' Vars
-    /// `attnum_of` recognizes; None unless every key column has one.
+    /// RestrictInfos) that fix the key of the open table `rel`, whose columns `column_of`
+    /// recognizes (an expression node: the attribute number of the table's column it is);
+    /// None unless every key column has one.
     ///
     /// # Safety
     /// `rel` is open, `quals` NIL or a valid list; in a transaction.
     pub unsafe fn find(
         rel: pg_sys::Relation,
         quals: *mut pg_sys::List,
-        attnum_of: &dyn Fn(&pg_sys::Var) -> Option<i16>,
+        column_of: &dyn Fn(*mut pg_sys::Node) -> Option<i16>,
     ) -> Option<KeyConditions> {
         if quals.is_null() {
             return None;
@@ -393,7 +424,7 @@ impl KeyConditions {
                 clauses
                     .iter()
                     // SAFETY: the clauses of the caller's list.
-                    .find_map(|&clause| unsafe { condition_of(clause, c, attnum_of) })
+                    .find_map(|&clause| unsafe { condition_of(clause, c, column_of) })
             })
             .collect::<Option<Vec<_>>>()?;
         Some(KeyConditions { def, columns })
@@ -456,6 +487,43 @@ impl KeyConditions {
         hashes.sort_unstable();
         hashes.dedup();
         Some(hashes)
+    }
+}
+
+/// A column of a table, as a query names it: `var(varno, attno)` is the Var of column `attno`
+/// (AS OF: the scan's columns are the table's); a range's `rec` column `rec` (a Var of
+/// `varno`) names the table's columns as fields, `(rec).column`. Returns `node`'s attribute
+/// number.
+///
+/// # Safety
+/// `node` is a valid expression node.
+pub unsafe fn column_of(
+    node: *mut pg_sys::Node,
+    varno: i32,
+    rec: Option<i16>,
+    attnum: &dyn Fn(i16) -> Option<i16>,
+) -> Option<i16> {
+    use crate::ffi::node::is_a;
+    // SAFETY: the caller's node, read by its tag.
+    unsafe {
+        match rec {
+            None if is_a(node, pg_sys::NodeTag::T_Var) => {
+                let v = &*node.cast::<pg_sys::Var>();
+                (v.varno == varno && v.varattno >= 1)
+                    .then(|| attnum(v.varattno))
+                    .flatten()
+            }
+            Some(rec) if is_a(node, pg_sys::NodeTag::T_FieldSelect) => {
+                let f = &*node.cast::<pg_sys::FieldSelect>();
+                let arg = f.arg.cast::<pg_sys::Node>();
+                (is_a(arg, pg_sys::NodeTag::T_Var)
+                    && (*arg.cast::<pg_sys::Var>()).varno == varno
+                    && (*arg.cast::<pg_sys::Var>()).varattno == rec
+                    && f.fieldnum >= 1)
+                    .then_some(f.fieldnum)
+            }
+            _ => None,
+        }
     }
 }
 

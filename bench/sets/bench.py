@@ -16,6 +16,11 @@
           of a 2M-row table (0.5% of the rows updated at random before each), serial plans
           (max_parallel_workers_per_gather = 0) against parallel ones (2 workers), and one
           AS OF scan both ways for reference; results checked equal.
+4. keys   lookups by key through the key map: one row by primary key AS OF snapshots 1 to
+          1,000 of a large table (0.5% of a small hot set of rows updated before each
+          snapshot, so snapshots differ) against the same lookup live through the primary key
+          index; one key's versions over all 1,000 snapshots; the capture's cost with the key
+          map (worker CPU per captured page, key maps on against off, interleaved rounds).
 
 Every benchmark prints its figures as it goes and writes CSV/JSON under --out; summary.json
 collects the target checks. All times are warm (the median of interleaved rounds after a
@@ -788,7 +793,114 @@ def bench_parallel(b: Bench) -> None:
     b.finish("parallel", res, c, [conn], lambda: None)
 
 
-BENCHMARKS = ["range", "diff", "parallel"]
+def bench_keys(b: Bench) -> None:
+    a = b.args
+    rows, nsnaps, rounds = a.keys_rows, a.keys_snaps, a.rounds
+    log(f"== 4. lookups by key: {rows:,} rows, {nsnaps} snapshots ({rounds} rounds)")
+    c = b.cluster("keys", ["gsnap.image_cache_size = '256MB'", "max_parallel_workers_per_gather = 2"])
+    conn = c.connect()
+    t0 = time.perf_counter()
+    pages = make_table(conn, "k", rows)
+    first = snapshot(conn)
+    log(f"   table k: {pages} pages; first snapshot (capture of every page, map started) "
+        f"{time.perf_counter() - t0:.0f} s after the load began")
+    rng = random.Random(20261127)
+    hot = rng.sample(range(1, rows + 1), 2000)
+    snaps = [first]
+    t0 = time.perf_counter()
+    for i in range(nsnaps - 1):
+        ids = rng.sample(hot, 10)
+        conn.execute("UPDATE k SET v = v + 1 WHERE id = ANY(%s)", (ids,))
+        snaps.append(conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0])
+    conn.execute("SELECT gsnap_snapshot(true)")
+    log(f"   {nsnaps} snapshots in {time.perf_counter() - t0:.0f} s")
+    # Lookups: keys from the hot set (changed between snapshots) and cold ones, at snapshots
+    # from the first to the last; each against the live lookup through the primary key.
+    at = sorted({snaps[0], snaps[min(9, nsnaps - 1)], snaps[min(99, nsnaps - 1)], snaps[-1]})
+    keys = rng.sample(hot, 5) + rng.sample(range(1, rows + 1), 5)
+    samples = []
+    for rnd in range(rounds + 1):  # round 0 warms the caches, untimed
+        for s in at:
+            for k in keys:
+                live_sql = f"SELECT * FROM k WHERE id = {k}"
+                asof_sql = f"SELECT * FROM gsnap_asof(NULL::k, {s}) WHERE id = {k}"
+                t = time.perf_counter()
+                live = conn.execute(live_sql).fetchall()
+                live_ms = (time.perf_counter() - t) * 1000
+                t = time.perf_counter()
+                got = conn.execute(asof_sql).fetchall()
+                asof_ms = (time.perf_counter() - t) * 1000
+                assert len(got) == 1 and got[0][0] == k and (s != snaps[-1] or got == live), (s, k, got, live)
+                if rnd:
+                    samples.append({"round": rnd, "snap": s, "key": k, "live_ms": round(live_ms, 4),
+                                    "asof_ms": round(asof_ms, 4)})
+    plan = "\n".join(r[0] for r in conn.execute(
+        f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM gsnap_asof(NULL::k, {snaps[-1]}) WHERE id = {keys[0]}"))
+    assert "Key Map: 1 pages read" in plan, plan
+    # Server-side execution time of one lookup (no round trip), live and AS OF.
+    def exec_ms(sql: str) -> float:
+        out = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql).fetchone()[0][0]
+        return out["Execution Time"]
+    server = {"live": med([exec_ms(f"SELECT * FROM k WHERE id = {k}") for k in keys for _ in range(3)]),
+              "asof": med([exec_ms(f"SELECT * FROM gsnap_asof(NULL::k, {snaps[-1]}) WHERE id = {k}")
+                           for k in keys for _ in range(3)])}
+    # One key's versions over every snapshot, and the same by a full range read.
+    hist = []
+    for rnd in range(rounds + 1):
+        k = hot[rnd % len(hot)]
+        t = time.perf_counter()
+        got = conn.execute(f"SELECT first_snap, last_snap, (rec).v FROM gsnap_versions(NULL::k, {snaps[0]}, "
+                           f"{snaps[-1]}) WHERE (rec).id = {k} ORDER BY 1").fetchall()
+        ms = (time.perf_counter() - t) * 1000
+        assert got and got[0][0] == snaps[0] and got[-1][1] == snaps[-1], got
+        if rnd:
+            hist.append({"round": rnd, "key": k, "versions": len(got), "ms": round(ms, 3)})
+    write_csv(b.out / "keys_lookup.csv", samples)
+    write_csv(b.out / "keys_history.csv", hist)
+    # The capture's cost with the key map: worker CPU per captured page, maps on vs off. Turning
+    # maps on restarts the map (a capture of every page), so each "on" round starts with an
+    # untimed snapshot that does that.
+    wpid = worker_pid(conn)
+    cap = []
+    for rnd in range(1, rounds + 1):
+        for mode in ("off", "on"):
+            conn.execute(f"ALTER SYSTEM SET gsnap.key_maps = {mode}")
+            conn.execute("SELECT pg_reload_conf()")
+            time.sleep(0.5)
+            conn.execute("UPDATE k SET v = v + 1 WHERE id % 50 = %s", (rnd,))
+            snapshot(conn)  # the map ends (off) or starts again (on): not timed
+            conn.execute("UPDATE k SET v = v + 1 WHERE id % 50 = %s", (rnd + 25,))
+            w0 = cpu_ms(wpid)
+            sid = snapshot(conn)
+            w = cpu_ms(wpid) - w0
+            st = snapshot_stats(conn, sid)
+            cap.append({"round": rnd, "key_maps": mode, "pages": st["pages_captured"], "worker_cpu_ms": w,
+                        "us_per_page": round(w * 1000 / max(1, st["pages_captured"]), 2)})
+    conn.execute("ALTER SYSTEM RESET gsnap.key_maps")
+    conn.execute("SELECT pg_reload_conf()")
+    write_csv(b.out / "keys_capture.csv", cap)
+    res: dict = {"rows": rows, "pages": pages, "snapshots": nsnaps, "per_snapshot": {}}
+    table = []
+    for s in at:
+        live = med([x["live_ms"] for x in samples if x["snap"] == s])
+        asof = med([x["asof_ms"] for x in samples if x["snap"] == s])
+        res["per_snapshot"][s] = {"live_ms": live, "asof_ms": asof, "ratio": round(asof / live, 2)}
+        table.append([s, f"{live:.3f}", f"{asof:.3f}", f"{asof / live:.2f}"])
+    log(md_table(["snapshot", "live lookup ms (client)", "AS OF lookup ms (client)", "AS OF / live"], table))
+    res["server_ms"] = server
+    log(f"   server-side execution: live {server['live']:.3f} ms, AS OF {server['asof']:.3f} ms")
+    res["history_ms"] = med([h["ms"] for h in hist])
+    res["history_versions"] = med([h["versions"] for h in hist])
+    log(f"   one key's versions over {nsnaps} snapshots: {res['history_ms']:.1f} ms "
+        f"({res['history_versions']:.0f} versions)")
+    on = med([x["us_per_page"] for x in cap if x["key_maps"] == "on"])
+    off = med([x["us_per_page"] for x in cap if x["key_maps"] == "off"])
+    res["capture_us_per_page"] = {"on": on, "off": off, "ratio": round(on / off, 3)}
+    log(f"   capture, worker CPU per page: key maps on {on:.1f} us, off {off:.1f} us ({on / off:.2f})")
+    b.finish("keys", res, c, [conn], lambda: None)
+
+
+BENCHMARKS = ["range", "diff", "parallel", "keys"]
 
 
 def main() -> int:
@@ -804,6 +916,8 @@ def main() -> int:
     ap.add_argument("--diff-rows", type=int)
     ap.add_argument("--diff-ks", help="comma-separated numbers of pages changed of the diff benchmark")
     ap.add_argument("--parallel-rows", type=int)
+    ap.add_argument("--keys-rows", type=int)
+    ap.add_argument("--keys-snaps", type=int)
     ap.add_argument("--shared-buffers", default="1GB")
     prof = ap.add_mutually_exclusive_group()
     prof.add_argument("--profile", action="store_true", help="perf profiles (default in a full run)")
@@ -816,6 +930,8 @@ def main() -> int:
     a.range_ns = [int(x) for x in a.range_ns.split(",")] if a.range_ns else ([5, 10] if q else [5, 10, 20, 40])
     a.diff_rows = a.diff_rows or (400_000 if q else 2_000_000)
     a.parallel_rows = a.parallel_rows or (300_000 if q else 2_000_000)
+    a.keys_rows = a.keys_rows or (200_000 if q else 10_000_000)
+    a.keys_snaps = a.keys_snaps or (100 if q else 1000)
     a.diff_ks = [int(x) for x in a.diff_ks.split(",")] if a.diff_ks else (
         [1, 10, 100, 1000] if q else [1, 10, 100, 1000, 3000, 10000])
     do_profile = (a.profile or not q) and not a.no_profile and shutil.which("perf") is not None
@@ -824,7 +940,8 @@ def main() -> int:
     b.do_profile = do_profile
     b.keep_earlier(BENCHMARKS, only)
     b.summary["settings"] = {k: v for k, v in vars(a).items() if k != "out"}
-    return b.run([("range", bench_range), ("diff", bench_diff), ("parallel", bench_parallel)], only)
+    return b.run([("range", bench_range), ("diff", bench_diff), ("parallel", bench_parallel),
+                  ("keys", bench_keys)], only)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ Usage: plot.py RESULTS_DIR. Writes next to the CSV files:
   diff.png    gsnap_diff time vs pages changed between two adjacent snapshots (log-log), with
               one full AS OF scan and 0.1 of it (the target) as horizontal lines;
   parallel.png  per query over 10 snapshots, the serial plan's time and the parallel plan's
-              (2 workers), each round as a point and the median as a bar.
+              (2 workers), each round as a point and the median as a bar;
+  keys.png    a lookup by primary key AS OF snapshots from the first to the last, against the
+              same lookup live through the index (client-side ms, medians with rounds as
+              points).
 Each plot is skipped when its CSV is missing. Installs matplotlib with pip if it is missing.
 """
 import json
@@ -120,6 +123,27 @@ def plot_parallel(out):
     save(fig, out, "parallel.png")
 
 
+def plot_keys(out):
+    data = rows(out, "keys_lookup.csv")
+    if not data:
+        return
+    snaps = sorted({int(r["snap"]) for r in data})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.38
+    for j, (col, label, color) in enumerate((("live_ms", "live, through the primary key", "tab:blue"),
+                                             ("asof_ms", "AS OF the snapshot, through the key map", "tab:red"))):
+        for i, s in enumerate(snaps):
+            ms = [float(r[col]) for r in data if int(r["snap"]) == s]
+            x = i + (j - 0.5) * width
+            ax.bar(x, statistics.median(ms), width, color=color, alpha=0.6, label=label if i == 0 else None)
+            ax.plot([x] * len(ms), ms, "k.", markersize=3)
+    ax.set_xticks(range(len(snaps)), [f"snapshot {s}" for s in snaps])
+    ax.set_ylabel("ms per lookup (client side)")
+    ax.set_title("one row by primary key: AS OF vs live")
+    ax.legend()
+    save(fig, out, "keys.png")
+
+
 def plot_diff(out):
     data = rows(out, "diff.csv")
     if not data:
@@ -165,4 +189,4 @@ def plot_diff(out):
 
 
 if __name__ == "__main__":
-    main(__file__, [plot_range, plot_diff, plot_parallel])
+    main(__file__, [plot_range, plot_diff, plot_parallel, plot_keys])

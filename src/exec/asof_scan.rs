@@ -17,7 +17,7 @@
 use super::node::{self, ExecMethods, ParallelNode, ScanNode};
 use super::{pruning, ScanTable};
 use crate::ffi::tuple::{self, item_pointer};
-use crate::keymap::KeyConditions;
+use crate::keymap::{self, KeyConditions};
 use crate::read::asof::{AsofRows, KeyMapUse, Row};
 use crate::read::partitioned::PartitionedRows;
 use crate::read::SharedBlocks;
@@ -104,26 +104,12 @@ unsafe extern "C-unwind" fn explain(
     let Some(keys) = (unsafe { key_conditions(css, rel.as_ptr(), &scan.columns) }) else {
         return;
     };
-    // SAFETY: in the transaction that runs EXPLAIN.
-    let columns = unsafe { keys.column_names(rel.oid()) };
-    // SAFETY: EXPLAIN's state.
-    unsafe { node::explain_property(es, "Key Lookup", &columns) };
-    let pages = match &scan.rows {
-        Some(Reader::Table(rows)) => rows.pages_read(),
+    let read = match &scan.rows {
+        Some(Reader::Table(rows)) => rows.pages_read().map(|n| format!("{n} pages read")),
         _ => None,
     };
-    let used = match (scan.key_map, pages) {
-        (None, _) => return, // not run (EXPLAIN without ANALYZE)
-        (Some(KeyMapUse::Pages(_)), Some(n)) => format!("{n} pages read"),
-        (Some(KeyMapUse::Pages(n)), None) => format!("{n} candidate pages"),
-        (Some(KeyMapUse::NoMap), _) => "none at this snapshot: every page read".to_string(),
-        (Some(KeyMapUse::Later(s)), _) => {
-            format!("starts at snapshot {s}: every page read")
-        }
-        (Some(KeyMapUse::TooMany), _) => "too many keys or pages: every page read".to_string(),
-    };
-    // SAFETY: EXPLAIN's state.
-    unsafe { node::explain_property(es, "Key Map", &used) };
+    // SAFETY: EXPLAIN's state; in its transaction.
+    unsafe { node::explain_key_map(es, &keys, rel.oid(), scan.key_map, read) };
 }
 
 /// The node's conditions that fix the table's key, if they do (`keymap.rs`): over its scan
@@ -138,14 +124,11 @@ unsafe fn key_conditions(
 ) -> Option<KeyConditions> {
     // SAFETY: our node's plan and its conditions, as planned.
     let quals = unsafe { node::plan_of(css).scan.plan.qual };
-    let attnum_of = |v: &pg_sys::Var| {
-        (v.varno == pg_sys::INDEX_VAR && v.varattno >= 1)
-            .then(|| columns.get(v.varattno as usize - 1))
-            .flatten()
-            .map(|&c| c as i16 + 1)
-    };
+    let attnum = |scan_column: i16| columns.get(scan_column as usize - 1).map(|&c| c as i16 + 1);
+    // SAFETY: nodes of the node's conditions.
+    let column_of = |n| unsafe { keymap::column_of(n, pg_sys::INDEX_VAR, None, &attnum) };
     // SAFETY: the caller's promise.
-    unsafe { KeyConditions::find(rel, quals, &attnum_of) }
+    unsafe { KeyConditions::find(rel, quals, &column_of) }
 }
 
 impl ScanNode for AsofScan {

@@ -85,6 +85,34 @@ pub(super) unsafe fn explain_partitions(
     }
 }
 
+/// EXPLAIN's "Key Lookup" line of a scan whose conditions fix the table's key (`keys`, of
+/// table `relid`), and once it has run, its "Key Map" line: what the map said (`used`), and
+/// `read` (what the scan read through it).
+///
+/// # Safety
+/// `es` is the EXPLAIN in progress; in its transaction.
+pub(super) unsafe fn explain_key_map(
+    es: *mut pg_sys::ExplainState,
+    keys: &crate::keymap::KeyConditions,
+    relid: pg_sys::Oid,
+    used: Option<crate::read::asof::KeyMapUse>,
+    read: Option<String>,
+) {
+    use crate::read::asof::KeyMapUse;
+    // SAFETY: the caller's promise.
+    unsafe { explain_property(es, "Key Lookup", &keys.column_names(relid)) };
+    let text = match (used, read) {
+        (None, _) => return, // not run (EXPLAIN without ANALYZE)
+        (Some(KeyMapUse::Pages(_)), Some(read)) => read,
+        (Some(KeyMapUse::Pages(n)), None) => format!("{n} candidate pages"),
+        (Some(KeyMapUse::NoMap), _) => "none at this snapshot: every page read".to_string(),
+        (Some(KeyMapUse::Later(s)), _) => format!("starts at snapshot {s}: every page read"),
+        (Some(KeyMapUse::TooMany), _) => "too many keys or pages: every page read".to_string(),
+    };
+    // SAFETY: the caller's promise.
+    unsafe { explain_property(es, "Key Map", &text) };
+}
+
 /// One line (text property) of EXPLAIN.
 ///
 /// # Safety

@@ -18,7 +18,9 @@ use super::{pruning, ScanTable};
 use crate::ffi::relation::relation_kind;
 use crate::ffi::tuple::{self, row_type_copy};
 use crate::ffi::{expr, list};
+use crate::keymap::{self, KeyConditions};
 use crate::plan::nodes::ScanKind;
+use crate::read::asof::KeyMapUse;
 use crate::read::range::{self, RangeCursor};
 use crate::read::versions::VersionsCursor;
 use crate::read::SharedRange;
@@ -43,6 +45,9 @@ pub(super) struct RangeScan {
     next_snap: usize,
     /// Of a parallel scan: the range and block cursor its participants share.
     shared: Option<&'static SharedRange>,
+    /// Of a lookup by key (the Row Filter fixes the table's key): what the key maps said
+    /// at the last open.
+    key_map: Option<KeyMapUse>,
 }
 
 /// The cursor of a range (row versions, each repeated per snapshot) or of its versions (one
@@ -100,6 +105,37 @@ unsafe extern "C-unwind" fn explain_range(
     };
     // SAFETY: EXPLAIN's state.
     unsafe { node::explain_partitions(es, scan.partitions, "over the range") };
+    let rel = scan.table.rel();
+    // SAFETY: our node, and its open table.
+    let Some(keys) = (unsafe { key_conditions(css, rel.as_ptr(), scan.table.kind) }) else {
+        return;
+    };
+    let read = match &scan.cursor {
+        Some(Cursor::Range(cursors, _)) => cursors.first().map(RangeCursor::images_read),
+        Some(Cursor::Versions(cursors, _)) => cursors.first().map(VersionsCursor::images_read),
+        None => None,
+    };
+    let read = read.map(|n| format!("{n} page images read"));
+    // SAFETY: EXPLAIN's state; in its transaction.
+    unsafe { node::explain_key_map(es, &keys, rel.oid(), scan.key_map, read) };
+}
+
+/// The node's Row Filter conditions that fix the table's key, if they do (`keymap.rs`).
+///
+/// # Safety
+/// `css` is a range or versions node; `rel` its open table; in a transaction.
+unsafe fn key_conditions(
+    css: *mut pg_sys::CustomScanState,
+    rel: pg_sys::Relation,
+    kind: ScanKind,
+) -> Option<KeyConditions> {
+    // SAFETY: the caller's promise: the plan of a range or versions node.
+    let quals = unsafe { row_filter_of(node::plan_of(css)) };
+    let rec = kind.rec_column()? as i16;
+    // SAFETY: nodes of the node's conditions.
+    let column_of = |n| unsafe { keymap::column_of(n, pg_sys::INDEX_VAR, Some(rec), &|a| Some(a)) };
+    // SAFETY: the caller's promise.
+    unsafe { KeyConditions::find(rel, quals, &column_of) }
 }
 
 /// The conditions on `rec` alone (a List of conditions, NIL for none), after the snapshot
@@ -134,6 +170,7 @@ impl ScanNode for RangeScan {
             snaps: Vec::new(),
             next_snap: 0,
             shared: None,
+            key_map: None,
         }
     }
 
@@ -228,6 +265,19 @@ impl RangeScan {
                 for cursor in &mut cursors {
                     cursor.share(shared);
                 }
+            } else if let Some(keys) = {
+                let rel = self.table.rel().as_ptr();
+                // SAFETY: our node (the caller's promise); its open table.
+                unsafe { key_conditions(css, rel, self.table.kind) }
+            } {
+                // SAFETY: our node's state, initialized; parameters are bound by now.
+                let used = match unsafe { keys.hashes(&mut (*css).ss.ps) } {
+                    Some(hashes) => cursors
+                        .first_mut()
+                        .map(|c| c.look_up_keys(&keys.definition(), &hashes)),
+                    None => Some(KeyMapUse::TooMany),
+                };
+                self.key_map = used;
             }
             self.cursor = Some(if versions {
                 Cursor::Versions(cursors.into_iter().map(VersionsCursor::new).collect(), 0)

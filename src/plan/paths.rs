@@ -149,16 +149,18 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         (tuples, f64::from(pages))
     };
     let (tuples, pages) = (per_table * tuples.max(1.0), pages.max(1.0));
-    // An AS OF scan whose conditions fix the table's key reads only the pages its key map
-    // names (`keymap.rs`), when the snapshot has one.
-    let by_key = matches!(kind, ScanKind::AsofId | ScanKind::AsofTime)
-        && !partitioned
+    // An AS OF, range or versions scan whose conditions fix the table's key reads only the
+    // pages its key map names (`keymap.rs`), when the snapshots have one.
+    let by_key = matches!(
+        kind,
+        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::Range | ScanKind::Versions
+    ) && !partitioned
         // SAFETY: the open table, and the planner's conditions over the relation `rti`.
         && unsafe {
-            let attnum_of = |v: &pg_sys::Var| {
-                (v.varno as pg_sys::Index == rti && v.varattno >= 1).then_some(v.varattno)
-            };
-            crate::keymap::KeyConditions::find(table.as_ptr(), (*rel).baserestrictinfo, &attnum_of)
+            let rec = kind.rec_column().map(|c| c as i16);
+            let column_of =
+                |n| crate::keymap::column_of(n, rti as i32, rec, &|a: i16| Some(a));
+            crate::keymap::KeyConditions::find(table.as_ptr(), (*rel).baserestrictinfo, &column_of)
                 .is_some()
         };
     drop(table);

@@ -15,6 +15,7 @@
 //! after another, so every block is read by exactly one of them, all its images by the same
 //! one (a version's run never spans participants).
 
+use super::asof::KeyMapUse;
 use super::decode::Decoder;
 use super::pages::{parallel_step, view_tuples};
 use super::partitioned;
@@ -220,6 +221,8 @@ pub struct RangeCursor {
     /// segment than the one loaded).
     blocks: Blocks,
     taken: Option<(usize, Range<u32>)>,
+    /// Of a lookup by key: the only blocks to read, per segment (sorted; `keymap.rs`).
+    only: Option<Vec<Vec<u32>>>,
     /// The current segment's runs (block, image, snapshots sharing it), and their images.
     runs: Vec<ImageRun>,
     images: ImageBatches<usize>,
@@ -358,6 +361,7 @@ impl RangeCursor {
                 shared: None,
             },
             taken: None,
+            only: None,
             runs: Vec::new(),
             images: ImageBatches::default(),
             batch: None,
@@ -407,6 +411,37 @@ impl RangeCursor {
             .raise();
         }
         self.blocks.shared = Some(shared);
+    }
+
+    /// Reads only the blocks the key maps of the range's incarnations say may hold one of
+    /// the keys hashed to `hashes` (key definition `definition`, `keymap.rs`), if a map covers
+    /// every snapshot of the range; call before the first row. Returns what the maps said
+    /// (the candidate pages of all incarnations).
+    pub fn look_up_keys(&mut self, definition: &[u8], hashes: &[u64]) -> KeyMapUse {
+        let mut only = Vec::with_capacity(self.segments.len());
+        let mut pages = 0;
+        for segment in &self.segments {
+            let (first, t) = &self.snaps[segment.start];
+            match crate::ipc::key_candidates(t.rel, definition, hashes) {
+                None => return KeyMapUse::NoMap,
+                Some((start, _)) if start.0 > *first => return KeyMapUse::Later(start.0),
+                Some((_, None)) => return KeyMapUse::TooMany,
+                Some((_, Some(pairs))) => {
+                    pages += pairs.len();
+                    let mut blocks: Vec<u32> = pairs.into_iter().map(|(b, _)| b).collect();
+                    blocks.dedup();
+                    only.push(blocks);
+                }
+            }
+        }
+        self.only = Some(only);
+        KeyMapUse::Pages(pages)
+    }
+
+    /// Of a cursor restricted by [`RangeCursor::look_up_keys`]: the images of the runs of
+    /// the candidate blocks read so far.
+    pub fn images_read(&self) -> u64 {
+        self.image
     }
 
     /// True if no snapshot of the range is read (a partition pruned at every one).
@@ -630,9 +665,12 @@ impl RangeCursor {
         // The index may still list deleted snapshots between readable ones: a run none of
         // the segment's snapshots lies in is skipped (its image may be reclaimed).
         let held = &self.snaps[segment.clone()];
+        let only = self.only.as_ref().map(|o| &o[index]);
         gsnap_core::range(&views, SnapId(first), SnapId(last), RelId(rel), &mut |r| {
             let at = held.partition_point(|(s, _)| *s < r.first.0);
-            if held.get(at).is_some_and(|(s, _)| *s <= r.last.0) {
+            if held.get(at).is_some_and(|(s, _)| *s <= r.last.0)
+                && only.is_none_or(|o| o.binary_search(&r.block).is_ok())
+            {
                 runs.push(r)
             }
         })

@@ -61,6 +61,11 @@ impl VersionsCursor {
         }
     }
 
+    /// The page images read so far (see [`RangeCursor::images_read`]).
+    pub fn images_read(&self) -> u64 {
+        self.range.images_read()
+    }
+
     /// The next version: its first and last snapshots and its `rec` datum (valid until the
     /// next call); None at the end. `keep(rec, snap)` is asked once per row version, as by
     /// [`RangeCursor::next_row`].

@@ -450,7 +450,7 @@ impl<B: KvBackend> Capture<B> {
         }
         self.batch.put(
             Cf::Keys,
-            &keys::image_keys_key(image, page.block, map),
+            &keys::image_keys_key(image, page.block, page.rel, map),
             &value,
         );
         self.flush_if_full()

@@ -451,14 +451,16 @@ pub fn decode_key_entry_key(key: &[u8]) -> Result<(u32, ImageId)> {
     }
 }
 
-/// `keys`: `'F' image block map` -> rel (u32 BE), then the key hashes recorded for the image
-/// at that block by key map `map` (its start snapshot, u64 BE) (u64 BE each): what freeing
-/// the image must delete.
-pub fn image_keys_key(image: ImageId, block: u32, map: SnapId) -> [u8; 21] {
-    let mut k = [0; 21];
+/// `keys`: `'F' image block rel map` -> rel (u32 BE), then the key hashes recorded for the
+/// image at that block of `rel` by key map `map` (its start snapshot, u64 BE) (u64 BE each):
+/// what freeing the image must delete. (Two tables can hold the same image at the same
+/// block, and a table's successive maps can record it with different keys.)
+pub fn image_keys_key(image: ImageId, block: u32, rel: RelId, map: SnapId) -> [u8; 25] {
+    let mut k = [0; 25];
     k[..9].copy_from_slice(&image_keys_prefix(image));
     k[9..13].copy_from_slice(&block.to_be_bytes());
-    k[13..].copy_from_slice(&map.0.to_be_bytes());
+    k[13..17].copy_from_slice(&rel.0.to_be_bytes());
+    k[17..].copy_from_slice(&map.0.to_be_bytes());
     k
 }
 
@@ -470,7 +472,7 @@ pub fn image_keys_prefix(image: ImageId) -> [u8; 9] {
 /// Decodes an `'F'` key: (image, block).
 pub fn decode_image_keys_key(key: &[u8]) -> Result<(ImageId, u32)> {
     match key {
-        [b'F', rest @ ..] if rest.len() == 20 => {
+        [b'F', rest @ ..] if rest.len() == 24 => {
             Ok((ImageId(be_u64(&rest[..8])), be_u32(&rest[8..12])))
         }
         _ => Err(bad_key("keys", key)),

@@ -80,28 +80,33 @@ fn keys_are_found_by_hash_and_the_map_starts_with_its_commit() {
 #[test]
 fn entries_leave_with_their_images() {
     let store = SnapshotStore::open_in_memory(7);
-    let (rels, decl) = setup(&store, 1, 2);
-    let rel = rels[0];
+    let (rels, decl) = setup(&store, 2, 2);
+    let (rel, other) = (rels[0], rels[1]);
     let row_type = decl.relations[0].row_type;
     let mut c = store.declare_and_begin(decl).unwrap();
     let s1 = c.snapshot();
+    // The same image at the same block of two tables (a copy of a table).
     let a = c.put_image(&view(1, 300), &[]).unwrap();
-    c.add_mapping(page_key(rel, 0), a).unwrap();
-    c.add_keys(page_key(rel, 0), a, s1, &[1, 2, 3]).unwrap();
-    c.start_key_map(rel, b"k").unwrap();
+    for r in [rel, other] {
+        c.add_mapping(page_key(r, 0), a).unwrap();
+        c.add_keys(page_key(r, 0), a, s1, &[1, 2, 3]).unwrap();
+        c.start_key_map(r, b"k").unwrap();
+    }
     c.commit().unwrap();
-    // Snapshot 2 maps block 0 to a new image: the old one dies when snapshot 1 is reclaimed.
+    // Snapshot 2 maps both blocks 0 to a new image: the old one dies when snapshot 1 is
+    // reclaimed. The new image also at another block, recorded by another key map.
     let mut c = store
         .declare_and_begin(decl_for(&rels, 2, row_type, 2))
         .unwrap();
     let b = c.put_image(&view(2, 300), &[]).unwrap();
-    c.add_mapping(page_key(rel, 0), b).unwrap();
-    c.add_keys(page_key(rel, 0), b, s1, &[3, 4]).unwrap();
-    // The same image at another block, recorded by another key map: both are deleted.
+    for r in [rel, other] {
+        c.add_mapping(page_key(r, 0), b).unwrap();
+        c.add_keys(page_key(r, 0), b, s1, &[3, 4]).unwrap();
+    }
     c.add_keys(page_key(rel, 1), b, SnapId(s1.0 + 1), &[5])
         .unwrap();
     c.commit().unwrap();
-    assert_eq!(entries(&store), 3 + 1 + 2 + 1 + 1 + 1);
+    assert_eq!(entries(&store), 2 * (3 + 1) + 2 * (2 + 1) + (1 + 1));
     assert_eq!(
         store.key_candidates(rel, &[3]).unwrap(),
         vec![(0, a), (0, b)]
@@ -114,13 +119,15 @@ fn entries_leave_with_their_images() {
     c.add_keys(page_key(rel, 1), x, s1, &[9]).unwrap();
     c.abort("test").unwrap();
     assert_eq!(store.key_candidates(rel, &[9]).unwrap(), vec![]);
-    assert_eq!(entries(&store), 9);
+    assert_eq!(entries(&store), 16);
     store.delete_snapshot(s1).unwrap();
     reclaim_all(&store);
-    assert_eq!(store.key_candidates(rel, &[1, 2, 3]).unwrap(), vec![(0, b)]);
+    for r in [rel, other] {
+        assert_eq!(store.key_candidates(r, &[1, 2, 3]).unwrap(), vec![(0, b)]);
+    }
     assert_eq!(
         entries(&store),
-        2 + 1 + 1 + 1,
+        2 * (2 + 1) + (1 + 1),
         "the entries of image {a} are left"
     );
 }
