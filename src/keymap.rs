@@ -185,7 +185,7 @@ pub struct KeyHasher {
     lengths: Vec<i16>,
     /// Where the functions keep what they cache (they live as long as the hasher).
     _functions_memory: OwnedContext,
-    /// What one call allocates (a detoasted compressed value); reset before the next.
+    /// What the calls allocate (a detoasted compressed value); reset after each page.
     scratch: OwnedContext,
 }
 
@@ -223,6 +223,13 @@ impl KeyHasher {
         }
     }
 
+    /// Frees what the hash functions allocated for the rows hashed so far (call between
+    /// pages).
+    pub fn end_page(&mut self) {
+        // SAFETY: the hashes are computed; nothing the functions allocated is used any more.
+        unsafe { self.scratch.reset() };
+    }
+
     /// The key hash of heap tuple `tuple` (whose descriptor is the one given to `new`): None
     /// if a key column is NULL (no equality finds it), the wildcard if a key column is an
     /// out-of-line TOAST value.
@@ -252,8 +259,6 @@ impl KeyHasher {
                 return Some(WILDCARD_KEY);
             }
             let f = &mut self.functions[i];
-            // SAFETY: nothing the previous call allocated is used any more.
-            unsafe { self.scratch.reset() };
             // SAFETY: the column's hash function, called as a hash join calls it.
             let h = self
                 .scratch

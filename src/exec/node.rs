@@ -103,8 +103,8 @@ pub(super) unsafe fn explain_key_map(
     unsafe { explain_property(es, "Key Lookup", &keys.column_names(relid)) };
     let text = match (used, read) {
         (None, _) => return, // not run (EXPLAIN without ANALYZE)
-        (Some(KeyMapUse::Pages(_)), Some(read)) => read,
-        (Some(KeyMapUse::Pages(n)), None) => format!("{n} candidate pages"),
+        (Some(KeyMapUse::Pages(n)), Some(read)) => format!("{n} candidate blocks, {read}"),
+        (Some(KeyMapUse::Pages(n)), None) => format!("{n} candidate blocks"),
         (Some(KeyMapUse::NoMap), _) => "none at this snapshot: every page read".to_string(),
         (Some(KeyMapUse::Later(s)), _) => format!("starts at snapshot {s}: every page read"),
         (Some(KeyMapUse::TooMany), _) => "too many keys or pages: every page read".to_string(),

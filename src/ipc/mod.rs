@@ -225,27 +225,27 @@ pub fn scan_begin(snap: SnapId, relid: u32) -> Result<Option<(ScanHeader, Vec<u8
     }
 }
 
-/// The (block, image) pairs a key map names.
-pub type KeyPages = Vec<(u32, gsnap_protocol::ImageId)>;
-
-/// What the key map of relation incarnation `rel` says of the keys hashed to `hashes`
-/// (`keymap.rs`): the snapshot it is complete from (None: no map with `definition`), and the
-/// (block, image) pairs that may hold the keys (None: too many to list).
+/// What the key map of relation incarnation `rel` says of the keys hashed to `hashes` at
+/// the snapshots `from..=to` (`keymap.rs`): the snapshot it is complete from (None: no map
+/// with `definition`), and the blocks that may hold the keys (None: too many to list).
 pub fn key_candidates(
     rel: u32,
     definition: &[u8],
     hashes: &[u64],
-) -> Option<(SnapId, Option<KeyPages>)> {
+    (from, to): (u64, u64),
+) -> Option<(SnapId, Option<Vec<u32>>)> {
     match request(Request::KeyCandidates {
         rel,
         definition: definition.to_vec(),
         hashes: hashes.to_vec(),
+        from: SnapId(from),
+        to: SnapId(to),
     }) {
         Reply::KeyCandidates {
             start,
             complete,
-            pairs,
-        } => start.map(|s| (s, complete.then_some(pairs))),
+            blocks,
+        } => start.map(|s| (s, complete.then_some(blocks))),
         reply => unexpected(Kind::KeyCandidates, reply),
     }
 }

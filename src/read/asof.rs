@@ -38,7 +38,7 @@ pub enum Row<'a> {
 /// What a lookup by key made of the table's key map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyMapUse {
-    /// The map named this many (block, image) pairs: only those pages are read.
+    /// The map named this many blocks: only those pages are read.
     Pages(usize),
     /// The snapshot's incarnation of the table has no map for this key: every page is read.
     NoMap,
@@ -127,14 +127,13 @@ impl AsofRows {
     /// call before the first row. Returns what the map said.
     pub fn look_up_keys(&mut self, definition: &[u8], hashes: &[u64]) -> KeyMapUse {
         let (snap, rel) = (self.pages.snap(), self.pages.rel());
-        match crate::ipc::key_candidates(rel, definition, hashes) {
+        match crate::ipc::key_candidates(rel, definition, hashes, (snap, snap)) {
             None => KeyMapUse::NoMap,
             Some((start, _)) if start.0 > snap => KeyMapUse::Later(start.0),
             Some((_, None)) => KeyMapUse::TooMany,
-            Some((_, Some(pairs))) => {
-                let n = pairs.len();
-                self.pages
-                    .only(pairs.into_iter().map(|(b, i)| (b, i.0)).collect());
+            Some((_, Some(blocks))) => {
+                let n = blocks.len();
+                self.pages.only(blocks);
                 KeyMapUse::Pages(n)
             }
         }

@@ -60,8 +60,9 @@ pub struct PageReader {
     /// Of a participant in a parallel scan: where the blocks are taken from.
     shared: Option<&'static SharedBlocks>,
     images: ImageBatches<u32>,
-    /// Of a lookup by key: the only (block, image) pairs to read, sorted (`keymap.rs`).
-    only: Option<Vec<(u32, u64)>>,
+    /// Of a lookup by key: the only blocks to read, ascending (`keymap.rs`); once looked
+    /// up, those the snapshot maps.
+    only: Option<Vec<u32>>,
     /// The batch being read and the position in it.
     batch: Option<PinnedBatch<u32>>,
     at: usize,
@@ -86,12 +87,13 @@ impl PageReader {
         }
     }
 
-    /// Reads only the blocks among `pairs` (block, image) that the snapshot maps to that
-    /// image (call before the first page is read): the pages a key map says may hold a key.
-    pub fn only(&mut self, mut pairs: Vec<(u32, u64)>) {
+    /// Reads only `blocks` (call before the first page is read): the pages a key map says
+    /// may hold a key.
+    pub fn only(&mut self, mut blocks: Vec<u32>) {
         debug_assert!(self.batch.is_none() && self.images.queued() == 0);
-        pairs.sort_unstable();
-        self.only = Some(pairs);
+        blocks.sort_unstable();
+        blocks.dedup();
+        self.only = Some(blocks);
     }
 
     /// The number of pages a reader restricted by [`PageReader::only`] reads (known once the
@@ -160,11 +162,11 @@ impl PageReader {
         }
     }
 
-    /// Looks up the blocks of [`PageReader::only`] at once, keeping those the snapshot maps to
-    /// an image named with them; the list then holds only those.
+    /// Looks up the blocks of [`PageReader::only`] at once; the list then holds those the
+    /// snapshot maps (the pages read).
     fn look_up_only(&mut self) {
         self.next_block = self.nblocks;
-        let pairs = self.only.take().unwrap_or_default();
+        let blocks = self.only.take().unwrap_or_default();
         let view = self.groups.view_of(self.snap);
         let tree = view
             .tree(SnapId(self.snap))
@@ -172,25 +174,16 @@ impl PageReader {
         let relation = tree
             .relation(RelId(self.rel))
             .unwrap_or_else(|e| corrupt_index(e));
-        let mut kept = Vec::new();
+        let mut read = Vec::new();
         if let Some(relation) = relation {
-            let mut at = 0;
-            while at < pairs.len() {
-                let block = pairs[at].0;
-                let run = pairs[at..].iter().take_while(|p| p.0 == block).count();
-                if block < self.nblocks {
-                    let image = relation.lookup(block).unwrap_or_else(|e| corrupt_index(e));
-                    if let Some(image) =
-                        image.filter(|i| pairs[at..at + run].iter().any(|p| p.1 == i.0))
-                    {
-                        self.images.push(block, image.0);
-                        kept.push((block, image.0));
-                    }
+            for block in blocks.into_iter().filter(|&b| b < self.nblocks) {
+                if let Some(image) = relation.lookup(block).unwrap_or_else(|e| corrupt_index(e)) {
+                    self.images.push(block, image.0);
+                    read.push(block);
                 }
-                at += run;
             }
         }
-        self.only = Some(kept);
+        self.only = Some(read);
     }
 
     /// The page the last [`PageReader::next_page`] returned.

@@ -422,14 +422,13 @@ impl RangeCursor {
         let mut pages = 0;
         for segment in &self.segments {
             let (first, t) = &self.snaps[segment.start];
-            match crate::ipc::key_candidates(t.rel, definition, hashes) {
+            let last = self.snaps[segment.end - 1].0;
+            match crate::ipc::key_candidates(t.rel, definition, hashes, (*first, last)) {
                 None => return KeyMapUse::NoMap,
                 Some((start, _)) if start.0 > *first => return KeyMapUse::Later(start.0),
                 Some((_, None)) => return KeyMapUse::TooMany,
-                Some((_, Some(pairs))) => {
-                    pages += pairs.len();
-                    let mut blocks: Vec<u32> = pairs.into_iter().map(|(b, _)| b).collect();
-                    blocks.dedup();
+                Some((_, Some(blocks))) => {
+                    pages += blocks.len();
                     only.push(blocks);
                 }
             }

@@ -64,9 +64,6 @@ pub(super) struct Target {
 pub(super) struct KeyTarget {
     /// The key map (its start snapshot) the hashes belong to.
     pub map: SnapId,
-    /// This capture starts the map: the hashes of every page are recorded, not only those of
-    /// the pages whose image changed.
-    pub every_page: bool,
 }
 
 struct Item {
@@ -721,18 +718,14 @@ pub(super) fn store_one(
     // A page with no mapping reads as empty, so an empty view needs no mapping then.
     if view.tuples > 0 || previous.is_some() {
         let image = capture.put_image(&view.view, &toasts)?;
-        let changed = previous != Some(image);
-        if changed {
+        if previous != Some(image) {
             capture.add_mapping(page, image)?;
         }
-        // The key map names every image a snapshot from its start maps: those of the pages
-        // that changed, and, in the capture that starts it, every page's.
-        match target.keys {
-            Some(keys) if (changed || keys.every_page) && !view.keys.is_empty() => {
-                capture.add_keys(page, image, keys.map, &view.keys)?
-            }
-            _ => {}
-        }
+    }
+    // Every page stored is compared with the keys its block held at its last recording
+    // (changed or not: a failed capture may have recorded another content).
+    if let Some(keys) = target.keys {
+        capture.record_keys(page, keys.map, &view.keys)?;
     }
     if view.unsettled {
         capture.carry(page)?;
@@ -744,7 +737,8 @@ pub(super) fn store_one(
 /// Decides how this capture keeps `item`'s key map: none if the table has no key (or key
 /// maps are off: a map the incarnation had ends), the map recorded if the table's key is the
 /// one it was started with, else a map started by this capture, which then reads every
-/// block of the table (not only the changed ones) and records every page's keys.
+/// block of the table (not only the changed ones). Either way every page stored is recorded
+/// (`store_one`).
 ///
 /// # Safety
 /// In the worker's transaction, with the table locked by the snapshot being captured.
@@ -773,19 +767,14 @@ unsafe fn decide_keys(
         };
         let definition = key.encode();
         let keys = match recorded {
-            Some(map) if map.definition == definition => KeyTarget {
-                map: map.start,
-                every_page: false,
-            },
+            Some(map) if map.definition == definition => KeyTarget { map: map.start },
             _ => {
+                // The map starts with this capture, which records every page of the table
+                // (none skipped by its LSN either).
                 capture.start_key_map(item.target.rel, &definition)?;
                 item.blocks = Blocks::All(item.nblocks);
-                // Every page's keys are needed: none may be skipped by its LSN.
                 item.resumed = None;
-                KeyTarget {
-                    map: snap,
-                    every_page: true,
-                }
+                KeyTarget { map: snap }
             }
         };
         item.target.keys = Some(keys);

@@ -90,6 +90,9 @@ fn as_policy_input(s: &SnapshotInfo, now: i64) -> lifetimes::SnapshotInfo {
     }
 }
 
+/// Key map entries one step of the sweep looks at.
+const KEY_SWEEP_BATCH: usize = 4096;
+
 impl Worker {
     /// Answers the requests of lifetimes (deletion, pins, ranks, preview, verification, space).
     pub(super) fn answer_lifetimes(
@@ -415,6 +418,31 @@ impl Worker {
         }
     }
 
+    /// One bounded step of the sweep of key map entries no readable snapshot needs any more
+    /// (due after reclamation); true while there is more to do now. Not while a capture is
+    /// open: it may be starting a map the catalog does not name yet.
+    pub(super) fn sweep_keys(&mut self) -> bool {
+        let (Some(store), Some(after)) = (self.store.clone(), self.key_sweep.take()) else {
+            return false;
+        };
+        if self.job.is_some() {
+            self.key_sweep = Some(after);
+            return false;
+        }
+        match store.sweep_keys(after.as_deref(), KEY_SWEEP_BATCH) {
+            Ok((_, None)) => false,
+            Ok((_, Some(next))) => {
+                self.key_sweep = Some(Some(next));
+                true
+            }
+            Err(e) => {
+                self.note_store_error(&e);
+                pgrx::warning!("gsnap: sweeping the key maps failed: {}", e.message());
+                false
+            }
+        }
+    }
+
     /// The reclamation to start (or resume) now: the oldest deleted snapshot whose delay has
     /// passed and that no reader's pinned index group holds. Readers check the generation
     /// bumped here (`read::table::confirm_readable`): a reader that found a snapshot readable
@@ -446,6 +474,7 @@ impl Worker {
     /// `background.rs`), index groups holding deleted snapshots rebuilt or merged.
     fn tidy_after_reclaim(&mut self, store: &Store) {
         self.tidy_due = false;
+        self.key_sweep = Some(None);
         self.poll_compaction();
         if let Some(index) = self.index.as_mut() {
             let deleted = |s: SnapId| {

@@ -213,6 +213,9 @@ pub(crate) struct Worker {
     /// (`lifetimes.rs`, `tidy_after_reclaim`).
     freed_ranges: std::collections::BTreeMap<u8, (gsnap_store::ImageId, gsnap_store::ImageId)>,
     tidy_due: bool,
+    /// A sweep of the key maps' entries is due (after reclamation): where its next step
+    /// starts (None inside: at the first entry).
+    key_sweep: Option<Option<Vec<u8>>>,
     /// When the next reclamation step may run (test hook `gsnap.debug_reclaim_pause_ms`).
     next_reclaim_at: std::time::Instant,
     /// What reclamation freed since the worker started.
@@ -283,6 +286,7 @@ impl Worker {
             next_reclaim_at: std::time::Instant::now(),
             freed_ranges: std::collections::BTreeMap::new(),
             tidy_due: false,
+            key_sweep: None,
             reclaimed_total: gsnap_store::Freed::default(),
             frees: HashMap::new(),
             frees_generation: 1,
@@ -332,6 +336,7 @@ impl Worker {
             let mut busy = self.capture_step();
             self.apply_retention(Instant::now(), false);
             busy |= self.reclaim();
+            busy |= self.sweep_keys();
             self.refresh_frees();
             self.poll_compaction();
             self.poll_log_rewrite();

@@ -135,6 +135,9 @@ pub unsafe fn capture_page<E>(
         heap::normalize(t).expect("a heap tuple is at least as long as its header");
         Ok(())
     })?;
+    if let Some(hasher) = hasher {
+        hasher.end_page();
+    }
     Ok(Some(PageView {
         tuples: builder.len(),
         view: builder.finish(),

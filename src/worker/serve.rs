@@ -185,7 +185,9 @@ impl Worker {
                 rel,
                 definition,
                 hashes,
-            } => key_candidates(store, RelId(rel), &definition, &hashes),
+                from,
+                to,
+            } => key_candidates(store, RelId(rel), &definition, &hashes, (from, to)),
             request @ (Request::Delete { .. }
             | Request::Pin { .. }
             | Request::Unpin { .. }
@@ -356,34 +358,37 @@ fn resolve_time(store: &Store, time_us: i64) -> Result<SnapId, WorkerError> {
     })
 }
 
-/// The pages of `rel` that may hold the keys hashed to `hashes`, if its key map was started
-/// with `definition` (`keymap.rs`).
+/// The blocks of `rel` that may hold the keys hashed to `hashes` at a snapshot of
+/// `from..=to`, if its key map was started with `definition` (`keymap.rs`).
 fn key_candidates(
     store: &Store,
     rel: RelId,
     definition: &[u8],
     hashes: &[u64],
+    (from, to): (SnapId, SnapId),
 ) -> Result<Reply, WorkerError> {
-    let none = Reply::KeyCandidates {
-        start: None,
-        complete: true,
-        pairs: Vec::new(),
+    let Some(map) = store
+        .key_map(rel)
+        .map_err(fail)?
+        .filter(|m| m.definition == definition)
+    else {
+        return Ok(Reply::KeyCandidates {
+            start: None,
+            complete: true,
+            blocks: Vec::new(),
+        });
     };
-    let Some(map) = store.key_map(rel).map_err(fail)? else {
-        return Ok(none);
-    };
-    if map.definition != definition {
-        return Ok(none);
-    }
-    let mut pairs = store.key_candidates(rel, hashes).map_err(fail)?;
-    let complete = pairs.len() <= gsnap_protocol::MAX_KEY_CANDIDATES;
+    let mut blocks = store
+        .key_candidates(rel, map.start, hashes, from, to)
+        .map_err(fail)?;
+    let complete = blocks.len() <= gsnap_protocol::MAX_KEY_CANDIDATES;
     if !complete {
-        pairs.clear();
+        blocks.clear();
     }
     Ok(Reply::KeyCandidates {
         start: Some(map.start),
         complete,
-        pairs,
+        blocks,
     })
 }
 

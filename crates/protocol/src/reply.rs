@@ -10,7 +10,7 @@
 
 use crate::wire::{DecodeError, EncodeError, Reader, Writer};
 use crate::{Kind, WorkerError, MAX_MESSAGE_BYTES};
-use gsnap_core::{ImageId, SnapId};
+use gsnap_core::SnapId;
 
 /// The status byte of an answer that carries a [`Reply`].
 pub(crate) const STATUS_OK: u8 = 0;
@@ -21,8 +21,8 @@ pub(crate) const STATUS_ERROR: u8 = 1;
 const REPLY_HEADER: usize = 3;
 /// The most pinned entries one reply carries ([`Reply::ToastPinned`] has the most besides).
 pub const MAX_PINNED_PER_REPLY: usize = (MAX_MESSAGE_BYTES - REPLY_HEADER - 4 - 8 - 4) / 12;
-/// The most (block, image) pairs one [`Reply::KeyCandidates`] carries.
-pub const MAX_KEY_CANDIDATES: usize = (MAX_MESSAGE_BYTES - REPLY_HEADER - 8 - 1 - 4) / 12;
+/// The most blocks one [`Reply::KeyCandidates`] carries.
+pub const MAX_KEY_CANDIDATES: usize = (MAX_MESSAGE_BYTES - REPLY_HEADER - 8 - 1 - 4) / 4;
 /// The most pinned groups one reply carries.
 pub const MAX_GROUPS_PER_REPLY: usize = (MAX_MESSAGE_BYTES - REPLY_HEADER - 4) / 24;
 
@@ -161,13 +161,13 @@ pub enum Reply {
         entries: Vec<PinnedEntry>,
     },
     /// KeyCandidates: the snapshot the relation's key map is complete from (None: it has no
-    /// map with the definition asked for), and the (block, image) pairs that may hold the
-    /// keys, sorted; `complete` false if there were more than [`MAX_KEY_CANDIDATES`] (the
-    /// reader then reads every page).
+    /// map with the definition asked for), and the blocks that may hold the keys, ascending;
+    /// `complete` false if there were more than [`MAX_KEY_CANDIDATES`] (the reader then
+    /// reads every page).
     KeyCandidates {
         start: Option<SnapId>,
         complete: bool,
-        pairs: Vec<(u32, ImageId)>,
+        blocks: Vec<u32>,
     },
 }
 
@@ -261,12 +261,12 @@ impl Reply {
             Reply::KeyCandidates {
                 start,
                 complete,
-                pairs,
+                blocks,
             } => {
                 w.u64(start.map_or(0, |s| s.0)).bool(*complete);
-                w.count(pairs.len())?;
-                for (block, image) in pairs {
-                    w.u32(*block).u64(image.0);
+                w.count(blocks.len())?;
+                for block in blocks {
+                    w.u32(*block);
                 }
             }
         }
@@ -353,14 +353,14 @@ fn decode_reply(kind: Kind, r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
         9 => {
             let start = r.u64()?;
             let complete = r.bool("complete")?;
-            let n = r.count("key candidates", 12)?;
-            let pairs = (0..n)
-                .map(|_| Ok((r.u32()?, ImageId(r.u64()?))))
+            let n = r.count("key candidates", 4)?;
+            let blocks = (0..n)
+                .map(|_| r.u32())
                 .collect::<Result<_, DecodeError>>()?;
             Reply::KeyCandidates {
                 start: (start != 0).then_some(SnapId(start)),
                 complete,
-                pairs,
+                blocks,
             }
         }
         tag => {

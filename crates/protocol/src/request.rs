@@ -219,13 +219,15 @@ pub enum Request {
     Verify { repair: bool, offset: u64 },
     /// The store's space: live, dead and on-disk bytes, from byte `offset`.
     StoreStats { offset: u64 },
-    /// The pages of relation incarnation `rel` that may hold a row whose key hashes to one
-    /// of `hashes` (at most [`MAX_KEY_HASHES`]), if its key map was started with
-    /// `definition`.
+    /// The blocks of relation incarnation `rel` that may hold a row whose key hashes to one
+    /// of `hashes` (at most [`MAX_KEY_HASHES`]) at some snapshot of `from..=to`, if its key
+    /// map was started with `definition`.
     KeyCandidates {
         rel: u32,
         definition: Vec<u8>,
         hashes: Vec<u64>,
+        from: SnapId,
+        to: SnapId,
     },
 }
 
@@ -357,8 +359,11 @@ impl Request {
                 rel,
                 definition,
                 hashes,
+                from,
+                to,
             } => {
-                w.u32(*rel).bytes(definition)?.count(hashes.len())?;
+                w.u32(*rel).u64(from.0).u64(to.0).bytes(definition)?;
+                w.count(hashes.len())?;
                 for h in hashes {
                     w.u64(*h);
                 }
@@ -449,6 +454,8 @@ impl Request {
             Kind::StoreStats => Request::StoreStats { offset: r.u64()? },
             Kind::KeyCandidates => {
                 let rel = r.u32()?;
+                let from = SnapId(r.u64()?);
+                let to = SnapId(r.u64()?);
                 let definition = r.bytes("key definition")?.to_vec();
                 let n = r.count("key hashes", 8)?;
                 let hashes = (0..n)
@@ -458,6 +465,8 @@ impl Request {
                     rel,
                     definition,
                     hashes,
+                    from,
+                    to,
                 }
             }
         };

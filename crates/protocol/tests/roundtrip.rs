@@ -82,13 +82,19 @@ fn request() -> impl Strategy<Value = Request> {
         (
             any::<u32>(),
             vec(any::<u8>(), 0..60),
-            vec(any::<u64>(), 0..MAX_KEY_HASHES)
+            vec(any::<u64>(), 0..MAX_KEY_HASHES),
+            snap(),
+            snap()
         )
-            .prop_map(|(rel, definition, hashes)| Request::KeyCandidates {
-                rel,
-                definition,
-                hashes
-            }),
+            .prop_map(
+                |(rel, definition, hashes, from, to)| Request::KeyCandidates {
+                    rel,
+                    definition,
+                    hashes,
+                    from,
+                    to
+                }
+            ),
     ]
 }
 
@@ -170,17 +176,14 @@ fn reply() -> impl Strategy<Value = (Kind, Reply)> {
         (
             proptest::option::of((1..u64::MAX).prop_map(SnapId)),
             any::<bool>(),
-            vec(
-                (any::<u32>(), any::<u64>().prop_map(ImageId)),
-                0..MAX_KEY_CANDIDATES
-            )
+            vec(any::<u32>(), 0..MAX_KEY_CANDIDATES)
         )
-            .prop_map(|(start, complete, pairs)| (
+            .prop_map(|(start, complete, blocks)| (
                 Kind::KeyCandidates,
                 Reply::KeyCandidates {
                     start,
                     complete,
-                    pairs
+                    blocks
                 }
             )),
     ]

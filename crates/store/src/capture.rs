@@ -424,35 +424,67 @@ impl<B: KvBackend> Capture<B> {
         Ok(())
     }
 
-    /// Records that image `image`, mapped at `page` (by this capture or an earlier one),
-    /// holds rows whose keys hash to `hashes` under key map `map` (its start snapshot; see
-    /// `keymap.rs`): hashes made with [`crate::settle_key_hash`], or [`crate::WILDCARD_KEY`]
-    /// for a row whose key could not be hashed. Written with the capture's data: an entry is a fact about the image's
-    /// content, true whether or not the capture commits.
-    pub fn add_keys(
-        &mut self,
-        page: PageKey,
-        image: ImageId,
-        map: SnapId,
-        hashes: &[u64],
-    ) -> Result<()> {
+    /// Records that `page`, as this capture stores it, holds rows whose keys hash to
+    /// `hashes` under key map `map` (its start snapshot; see `keymap.rs`): hashes made with
+    /// [`crate::settle_key_hash`], or [`crate::WILDCARD_KEY`] for a row whose key could not be
+    /// hashed. Compared with what the block held at its last recording: an entry begins for
+    /// each hash it gains, the entry of each hash it lost ends at this snapshot. Every page
+    /// this capture stores must be recorded, changed or not (a failed capture may have
+    /// recorded another content).
+    pub fn record_keys(&mut self, page: PageKey, map: SnapId, hashes: &[u64]) -> Result<()> {
         self.usable()?;
         self.check_page(page)?;
-        let mut value = Vec::with_capacity(4 + 8 * hashes.len());
-        value.extend_from_slice(&page.rel.0.to_be_bytes());
-        for &h in hashes {
-            value.extend_from_slice(&h.to_be_bytes());
+        let mut now: Vec<u64> = hashes.to_vec();
+        now.sort_unstable();
+        now.dedup();
+        let key = keys::block_keys_key(page.rel, page.block);
+        let before = match self.store.backend.get(Cf::Keys, &key)? {
+            Some(v) => Some(crate::keymap::decode_block_keys(&v, page)?),
+            None => None,
+        };
+        // What the block held by this map (another map's record is stale: a fresh start).
+        let (before, stale) = match before {
+            Some((m, held)) if m == map => (held, false),
+            Some(_) => (Vec::new(), true),
+            None => (Vec::new(), false),
+        };
+        let snap = self.info.id;
+        let (rel, block) = (page.rel, page.block);
+        let mut held = Vec::with_capacity(now.len());
+        let mut changed = stale;
+        let (mut i, mut j) = (0, 0);
+        while i < before.len() || j < now.len() {
+            match (before.get(i).copied(), now.get(j).copied()) {
+                (Some((h, from)), Some(n)) if h == n => {
+                    held.push((h, from));
+                    i += 1;
+                    j += 1;
+                }
+                (Some((h, from)), n) if n.is_none_or(|n| h < n) => {
+                    // Gone: its entry ends here.
+                    let k = keys::key_entry_key(rel, map, h, block, SnapId(from));
+                    self.batch.put(Cf::Keys, &k, &snap.0.to_be_bytes());
+                    changed = true;
+                    i += 1;
+                }
+                (_, n) => {
+                    // New: an entry begins here.
+                    let n = n.expect("the other arms take every old hash not below it");
+                    let k = keys::key_entry_key(rel, map, n, block, snap);
+                    self.batch.put(Cf::Keys, &k, &u64::MAX.to_be_bytes());
+                    held.push((n, snap.0));
+                    changed = true;
+                    j += 1;
+                }
+            }
+        }
+        if changed {
             self.batch.put(
                 Cf::Keys,
-                &keys::key_entry_key(page.rel, h, page.block, image),
-                &[],
+                &key,
+                &crate::keymap::encode_block_keys(map, &held),
             );
         }
-        self.batch.put(
-            Cf::Keys,
-            &keys::image_keys_key(image, page.block, page.rel, map),
-            &value,
-        );
         self.flush_if_full()
     }
 
@@ -507,6 +539,8 @@ impl<B: KvBackend> Capture<B> {
         );
         self.batch.delete(Cf::Catalog, &keys::capturing_key(snap));
         for (rel, def) in std::mem::take(&mut self.key_maps) {
+            let r = self.end_entries(rel);
+            self.poison_on_error(r)?;
             let key = keys::key_map_key(rel);
             match def {
                 Some(def) => {
@@ -514,7 +548,12 @@ impl<B: KvBackend> Capture<B> {
                     value.extend_from_slice(&def);
                     self.batch.put(Cf::Catalog, &key, &value);
                 }
-                None => self.batch.delete(Cf::Catalog, &key),
+                None => {
+                    self.batch.delete(Cf::Catalog, &key);
+                    let from = keys::block_keys_prefix(rel);
+                    let to = keys::prefix_end(&from).expect("a tagged prefix has an end");
+                    self.batch.delete_range(Cf::Keys, &from, &to);
+                }
             }
         }
         let batch = std::mem::take(&mut self.batch);
@@ -595,6 +634,17 @@ impl<B: KvBackend> Capture<B> {
                 "{page} is not in snapshot {}'s declaration",
                 self.info.id.0
             )));
+        }
+        Ok(())
+    }
+
+    /// Puts into the batch the removal of the entries of `rel`'s current key map (it ends or
+    /// starts again).
+    fn end_entries(&mut self, rel: RelId) -> Result<()> {
+        if let Some(old) = self.store.key_map(rel)? {
+            let from = keys::key_map_entries_prefix(rel, old.start);
+            let to = keys::prefix_end(&from).expect("a tagged prefix has an end");
+            self.batch.delete_range(Cf::Keys, &from, &to);
         }
         Ok(())
     }

@@ -1,26 +1,34 @@
-//! Key maps: for a relation incarnation, which (block, image) pairs hold a row whose key
-//! hashes to a given value, so that a lookup by key AS OF a snapshot reads only the pages
-//! that can hold it.
+//! Key maps: for a relation incarnation, which blocks held a row whose key hashes to a given
+//! value, and from which snapshot until which, so that a lookup by key AS OF a snapshot (or
+//! over a range of them) reads only the pages that can hold it.
 //!
 //! The store knows nothing of keys: the caller hashes a row's key (its own definition, kept
-//! opaque in the key map record) and records, per page image, the hashes of its rows with
-//! [`Capture::add_keys`](crate::Capture::add_keys). An entry `(rel, hash, block, image)` is
-//! a fact about the image's content at that block, true for every snapshot that maps the
-//! block to the image; the caller decides which snapshots the map is complete for (the
-//! record's start: the capture that recorded the keys of every page of the relation, every
-//! later capture recording those of every image it maps).
+//! opaque in the key map record) and records the hashes of every page a capture stores with
+//! [`Capture::record_keys`](crate::Capture::record_keys). The store compares them with what
+//! the block held at its last recording (its `'F'` record): an entry `(rel, map, hash, block,
+//! from) -> to` begins for each hash the block gains and ends (its `to` set) at the snapshot
+//! where the block lost it. So a capture writes entries only where keys arrive or leave a
+//! page (an update that keeps its row on its page writes none), and an entry says: every
+//! snapshot in `[from, to)` that maps the block maps a page holding that hash.
 //!
-//! Entries are deleted with their image (`free_image_keys`), through the `'F'` record that
-//! lists the hashes recorded for it.
+//! The map is complete from its start (the capture that recorded every page of the relation)
+//! on, as long as every later capture records every page it stores: a snapshot's page table
+//! only changes where its capture stored a page. A failed capture's recordings stay: its
+//! snapshot is never read, and the next capture compares with them (a page back to its old
+//! content begins its entries again). Entries of a map that ended or started again go with
+//! the commit that says so; entries no readable snapshot needs (their `[from, to)` holds
+//! none) are deleted by [`SnapshotStore::sweep_keys`].
 
 use crate::backend::{KvBackend, Scan, WriteBatch};
 use crate::error::{Result, StoreError};
-use crate::ids::{ImageId, RelId, SnapId};
+use crate::ids::{PageKey, RelId, SnapId};
 use crate::keys::{self, Cf};
+use crate::records::SnapshotState;
 use crate::store::SnapshotStore;
+use std::collections::HashMap;
 
-/// The hash that stands for "a row whose key could not be hashed": an image recorded with
-/// it is a candidate for every key.
+/// The hash that stands for "a row whose key could not be hashed": a block recorded with it
+/// is a candidate for every key.
 pub const WILDCARD_KEY: u64 = u64::MAX;
 
 /// A key hash as recorded: any hash but [`WILDCARD_KEY`] (which is moved next to it).
@@ -34,6 +42,36 @@ pub struct KeyMap {
     pub start: SnapId,
     /// The caller's definition of the key, as given to `start_key_map`.
     pub definition: Vec<u8>,
+}
+
+/// The value of a block's `'F'` record.
+pub(crate) fn encode_block_keys(map: SnapId, held: &[(u64, u64)]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + 16 * held.len());
+    v.extend_from_slice(&map.0.to_be_bytes());
+    for (h, from) in held {
+        v.extend_from_slice(&h.to_be_bytes());
+        v.extend_from_slice(&from.to_be_bytes());
+    }
+    v
+}
+
+/// A block's `'F'` record: its key map, and the (hash, from) pairs it holds.
+pub(crate) type BlockKeys = (SnapId, Vec<(u64, u64)>);
+
+/// Decodes a block's `'F'` record.
+pub(crate) fn decode_block_keys(v: &[u8], page: PageKey) -> Result<BlockKeys> {
+    if v.len() < 8 || !(v.len() - 8).is_multiple_of(16) {
+        return Err(StoreError::corrupt(format!(
+            "the key record of {page} has {} bytes",
+            v.len()
+        )));
+    }
+    let u = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
+    let held = v[8..]
+        .chunks_exact(16)
+        .map(|c| (u(&c[..8]), u(&c[8..])))
+        .collect();
+    Ok((SnapId(u(&v[..8])), held))
 }
 
 impl<B: KvBackend> SnapshotStore<B> {
@@ -54,18 +92,31 @@ impl<B: KvBackend> SnapshotStore<B> {
         }))
     }
 
-    /// The (block, image) pairs of `rel` recorded with one of `hashes` or with
-    /// [`WILDCARD_KEY`], sorted by block then image, each once.
-    pub fn key_candidates(&self, rel: RelId, hashes: &[u64]) -> Result<Vec<(u32, ImageId)>> {
+    /// The blocks of `rel` that key map `map` says held a row whose key hashes to one of
+    /// `hashes` (or a row recorded with [`WILDCARD_KEY`]) at some snapshot of `from..=to`,
+    /// ascending, each once.
+    pub fn key_candidates(
+        &self,
+        rel: RelId,
+        map: SnapId,
+        hashes: &[u64],
+        from: SnapId,
+        to: SnapId,
+    ) -> Result<Vec<u32>> {
         let mut wanted: Vec<u64> = hashes.iter().map(|&h| settle_key_hash(h)).collect();
         wanted.push(WILDCARD_KEY);
         wanted.sort_unstable();
         wanted.dedup();
         let mut found = Vec::new();
         for h in wanted {
-            for entry in Scan::prefix(self.backend(), Cf::Keys, &keys::key_entry_prefix(rel, h))? {
-                let (k, _) = entry?;
-                found.push(keys::decode_key_entry_key(&k)?);
+            let prefix = keys::key_entry_prefix(rel, map, h);
+            for entry in Scan::prefix(self.backend(), Cf::Keys, &prefix)? {
+                let (k, v) = entry?;
+                let e = keys::decode_key_entry_key(&k)?;
+                let until = keys::decode_u64_value(&v, "key entry")?;
+                if e.from <= to && until > from.0 {
+                    found.push(e.block);
+                }
             }
         }
         found.sort_unstable();
@@ -73,24 +124,59 @@ impl<B: KvBackend> SnapshotStore<B> {
         Ok(found)
     }
 
-    /// Puts into `batch` the removal of every key entry recorded for image `id`.
-    pub(crate) fn free_image_keys(&self, id: ImageId, batch: &mut WriteBatch) -> Result<()> {
-        for entry in Scan::prefix(self.backend(), Cf::Keys, &keys::image_keys_prefix(id))? {
+    /// One step of the sweep of key entries: from entry key `after` (None: the first), looks
+    /// at up to `budget` entries and deletes those no readable snapshot needs (ended, and no
+    /// committed snapshot in `[from, to)`) and those of maps that are not their relation's
+    /// current one. Returns the entries deleted and where the next step starts (None: the
+    /// sweep is done). The capture in progress may end entries meanwhile: an entry is
+    /// deleted only as it was read, ended.
+    pub fn sweep_keys(
+        &self,
+        after: Option<&[u8]>,
+        budget: usize,
+    ) -> Result<(u64, Option<Vec<u8>>)> {
+        let start = after.map_or_else(|| vec![b'E'], <[u8]>::to_vec);
+        let mut maps: HashMap<RelId, Option<SnapId>> = HashMap::new();
+        let mut batch = WriteBatch::new();
+        let mut deleted = 0;
+        let mut next = None;
+        let committed: Vec<SnapId> = {
+            let cat = self.catalog();
+            cat.snaps
+                .iter()
+                .filter(|(_, s)| s.state == SnapshotState::Committed)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for (seen, entry) in
+            Scan::range(self.backend(), Cf::Keys, &start, Some(vec![b'F']))?.enumerate()
+        {
             let (k, v) = entry?;
-            let (_, block) = keys::decode_image_keys_key(&k)?;
-            if v.len() < 4 || (v.len() - 4) % 8 != 0 {
-                return Err(StoreError::corrupt(format!(
-                    "the key list of {id} at block {block} has {} bytes",
-                    v.len()
-                )));
+            if seen == budget {
+                next = Some(k);
+                break;
             }
-            let rel = RelId(u32::from_be_bytes(v[..4].try_into().expect("4 bytes")));
-            for h in v[4..].chunks_exact(8) {
-                let h = u64::from_be_bytes(h.try_into().expect("8 bytes"));
-                batch.delete(Cf::Keys, &keys::key_entry_key(rel, h, block, id));
+            let e = keys::decode_key_entry_key(&k)?;
+            let until = keys::decode_u64_value(&v, "key entry")?;
+            let current = match maps.get(&e.rel) {
+                Some(m) => *m,
+                None => {
+                    let m = self.key_map(e.rel)?.map(|m| m.start);
+                    maps.insert(e.rel, m);
+                    m
+                }
+            };
+            let needed = current == Some(e.map)
+                && (until == u64::MAX || {
+                    let at = committed.partition_point(|s| *s < e.from);
+                    committed.get(at).is_some_and(|s| s.0 < until)
+                });
+            if !needed {
+                batch.delete(Cf::Keys, &k);
+                deleted += 1;
             }
-            batch.delete(Cf::Keys, &k);
         }
-        Ok(())
+        self.backend().write(&batch, false)?;
+        Ok((deleted, next))
     }
 }

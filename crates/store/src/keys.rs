@@ -422,61 +422,79 @@ pub fn image_toasts_key(id: ImageId) -> [u8; 9] {
 
 // ---- key maps ------------------------------------------------------------------------------
 
-/// `keys`: `'E' rel hash block image` -> empty: image `image`, mapped at `block` of `rel`,
-/// holds a row whose key hashes to `hash`.
-pub fn key_entry_key(rel: RelId, hash: u64, block: u32, image: ImageId) -> [u8; 25] {
-    let mut k = [0; 25];
-    k[..13].copy_from_slice(&key_entry_prefix(rel, hash));
-    k[13..17].copy_from_slice(&block.to_be_bytes());
-    k[17..].copy_from_slice(&image.0.to_be_bytes());
+/// `keys`: `'E' rel map hash block from` -> `to` (u64 BE; `u64::MAX`: still there): from
+/// snapshot `from` until before snapshot `to`, block `block` of `rel` held a row whose key
+/// hashes to `hash`, by key map `map` (its start snapshot).
+pub fn key_entry_key(rel: RelId, map: SnapId, hash: u64, block: u32, from: SnapId) -> [u8; 33] {
+    let mut k = [0; 33];
+    k[..21].copy_from_slice(&key_entry_prefix(rel, map, hash));
+    k[21..25].copy_from_slice(&block.to_be_bytes());
+    k[25..].copy_from_slice(&from.0.to_be_bytes());
     k
 }
 
-/// The prefix of the `keys` entries of `rel` for key hash `hash`.
-pub fn key_entry_prefix(rel: RelId, hash: u64) -> [u8; 13] {
+/// The prefix of the `keys` entries of `rel`'s key map `map` for key hash `hash`.
+pub fn key_entry_prefix(rel: RelId, map: SnapId, hash: u64) -> [u8; 21] {
+    let mut k = [0; 21];
+    k[..13].copy_from_slice(&key_map_entries_prefix(rel, map));
+    k[13..].copy_from_slice(&hash.to_be_bytes());
+    k
+}
+
+/// The prefix of every `keys` entry of `rel`'s key map `map`.
+pub fn key_map_entries_prefix(rel: RelId, map: SnapId) -> [u8; 13] {
     let mut k = [0; 13];
-    k[0] = b'E';
-    k[1..5].copy_from_slice(&rel.0.to_be_bytes());
-    k[5..].copy_from_slice(&hash.to_be_bytes());
+    k[..5].copy_from_slice(&key_rel_entries_prefix(rel));
+    k[5..].copy_from_slice(&map.0.to_be_bytes());
     k
 }
 
-/// Decodes a `keys` entry key: (block, image).
-pub fn decode_key_entry_key(key: &[u8]) -> Result<(u32, ImageId)> {
+/// The prefix of every `keys` entry of `rel`, whatever its map.
+pub fn key_rel_entries_prefix(rel: RelId) -> [u8; 5] {
+    let mut k = [b'E', 0, 0, 0, 0];
+    k[1..].copy_from_slice(&rel.0.to_be_bytes());
+    k
+}
+
+/// A decoded `keys` entry key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyEntry {
+    pub rel: RelId,
+    pub map: SnapId,
+    pub hash: u64,
+    pub block: u32,
+    pub from: SnapId,
+}
+
+/// Decodes a `keys` entry key.
+pub fn decode_key_entry_key(key: &[u8]) -> Result<KeyEntry> {
     match key {
-        [b'E', rest @ ..] if rest.len() == 24 => {
-            Ok((be_u32(&rest[12..16]), ImageId(be_u64(&rest[16..]))))
-        }
+        [b'E', rest @ ..] if rest.len() == 32 => Ok(KeyEntry {
+            rel: RelId(be_u32(&rest[..4])),
+            map: SnapId(be_u64(&rest[4..12])),
+            hash: be_u64(&rest[12..20]),
+            block: be_u32(&rest[20..24]),
+            from: SnapId(be_u64(&rest[24..])),
+        }),
         _ => Err(bad_key("keys", key)),
     }
 }
 
-/// `keys`: `'F' image block rel map` -> rel (u32 BE), then the key hashes recorded for the
-/// image at that block of `rel` by key map `map` (its start snapshot, u64 BE) (u64 BE each):
-/// what freeing the image must delete. (Two tables can hold the same image at the same
-/// block, and a table's successive maps can record it with different keys.)
-pub fn image_keys_key(image: ImageId, block: u32, rel: RelId, map: SnapId) -> [u8; 25] {
-    let mut k = [0; 25];
-    k[..9].copy_from_slice(&image_keys_prefix(image));
-    k[9..13].copy_from_slice(&block.to_be_bytes());
-    k[13..17].copy_from_slice(&rel.0.to_be_bytes());
-    k[17..].copy_from_slice(&map.0.to_be_bytes());
+/// `keys`: `'F' rel block` -> the key map (u64 BE), then the hashes block `block` of `rel`
+/// holds by its last capture and the snapshot each entry began at (`hash`, `from`, u64 BE
+/// each, ascending by hash): what the next capture of the block compares with.
+pub fn block_keys_key(rel: RelId, block: u32) -> [u8; 9] {
+    let mut k = [0; 9];
+    k[..5].copy_from_slice(&block_keys_prefix(rel));
+    k[5..].copy_from_slice(&block.to_be_bytes());
     k
 }
 
-/// The prefix of the `'F'` records of `image`.
-pub fn image_keys_prefix(image: ImageId) -> [u8; 9] {
-    tagged_u64(b'F', image.0)
-}
-
-/// Decodes an `'F'` key: (image, block).
-pub fn decode_image_keys_key(key: &[u8]) -> Result<(ImageId, u32)> {
-    match key {
-        [b'F', rest @ ..] if rest.len() == 24 => {
-            Ok((ImageId(be_u64(&rest[..8])), be_u32(&rest[8..12])))
-        }
-        _ => Err(bad_key("keys", key)),
-    }
+/// The prefix of the `'F'` records of `rel`.
+pub fn block_keys_prefix(rel: RelId) -> [u8; 5] {
+    let mut k = [b'F', 0, 0, 0, 0];
+    k[1..].copy_from_slice(&rel.0.to_be_bytes());
+    k
 }
 
 /// `catalog` key of the key map record of relation incarnation `rel`.

@@ -121,7 +121,6 @@ impl<B: KvBackend> SnapshotStore<B> {
             *toast_decrements.entry(t).or_default() += 1;
         }
         batch.delete(Cf::Refs, &keys::image_toasts_key(id));
-        self.free_image_keys(id, batch)?;
         Ok(Freed {
             images: 1,
             toast_values: 0,

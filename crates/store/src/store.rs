@@ -366,7 +366,6 @@ impl<B: KvBackend> SnapshotStore<B> {
                 batch.delete(Cf::Images(rank), &k);
                 batch.delete(Cf::Dedup, &keys::dedup_key(keys::DedupKind::Image, &fp));
                 batch.delete(Cf::Refs, &keys::image_toasts_key(id));
-                self.free_image_keys(id, batch)?;
                 self.flush_if_full(batch)?;
             }
         }

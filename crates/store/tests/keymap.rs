@@ -1,133 +1,130 @@
-//! Key maps (`keymap.rs`): entries recorded with a capture are found by hash, the record
-//! becomes visible only with the commit, the wildcard is a candidate for every key, and every
-//! entry leaves the store with its image: when reclamation frees it, and when an aborted
-//! capture's content is removed.
+//! Key maps (`keymap.rs`): a capture's recorded key hashes become entries that begin where a
+//! block gains a key and end where it loses it; lookups at a snapshot or over a range find
+//! exactly the blocks whose entries cover them (and the wildcard's); the map record becomes
+//! visible with its commit; a failed capture's recordings are compared with, not trusted for
+//! its snapshot; the sweep deletes what no readable snapshot needs; ending or restarting a
+//! map removes its entries.
 
 mod common;
 
-use common::{decl_for, page_key, setup, view};
+use common::{decl_for, page_key, setup};
 use gsnap_store::keys::Cf;
 use gsnap_store::*;
 
 fn entries<B: KvBackend>(store: &SnapshotStore<B>) -> usize {
-    Scan::prefix(store.backend(), Cf::Keys, &[])
+    Scan::prefix(store.backend(), Cf::Keys, b"E")
         .unwrap()
         .count()
 }
 
-fn reclaim_all<B: KvBackend>(store: &SnapshotStore<B>) {
-    while let Some(mut job) = store.reclaim_next(&|_| true).unwrap() {
-        while !store.reclaim_step(&mut job, 3, &|_| false).unwrap() {}
+fn sweep<B: KvBackend>(store: &SnapshotStore<B>, budget: usize) -> u64 {
+    let (mut deleted, mut next) = store.sweep_keys(None, budget).unwrap();
+    while let Some(after) = next {
+        let (d, n) = store.sweep_keys(Some(&after), budget).unwrap();
+        deleted += d;
+        next = n;
     }
+    deleted
 }
 
 #[test]
-fn keys_are_found_by_hash_and_the_map_starts_with_its_commit() {
+fn entries_follow_keys_into_and_out_of_blocks() {
     let store = SnapshotStore::open_in_memory(7);
-    let (rels, decl) = setup(&store, 1, 3);
+    let (rels, decl) = setup(&store, 1, 2);
     let rel = rels[0];
-    let mut c = store.declare_and_begin(decl.clone()).unwrap();
-    let snap = c.snapshot();
-    let a = c.put_image(&view(1, 300), &[]).unwrap();
-    let b = c.put_image(&view(2, 300), &[]).unwrap();
-    c.add_mapping(page_key(rel, 0), a).unwrap();
-    c.add_mapping(page_key(rel, 1), b).unwrap();
-    c.add_keys(page_key(rel, 0), a, snap, &[10, 11]).unwrap();
-    c.add_keys(page_key(rel, 1), b, snap, &[11, WILDCARD_KEY])
-        .unwrap();
-    c.start_key_map(rel, b"id int4").unwrap();
-    assert_eq!(
-        store.key_map(rel).unwrap(),
-        None,
-        "visible before the commit"
-    );
-    assert!(c.start_key_map(RelId(999), b"x").is_err());
-    c.commit().unwrap();
+    let row_type = decl.relations[0].row_type;
+    let capture = |t: i64, pages: &[(u32, &[u64])], start: bool, commit: bool| {
+        let mut c = store
+            .declare_and_begin(decl_for(&rels, 2, row_type, t))
+            .unwrap();
+        let snap = c.snapshot();
+        let map = store.key_map(rel).unwrap().map_or(snap, |m| m.start);
+        if start {
+            c.start_key_map(rel, b"id int4").unwrap();
+        }
+        for (block, hashes) in pages {
+            let map = if start { snap } else { map };
+            c.record_keys(page_key(rel, *block), map, hashes).unwrap();
+        }
+        if commit {
+            c.commit().unwrap();
+        } else {
+            c.abort("test").unwrap();
+        }
+        snap
+    };
+    let s1 = capture(1, &[(0, &[10, 11]), (1, &[11, WILDCARD_KEY])], true, true);
     let map = store.key_map(rel).unwrap().unwrap();
     assert_eq!(
         (map.start, map.definition.as_slice()),
-        (snap, &b"id int4"[..])
+        (s1, &b"id int4"[..])
     );
-    // 10 is in block 0 only, but block 1 holds a row whose key could not be hashed.
+    let at = |h: u64, a: SnapId, b: SnapId| store.key_candidates(rel, s1, &[h], a, b).unwrap();
+    // Block 1 holds a row whose key could not be hashed: a candidate for every key.
+    assert_eq!(at(10, s1, s1), vec![0, 1]);
+    assert_eq!(at(12, s1, s1), vec![1]);
     assert_eq!(
-        store.key_candidates(rel, &[10]).unwrap(),
-        vec![(0, a), (1, b)]
+        store
+            .key_candidates(RelId(rel.0 + 1), s1, &[10], s1, s1)
+            .unwrap(),
+        Vec::<u32>::new()
     );
+    // Key 10 leaves block 0, 12 arrives; block 1 is emptied.
+    let s2 = capture(2, &[(0, &[11, 12]), (1, &[])], false, true);
+    assert_eq!(at(10, s2, s2), Vec::<u32>::new());
+    assert_eq!(at(12, s2, s2), vec![0]);
+    assert_eq!(at(12, s1, s1), vec![1]);
     assert_eq!(
-        store.key_candidates(rel, &[11]).unwrap(),
-        vec![(0, a), (1, b)]
+        at(10, s1, s2),
+        vec![0, 1],
+        "over the range: wherever it was"
     );
-    assert_eq!(store.key_candidates(rel, &[12]).unwrap(), vec![(1, b)]);
-    // Another relation's entries are not candidates.
-    assert_eq!(
-        store.key_candidates(RelId(rel.0 + 1), &[10]).unwrap(),
-        vec![]
-    );
+    // A failed capture empties block 0; the next one finds key 11 there again.
+    let s3 = capture(3, &[(0, &[])], false, false);
+    let s4 = capture(4, &[(0, &[11])], false, true);
+    assert!(s3 < s4);
+    assert_eq!(at(11, s2, s2), vec![0]);
+    assert_eq!(at(11, s4, s4), vec![0]);
+    assert_eq!(at(12, s4, s4), Vec::<u32>::new());
+    // An update that keeps its keys on the page writes no entry.
+    let before = entries(&store);
+    capture(5, &[(0, &[11])], false, true);
+    assert_eq!(entries(&store), before);
 
-    // Ending the map removes the record at the next commit; the entries stay with their images.
+    // The sweep: nothing while every snapshot is readable; once s1 is deleted, the entries
+    // only s1 needed (10 in block 0, 11 and the wildcard in block 1) go.
+    assert_eq!(sweep(&store, 2), 0);
+    store.delete_snapshot(s1).unwrap();
+    assert_eq!(sweep(&store, 2), 3);
+    assert_eq!(at(10, s1, s4), Vec::<u32>::new());
+    assert_eq!(at(11, s2, s2), vec![0]);
+
+    // Starting the map again (another key) removes the old map's entries with the commit.
     let mut c = store
-        .declare_and_begin(decl_for(&rels, 3, decl.relations[0].row_type, 2))
+        .declare_and_begin(decl_for(&rels, 2, row_type, 6))
+        .unwrap();
+    let s6 = c.snapshot();
+    c.start_key_map(rel, b"other key").unwrap();
+    c.record_keys(page_key(rel, 0), s6, &[99]).unwrap();
+    assert!(c.start_key_map(RelId(999), b"x").is_err());
+    c.commit().unwrap();
+    assert_eq!(store.key_map(rel).unwrap().unwrap().start, s6);
+    assert_eq!(entries(&store), 1);
+    assert_eq!(
+        store.key_candidates(rel, s6, &[99], s6, s6).unwrap(),
+        vec![0]
+    );
+    // Ending it removes the record, the entries and the blocks' records.
+    let mut c = store
+        .declare_and_begin(decl_for(&rels, 2, row_type, 7))
         .unwrap();
     c.end_key_map(rel).unwrap();
     c.commit().unwrap();
     assert_eq!(store.key_map(rel).unwrap(), None);
     assert_eq!(
-        store.key_candidates(rel, &[10]).unwrap(),
-        vec![(0, a), (1, b)]
-    );
-}
-
-#[test]
-fn entries_leave_with_their_images() {
-    let store = SnapshotStore::open_in_memory(7);
-    let (rels, decl) = setup(&store, 2, 2);
-    let (rel, other) = (rels[0], rels[1]);
-    let row_type = decl.relations[0].row_type;
-    let mut c = store.declare_and_begin(decl).unwrap();
-    let s1 = c.snapshot();
-    // The same image at the same block of two tables (a copy of a table).
-    let a = c.put_image(&view(1, 300), &[]).unwrap();
-    for r in [rel, other] {
-        c.add_mapping(page_key(r, 0), a).unwrap();
-        c.add_keys(page_key(r, 0), a, s1, &[1, 2, 3]).unwrap();
-        c.start_key_map(r, b"k").unwrap();
-    }
-    c.commit().unwrap();
-    // Snapshot 2 maps both blocks 0 to a new image: the old one dies when snapshot 1 is
-    // reclaimed. The new image also at another block, recorded by another key map.
-    let mut c = store
-        .declare_and_begin(decl_for(&rels, 2, row_type, 2))
-        .unwrap();
-    let b = c.put_image(&view(2, 300), &[]).unwrap();
-    for r in [rel, other] {
-        c.add_mapping(page_key(r, 0), b).unwrap();
-        c.add_keys(page_key(r, 0), b, s1, &[3, 4]).unwrap();
-    }
-    c.add_keys(page_key(rel, 1), b, SnapId(s1.0 + 1), &[5])
-        .unwrap();
-    c.commit().unwrap();
-    assert_eq!(entries(&store), 2 * (3 + 1) + 2 * (2 + 1) + (1 + 1));
-    assert_eq!(
-        store.key_candidates(rel, &[3]).unwrap(),
-        vec![(0, a), (0, b)]
-    );
-    // A third capture stores an image with keys and is aborted: its entries go with it.
-    let mut c = store
-        .declare_and_begin(decl_for(&rels, 2, row_type, 3))
-        .unwrap();
-    let x = c.put_image(&view(3, 300), &[]).unwrap();
-    c.add_keys(page_key(rel, 1), x, s1, &[9]).unwrap();
-    c.abort("test").unwrap();
-    assert_eq!(store.key_candidates(rel, &[9]).unwrap(), vec![]);
-    assert_eq!(entries(&store), 16);
-    store.delete_snapshot(s1).unwrap();
-    reclaim_all(&store);
-    for r in [rel, other] {
-        assert_eq!(store.key_candidates(r, &[1, 2, 3]).unwrap(), vec![(0, b)]);
-    }
-    assert_eq!(
-        entries(&store),
-        2 * (2 + 1) + (1 + 1),
-        "the entries of image {a} are left"
+        Scan::prefix(store.backend(), Cf::Keys, &[])
+            .unwrap()
+            .count(),
+        0
     );
 }
