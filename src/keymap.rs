@@ -187,6 +187,8 @@ pub struct KeyHasher {
     _functions_memory: OwnedContext,
     /// What the calls allocate (a detoasted compressed value); reset after each page.
     scratch: OwnedContext,
+    /// The call frame of the hash functions: a FunctionCallInfoBaseData and one argument.
+    call: Vec<u64>,
 }
 
 impl KeyHasher {
@@ -220,6 +222,12 @@ impl KeyHasher {
             lengths,
             _functions_memory: memory,
             scratch: OwnedContext::new("gsnap key hashing"),
+            call: vec![
+                0;
+                (std::mem::size_of::<pg_sys::FunctionCallInfoBaseData>()
+                    + std::mem::size_of::<pg_sys::NullableDatum>())
+                .div_ceil(8)
+            ],
         }
     }
 
@@ -230,53 +238,129 @@ impl KeyHasher {
         unsafe { self.scratch.reset() };
     }
 
-    /// The key hash of heap tuple `tuple` (whose descriptor is the one given to `new`): None
-    /// if a key column is NULL (no equality finds it), the wildcard if a key column is an
-    /// out-of-line TOAST value.
+    /// The key hashes of the heap tuples at `tuples` (pointer and length, each a complete
+    /// heap tuple of the table whose descriptor is `desc`, 8-byte aligned), appended to
+    /// `out`: none for a row with a NULL key column (no equality finds it), the wildcard for
+    /// a row with an out-of-line TOAST value in its key.
+    ///
+    /// The hash functions are called directly, inside one guard for the whole page (an
+    /// ERROR one raises lands there and becomes the capture's error): the per-call guard
+    /// costs more than the hashing itself.
     ///
     /// # Safety
-    /// `tuple` is a complete heap tuple of the table, 8-byte aligned; in a transaction.
-    pub unsafe fn hash(&mut self, tuple: &[u8], desc: pg_sys::TupleDesc) -> Option<u64> {
-        let mut data = pg_sys::HeapTupleData {
-            t_len: tuple.len() as u32,
-            t_self: pg_sys::ItemPointerData::default(),
-            t_tableOid: pg_sys::InvalidOid,
-            t_data: tuple.as_ptr().cast_mut().cast(),
+    /// As above; on the main thread, in a transaction.
+    pub unsafe fn hash_page(
+        &mut self,
+        tuples: &[(*const u8, usize)],
+        desc: pg_sys::TupleDesc,
+        out: &mut Vec<u64>,
+    ) {
+        out.reserve(tuples.len());
+        let KeyHasher {
+            def,
+            functions,
+            lengths,
+            scratch,
+            call,
+            ..
+        } = self;
+        let hash_all = || {
+            for &tuple in tuples {
+                // SAFETY: the caller's tuples and descriptor.
+                let h = unsafe { hash_tuple(def, lengths, functions, call, tuple, desc) };
+                out.extend(h);
+            }
         };
-        let mut parts = [0u32; 8];
-        let mut many = Vec::new();
-        for (i, c) in self.def.columns.iter().enumerate() {
-            let mut null = false;
-            // SAFETY: the caller's tuple and descriptor.
-            let datum =
-                unsafe { pg_sys::heap_getattr(&mut data, c.attnum.into(), desc, &mut null) };
-            if null {
-                return None;
-            }
-            // SAFETY: a varlena's first byte; 0x01 is the header of a TOAST pointer (an
-            // external value).
-            if self.lengths[i] == -1 && unsafe { *datum.cast_mut_ptr::<u8>() } == 0x01 {
-                return Some(WILDCARD_KEY);
-            }
-            let f = &mut self.functions[i];
-            // SAFETY: the column's hash function, called as a hash join calls it.
-            let h = self
-                .scratch
-                .run(|| unsafe { pg_sys::FunctionCall1Coll(f, c.collation, datum) });
-            let h = h.value() as u32;
-            match parts.get_mut(i) {
-                Some(p) => *p = h,
-                None => many.push(h),
-            }
+        // SAFETY: on the main thread (the caller's promise); the closures own nothing that
+        // needs dropping (an ERROR skips their frames).
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| scratch.run(hash_all)) };
+    }
+}
+
+/// The key hash of one heap tuple (see [`KeyHasher::hash_page`]), by the hasher's
+/// definition, column lengths, functions and call frame.
+///
+/// # Safety
+/// As for [`KeyHasher::hash_page`], inside its guard.
+unsafe fn hash_tuple(
+    def: &KeyDef,
+    lengths: &[i16],
+    functions: &mut [pg_sys::FmgrInfo],
+    frame: &mut [u64],
+    (p, len): (*const u8, usize),
+    desc: pg_sys::TupleDesc,
+) -> Option<u64> {
+    let mut data = pg_sys::HeapTupleData {
+        t_len: len as u32,
+        t_self: pg_sys::ItemPointerData::default(),
+        t_tableOid: pg_sys::InvalidOid,
+        t_data: p.cast_mut().cast(),
+    };
+    let mut parts = [0u32; 8];
+    let mut many = Vec::new();
+    for (i, c) in def.columns.iter().enumerate() {
+        let mut null = false;
+        // SAFETY: the caller's tuple and descriptor.
+        let datum = unsafe { pg_sys::heap_getattr(&mut data, c.attnum.into(), desc, &mut null) };
+        if null {
+            return None;
         }
-        let n = self.def.columns.len();
-        Some(if n <= parts.len() {
-            combine(&parts[..n])
-        } else {
-            let mut all = parts.to_vec();
-            all.extend(many);
-            combine(&all)
-        })
+        // SAFETY: a varlena's first byte; 0x01 is the header of a TOAST pointer (an
+        // external value).
+        if lengths[i] == -1 && unsafe { *datum.cast_mut_ptr::<u8>() } == 0x01 {
+            return Some(WILDCARD_KEY);
+        }
+        // SAFETY: the column's hash function, called as FunctionCall1Coll calls it (the
+        // caller's guard catches an ERROR).
+        let h = unsafe { call1(&mut functions[i], frame, c.collation, datum) };
+        match parts.get_mut(i) {
+            Some(p) => *p = h,
+            None => many.push(h),
+        }
+    }
+    let n = def.columns.len();
+    Some(if n <= parts.len() {
+        combine(&parts[..n])
+    } else {
+        let mut all = parts.to_vec();
+        all.extend(many);
+        combine(&all)
+    })
+}
+
+/// Calls the one-argument function `f` on `arg` with collation `collation`, through the
+/// call frame `frame` (room for a FunctionCallInfoBaseData and one argument), without a
+/// guard of its own; returns its result as a 32-bit hash.
+///
+/// # Safety
+/// `f` is a filled-in FmgrInfo of a strict one-argument function returning int4; inside a
+/// guard that catches an ERROR; in a transaction.
+unsafe fn call1(
+    f: &mut pg_sys::FmgrInfo,
+    frame: &mut [u64],
+    collation: pg_sys::Oid,
+    arg: pg_sys::Datum,
+) -> u32 {
+    let fcinfo = frame
+        .as_mut_ptr()
+        .cast::<pg_sys::FunctionCallInfoBaseData>();
+    // SAFETY: `frame` has room for the header and one argument, 8-byte aligned.
+    unsafe {
+        (*fcinfo).flinfo = f;
+        (*fcinfo).context = std::ptr::null_mut();
+        (*fcinfo).resultinfo = std::ptr::null_mut();
+        (*fcinfo).fncollation = collation;
+        (*fcinfo).isnull = false;
+        (*fcinfo).nargs = 1;
+        let args = (*fcinfo).args.as_mut_slice(1);
+        args[0] = pg_sys::NullableDatum {
+            value: arg,
+            isnull: false,
+        };
+        let call = f
+            .fn_addr
+            .expect("fmgr_info fills in the function's address");
+        call(fcinfo).value() as u32
     }
 }
 

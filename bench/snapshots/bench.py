@@ -10,6 +10,9 @@
 3. capture  full capture of a freshly loaded, warm pgbench database; incremental capture
             after pgbench; bytes per page; the worker's memory during both.
 4. asof     count(*) and a full scan of pgbench_accounts, live vs gsnap_asof(), cold and warm.
+5. keytps   pgbench TPS with a snapshot every 10 s, key maps on against off (gsnap.key_maps),
+            two clusters with identical settings, interleaved rounds, after the maps' start has
+            settled (RocksDB compacting their first entries).
 
 Every benchmark prints its figures and writes CSV/JSON under --out; summary.json collects the
 target checks. Times vary with the machine's load: alternatives are measured interleaved in
@@ -1129,7 +1132,75 @@ def profile_capture(b: Bench) -> None:
 # -- main ------------------------------------------------------------------------------------
 
 
-BENCHMARKS = ["tps", "declare", "capture", "asof"]
+def bench_keytps(b: Bench) -> None:
+    a = b.args
+    scale, secs, rounds = a.scale, a.seconds, a.rounds
+    log(f"== 5. pgbench TPS with a snapshot every {a.interval} s: key maps on vs off "
+        f"(-s {scale}, -c {a.clients} -j {a.threads}, {secs} s runs, {rounds} interleaved rounds, two clusters)")
+    cl = {mode: b.cluster(f"keytps-{mode}", a.tps_shared_buffers, [f"gsnap.key_maps = {mode}"])
+          for mode in ("on", "off")}
+    conns = {}
+    for mode, c in cl.items():
+        b.pgbench_init(c, scale, gsnap=True)
+        conns[mode] = c.connect()
+        t = time.time()
+        conns[mode].execute("SELECT gsnap_snapshot()")
+        log(f"   key maps {mode}: first snapshot (every page; the maps start) in {time.time() - t:.1f} s")
+    # Starting the maps wrote one entry per row, which RocksDB compacts in the background: the
+    # runs measure the steady state after it.
+    wpids = {mode: worker_pid(conn) for mode, conn in conns.items()}
+    t = time.time()
+    for mode in cl:
+        last = cpu_ms(wpids[mode])
+        while time.time() - t < 600:
+            time.sleep(2)
+            now = cpu_ms(wpids[mode])
+            if now - last < 40:
+                break
+            last = now
+    log(f"   workers idle after {time.time() - t:.0f} s")
+
+    def setting(conn, name: str, value) -> None:
+        conn.execute(f"ALTER SYSTEM SET {name} = {value}")
+        conn.execute("SELECT pg_reload_conf()")
+
+    runs = []
+    for r in range(rounds):
+        for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            c, conn = cl[mode], conns[mode]
+            conn.execute("CHECKPOINT")
+            w0 = cpu_ms(wpids[mode])
+            setting(conn, "gsnap.snapshot_interval", a.interval)
+            p = subprocess.run(b.pgbench_cmd(c, secs, []), env=c.env(), capture_output=True, text=True,
+                               cwd=b.out)
+            if p.returncode != 0:
+                raise RuntimeError(f"pgbench failed: {p.stderr}")
+            setting(conn, "gsnap.snapshot_interval", 0)
+            wait_idle(conn)
+            res = parse_pgbench(p.stdout)
+            row = {"round": r, "key_maps": mode, "tps": res["tps"], "lat_avg_ms": res.get("lat_avg_ms"),
+                   "worker_cpu_s": round((cpu_ms(wpids[mode]) - w0) / 1000, 2)}
+            runs.append(row)
+            log(f"   round {r} key maps {mode:3s}: tps {row['tps']:9.1f}  worker CPU {row['worker_cpu_s']} s")
+    for conn in conns.values():
+        conn.close()
+    write_csv(b.out / "keytps.csv", runs)
+    by = {(x["round"], x["key_maps"]): x for x in runs}
+    ratios = [by[(r, "on")]["tps"] / by[(r, "off")]["tps"] for r in range(rounds)]
+    res = {"scale": scale, "seconds": secs, "rounds": rounds, "interval_s": a.interval,
+           "ratio_per_round": [round(x, 4) for x in ratios], "ratio_median": round(statistics.median(ratios), 4),
+           "worker_cpu_s_median": {m: statistics.median([x["worker_cpu_s"] for x in runs if x["key_maps"] == m])
+                                   for m in ("on", "off")},
+           "target": ">= 0.99 (issue 9)"}
+    res["met"] = res["ratio_median"] >= 0.99
+    b.summary["keytps"] = res
+    log(f"   TPS key maps on / off: median {res['ratio_median']:.3f} (per round "
+        f"{', '.join(f'{x:.3f}' for x in ratios)}); worker CPU per run (s, median): {res['worker_cpu_s_median']}")
+    for c in cl.values():
+        b.drop(c)
+
+
+BENCHMARKS = ["tps", "declare", "capture", "asof", "keytps"]
 
 
 def main() -> int:
@@ -1168,8 +1239,8 @@ def main() -> int:
                 profile_asof(b)
                 profile_capture(b)
 
-    return b.run([("tps", bench_tps), ("declare", bench_declare), ("capture", bench_capture), ("asof", bench_asof)],
-                 only, profiles)
+    return b.run([("tps", bench_tps), ("declare", bench_declare), ("capture", bench_capture), ("asof", bench_asof),
+                  ("keytps", bench_keytps)], only, profiles)
 
 
 if __name__ == "__main__":

@@ -250,6 +250,19 @@ pub fn key_candidates(
     }
 }
 
+/// What the readable snapshots of `from..=to` hold of the table with OID `relid`.
+pub fn scan_range(relid: u32, from: SnapId, to: SnapId) -> listing::ScanRange {
+    listing(
+        Request::ScanRange {
+            relid,
+            from,
+            to,
+            offset: 0,
+        },
+        listing::decode_scan_range,
+    )
+}
+
 /// The latest readable snapshot taken at or before `unix_us` (µs since the Unix epoch).
 pub fn resolve_time(unix_us: i64) -> SnapId {
     match request(Request::ResolveTime { unix_us }) {

@@ -140,26 +140,30 @@ impl PageReader {
             }
         };
         let end = self.next_block.saturating_add(step).min(self.nblocks);
-        let view = self.groups.view_of(self.snap);
-        let tree = view
-            .tree(SnapId(self.snap))
-            .unwrap_or_else(|e| corrupt_index(e));
+        let (first, images) = (self.next_block, &mut self.images);
+        let mapped = Self::in_relation(&self.groups, self.snap, self.rel, |relation| {
+            relation
+                .scan(first..end, &mut |block, image| images.push(block, image.0))
+                .unwrap_or_else(|e| corrupt_index(e))
+        });
+        // None: the snapshot maps no page of the table: every block is empty.
+        self.next_block = if mapped.is_some() { end } else { self.nblocks };
+    }
+
+    /// `f` of the page table of incarnation `rel` at snapshot `snap` (None: the snapshot maps
+    /// no page of it).
+    fn in_relation<R>(
+        groups: &GroupPins,
+        snap: u64,
+        rel: u32,
+        f: impl FnOnce(gsnap_core::RelationTree<'_>) -> R,
+    ) -> Option<R> {
+        let view = groups.view_of(snap);
+        let tree = view.tree(SnapId(snap)).unwrap_or_else(|e| corrupt_index(e));
         let relation = tree
-            .relation(RelId(self.rel))
+            .relation(RelId(rel))
             .unwrap_or_else(|e| corrupt_index(e));
-        match relation {
-            Some(relation) => {
-                let images = &mut self.images;
-                relation
-                    .scan(self.next_block..end, &mut |block, image| {
-                        images.push(block, image.0)
-                    })
-                    .unwrap_or_else(|e| corrupt_index(e));
-                self.next_block = end;
-            }
-            // The snapshot maps no page of the table: every block is empty.
-            None => self.next_block = self.nblocks,
-        }
+        relation.map(f)
     }
 
     /// Looks up the blocks of [`PageReader::only`] at once; the list then holds those the
@@ -167,22 +171,16 @@ impl PageReader {
     fn look_up_only(&mut self) {
         self.next_block = self.nblocks;
         let blocks = self.only.take().unwrap_or_default();
-        let view = self.groups.view_of(self.snap);
-        let tree = view
-            .tree(SnapId(self.snap))
-            .unwrap_or_else(|e| corrupt_index(e));
-        let relation = tree
-            .relation(RelId(self.rel))
-            .unwrap_or_else(|e| corrupt_index(e));
+        let (nblocks, images) = (self.nblocks, &mut self.images);
         let mut read = Vec::new();
-        if let Some(relation) = relation {
-            for block in blocks.into_iter().filter(|&b| b < self.nblocks) {
+        Self::in_relation(&self.groups, self.snap, self.rel, |relation| {
+            for block in blocks.into_iter().filter(|&b| b < nblocks) {
                 if let Some(image) = relation.lookup(block).unwrap_or_else(|e| corrupt_index(e)) {
-                    self.images.push(block, image.0);
+                    images.push(block, image.0);
                     read.push(block);
                 }
             }
-        }
+        });
         self.only = Some(read);
     }
 

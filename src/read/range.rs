@@ -21,7 +21,7 @@ use super::pages::{parallel_step, view_tuples};
 use super::partitioned;
 use super::pins::{images_per_batch, GroupPins, ImageBatches, PinnedBatch};
 use super::table::{self, TableAtSnapshot};
-use crate::error::{corrupt_index, error};
+use crate::error::{corrupt, corrupt_index, error};
 use crate::ffi::memcx::OwnedContext;
 use gsnap_core::{ImageRun, RelId, SnapId};
 use gsnap_format::versions::ImageMatcher;
@@ -664,18 +664,73 @@ impl RangeCursor {
         // The index may still list deleted snapshots between readable ones: a run none of
         // the segment's snapshots lies in is skipped (its image may be reclaimed).
         let held = &self.snaps[segment.clone()];
-        let only = self.only.as_ref().map(|o| &o[index]);
-        gsnap_core::range(&views, SnapId(first), SnapId(last), RelId(rel), &mut |r| {
-            let at = held.partition_point(|(s, _)| *s < r.first.0);
-            if held.get(at).is_some_and(|(s, _)| *s <= r.last.0)
-                && only.is_none_or(|o| o.binary_search(&r.block).is_ok())
-            {
-                runs.push(r)
-            }
-        })
-        .unwrap_or_else(|e| corrupt_index(e));
+        if let Some(only) = self.only.as_ref().map(|o| &o[index]) {
+            // A lookup by key: the runs of the candidate blocks only, from each held
+            // snapshot's page table (a walk of the whole range would visit every block).
+            runs.extend(candidate_runs(&views, held, rel, only));
+        } else {
+            // The index may still list deleted snapshots between readable ones: a run none
+            // of the segment's snapshots lies in is skipped (its image may be reclaimed).
+            gsnap_core::range(&views, SnapId(first), SnapId(last), RelId(rel), &mut |r| {
+                let at = held.partition_point(|(s, _)| *s < r.first.0);
+                if held.get(at).is_some_and(|(s, _)| *s <= r.last.0) {
+                    runs.push(r)
+                }
+            })
+            .unwrap_or_else(|e| corrupt_index(e));
+        }
         self.segment = segment;
     }
+}
+
+/// The runs of images of `blocks` (ascending) of incarnation `rel` over the snapshots `held`
+/// (ascending): for each block, each image it has at consecutive snapshots of `held`, in
+/// block order then snapshot order, as `gsnap_core::range` gives them.
+fn candidate_runs(
+    views: &[gsnap_core::GroupReader<'_>],
+    held: &[(u64, TableAtSnapshot)],
+    rel: u32,
+    blocks: &[u32],
+) -> Vec<ImageRun> {
+    let trees: Vec<Option<gsnap_core::RelationTree<'_>>> = held
+        .iter()
+        .map(|(s, _)| {
+            let view = views
+                .iter()
+                .find(|v| v.contains(SnapId(*s)))
+                .unwrap_or_else(|| {
+                    corrupt(format_args!(
+                        "snapshot {s} is not in the index groups pinned"
+                    ))
+                });
+            view.tree(SnapId(*s))
+                .and_then(|t| t.relation(RelId(rel)))
+                .unwrap_or_else(|e| corrupt_index(e))
+        })
+        .collect();
+    let mut runs = Vec::new();
+    for &block in blocks {
+        let mut run: Option<ImageRun> = None;
+        for ((s, _), tree) in held.iter().zip(&trees) {
+            let image = tree
+                .as_ref()
+                .and_then(|t| t.lookup(block).unwrap_or_else(|e| corrupt_index(e)));
+            match (&mut run, image) {
+                (Some(r), Some(i)) if r.image == i => r.last = SnapId(*s),
+                (r, image) => {
+                    runs.extend(r.take());
+                    *r = image.map(|image| ImageRun {
+                        block,
+                        image,
+                        first: SnapId(*s),
+                        last: SnapId(*s),
+                    });
+                }
+            }
+        }
+        runs.extend(run);
+    }
+    runs
 }
 
 /// The cursors of table `relid` over `from..=to`: one, or one per partition of a partitioned

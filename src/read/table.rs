@@ -100,23 +100,52 @@ pub fn readable_in_range(from: u64, to: u64) -> Vec<u64> {
         .map(|s| s.id.0)
         .collect();
     if readable.is_empty() {
-        error(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("no readable snapshot from snapshot {from} to snapshot {to}"),
-        )
-        .hint("gsnap_snapshots() lists the snapshots and their states.")
-        .raise();
+        no_readable_snapshot(from, to);
     }
     readable
+}
+
+/// The ERROR of a range without a readable snapshot.
+fn no_readable_snapshot(from: u64, to: u64) -> ! {
+    error(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("no readable snapshot from snapshot {from} to snapshot {to}"),
+    )
+    .hint("gsnap_snapshots() lists the snapshots and their states.")
+    .raise()
 }
 
 /// The readable snapshots in `from..=to` that hold `relid`, with the table as each holds it,
 /// oldest first. A range with no readable snapshot, or none holding the table, is an ERROR.
 pub fn in_range(relid: pg_sys::Oid, from: u64, to: u64) -> Vec<(u64, TableAtSnapshot)> {
-    let readable = readable_in_range(from, to);
-    let holding: Vec<(u64, TableAtSnapshot)> = readable
+    let lease = crate::shmem::progress().reclaim_generation();
+    // One request for the whole range (a range of 1,000 snapshots is not 1,000 requests).
+    let range = ipc::scan_range(relid.to_u32(), SnapId(from), SnapId(to));
+    if range.readable == 0 {
+        no_readable_snapshot(from, to);
+    }
+    let row_types: Vec<RowType> = range
+        .row_types
+        .iter()
+        .map(|b| {
+            RowType::decode(b)
+                .unwrap_or_else(|e| error::corrupt(format_args!("snapshots {from} to {to}: {e}")))
+        })
+        .collect();
+    let holding: Vec<(u64, TableAtSnapshot)> = range
+        .snapshots
         .into_iter()
-        .filter_map(|s| held_by(s, relid).map(|t| (s, t)))
+        .map(|(snap, header, t)| {
+            let t = t as usize;
+            let table = TableAtSnapshot {
+                rel: header.rel.0,
+                nblocks: header.nblocks,
+                row_type: row_types[t].clone(),
+                row_type_bytes: range.row_types[t].clone(),
+                lease,
+            };
+            (snap.0, table)
+        })
         .collect();
     if holding.is_empty() {
         error(

@@ -92,7 +92,7 @@ pub unsafe fn capture_page<E>(
     snapshot: pg_sys::Snapshot,
     strategy: pg_sys::BufferAccessStrategy,
     unchanged_at_or_before: Option<u64>,
-    mut hasher: Option<&mut crate::keymap::KeyHasher>,
+    hasher: Option<&mut crate::keymap::KeyHasher>,
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
 ) -> Result<Option<PageView>, E> {
     let main = pg_sys::ForkNumber::MAIN_FORKNUM;
@@ -121,13 +121,18 @@ pub unsafe fn capture_page<E>(
     // (before the TOAST pointers are rewritten), then their TOAST pointers and headers are
     // rewritten.
     let mut keys = Vec::new();
-    // SAFETY: the open relation's descriptor.
-    let desc = unsafe { (*rel).rd_att };
+    if let Some(hasher) = hasher {
+        let mut tuples = Vec::with_capacity(builder.len());
+        builder.tuples_mut(|t| {
+            tuples.push((t.as_ptr(), t.len()));
+            Ok::<(), E>(())
+        })?;
+        // SAFETY: complete heap tuples of `rel`, 8-byte aligned in the builder, and its
+        // descriptor; on the worker's main thread.
+        unsafe { hasher.hash_page(&tuples, (*rel).rd_att, &mut keys) };
+        hasher.end_page();
+    }
     builder.tuples_mut(|t| {
-        if let Some(hasher) = hasher.as_deref_mut() {
-            // SAFETY: `t` is a complete heap tuple of `rel`, 8-byte aligned in the builder.
-            keys.extend(unsafe { hasher.hash(t, desc) });
-        }
         if heap::has_external(t) {
             // SAFETY: `t` is a complete heap tuple of `rel`, 8-byte aligned in the builder.
             unsafe { copy_out_toast(rel, t, store_toast)? };
@@ -135,9 +140,6 @@ pub unsafe fn capture_page<E>(
         heap::normalize(t).expect("a heap tuple is at least as long as its header");
         Ok(())
     })?;
-    if let Some(hasher) = hasher {
-        hasher.end_page();
-    }
     Ok(Some(PageView {
         tuples: builder.len(),
         view: builder.finish(),

@@ -188,6 +188,18 @@ impl Worker {
                 from,
                 to,
             } => key_candidates(store, RelId(rel), &definition, &hashes, (from, to)),
+            Request::ScanRange {
+                relid,
+                from,
+                to,
+                offset,
+            } => {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::hash::Hash::hash(&(relid, from.0, to.0), &mut h);
+                let key = answer_key(Kind::ScanRange, std::hash::Hasher::finish(&h));
+                let blob = self.cached(key, || scan_range(store, relid, from, to))?;
+                page(&blob, offset)
+            }
             request @ (Request::Delete { .. }
             | Request::Pin { .. }
             | Request::Unpin { .. }
@@ -390,6 +402,40 @@ fn key_candidates(
         complete,
         blocks,
     })
+}
+
+/// What the readable snapshots of `from..=to` hold of table `relid` (each one's incarnation,
+/// size and row type, as `scan_begin` gives them one by one), as a listing.
+fn scan_range(store: &Store, relid: u32, from: SnapId, to: SnapId) -> Result<Vec<u8>, WorkerError> {
+    let readable = store.committed_in(from, to);
+    let mut range = listing::ScanRange {
+        readable: readable.len() as u32,
+        ..Default::default()
+    };
+    let mut row_types: HashMap<gsnap_store::RowTypeId, u32> = HashMap::new();
+    for snap in readable {
+        let info = store.snapshot(snap).map_err(fail)?;
+        let Some(r) = info.relation(relid) else {
+            continue;
+        };
+        let index = match row_types.get(&r.row_type) {
+            Some(&i) => i,
+            None => {
+                let i = range.row_types.len() as u32;
+                range
+                    .row_types
+                    .push(store.row_type(r.row_type).map_err(fail)?);
+                row_types.insert(r.row_type, i);
+                i
+            }
+        };
+        let header = ScanHeader {
+            rel: r.rel,
+            nblocks: r.nblocks,
+        };
+        range.snapshots.push((snap, header, index));
+    }
+    listing::encode_scan_range(&range).map_err(|e| unencodable("beginning of a range scan", e))
 }
 
 fn scan_begin(store: &Store, snap: SnapId, relid: u32, offset: u64) -> Result<Reply, WorkerError> {

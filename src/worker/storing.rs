@@ -13,7 +13,7 @@
 
 use super::capture::{index_error, store_one, ReadPage, Target};
 use gsnap_core::GroupReader;
-use gsnap_store::{Capture, RocksBackend, StoreError};
+use gsnap_store::{Capture, PageKey, RocksBackend, StoreError};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -189,14 +189,32 @@ fn store_all(
     };
     let start = Instant::now();
     let total = pages.len();
-    for (n, page) in pages.into_iter().enumerate() {
+    let mut pages = pages;
+    let mut n = 0;
+    while let Some(page) = pages.pop_front() {
         if n % CHUNK == 0 {
             pace(start, window.mul_f64(n as f64 / total as f64), shared);
             if shared.cancel.load(Relaxed) {
                 return Err(Err("the worker stopped it".into()));
             }
             publish(capture, total - n, shared);
+            // The key records of this chunk's pages, read in one batch.
+            let keyed: Vec<(PageKey, gsnap_store::SnapId)> = std::iter::once(&page)
+                .chain(pages.iter().take(CHUNK - 1))
+                .filter_map(|p| {
+                    let t = &targets[p.item];
+                    let page = PageKey {
+                        rel: t.rel,
+                        block: p.block,
+                    };
+                    t.keys.map(|k| (page, k.map))
+                })
+                .collect();
+            if !keyed.is_empty() {
+                capture.prefetch_block_keys(&keyed).map_err(Ok)?;
+            }
         }
+        n += 1;
         let target = &targets[page.item];
         store_one(&lookup, capture, target, page, carried).map_err(Ok)?;
     }

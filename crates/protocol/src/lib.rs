@@ -42,6 +42,15 @@
 //!    9 LoadImages      ids:vec<u64>
 //!   10 Groups          offset:u64
 //!   11 Prefetch        ids:vec<u64>
+//!   12 Delete          force:bool snaps:vec<u64>
+//!   13 Pin             snap:u64 tag:str until_us:i64
+//!   14 Unpin           snap:u64 tag:str
+//!   15 SetRank         snap:u64 rank:u8
+//!   16 RetentionPreview policy:opt<str> offset:u64
+//!   17 Verify          repair:bool offset:u64
+//!   18 StoreStats      offset:u64
+//!   19 KeyCandidates   rel:u32 from:u64 to:u64 definition:bytes hashes:vec<u64>
+//!   20 ScanRange       relid:u32 from:u64 to:u64 offset:u64
 //!
 //! answer  := VERSION:u8 0:u8 reply | VERSION:u8 1:u8 error
 //! reply   := tag:u8 fields
@@ -53,6 +62,7 @@
 //!    6 GroupsPinned    vec<key:u64 offset:u64 size:u64>
 //!    7 ImagesPinned    vec<pinned>
 //!    8 ToastPinned     chunks:u32 len:u64 vec<pinned>
+//!    9 KeyCandidates   start:u64 (0: no map) complete:bool blocks:vec<u32>
 //!   pinned := key:u32 slot:u32 len:u32
 //! error   := code:u8 message:str hint:opt<str> detail:opt<str>
 //!
@@ -64,6 +74,8 @@
 //!    3 groups     vec<id:u64 state:u8 first:u64 last:u64 snapshots:u64 pages:u64 bytes:u64
 //!                     loaded:bool length_budget:u64 page_budget:opt<u64>>
 //!    4 scan       rel:u32 nblocks:u32 row_type:bytes
+//!    7 scan range readable:u32 vec<snap:u64 rel:u32 nblocks:u32 row_type:u32>
+//!                 row_types:vec<bytes>
 //! ```
 //!
 //! Error codes are the tags of [`ErrorCode`] (1 to 14), snapshot states those of

@@ -14,6 +14,7 @@ const GROUPS: u8 = 3;
 const SCAN: u8 = 4;
 const DECISIONS: u8 = 5;
 const REPORT: u8 = 6;
+const SCAN_RANGE: u8 = 7;
 
 /// Where a snapshot is in its life (the states of the store's snapshot records, with the
 /// same tags).
@@ -420,9 +421,108 @@ pub fn decode_scan(bytes: &[u8]) -> Result<(ScanHeader, Vec<u8>), DecodeError> {
     Ok((header, row_type))
 }
 
+/// The start of a scan over a range of snapshots: how many readable snapshots the range has,
+/// and for each of them that holds the table, its id, header and row type (an index into
+/// `row_types`, each distinct row type listed once).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScanRange {
+    pub readable: u32,
+    pub snapshots: Vec<(SnapId, ScanHeader, u32)>,
+    pub row_types: Vec<Vec<u8>>,
+}
+
+/// Encodes the start of a scan over a range of snapshots.
+pub fn encode_scan_range(range: &ScanRange) -> Result<Vec<u8>, EncodeError> {
+    let mut w = Writer::new("scan of a range");
+    w.u8(SCAN_RANGE)
+        .u32(range.readable)
+        .count(range.snapshots.len())?;
+    for (snap, header, row_type) in &range.snapshots {
+        w.u64(snap.0)
+            .u32(header.rel.0)
+            .u32(header.nblocks)
+            .u32(*row_type);
+    }
+    w.count(range.row_types.len())?;
+    for t in &range.row_types {
+        w.bytes(t)?;
+    }
+    Ok(w.into_bytes())
+}
+
+/// Decodes the start of a scan over a range of snapshots.
+pub fn decode_scan_range(bytes: &[u8]) -> Result<ScanRange, DecodeError> {
+    let mut r = Reader::new(bytes, "scan of a range");
+    listing_tag(&mut r, SCAN_RANGE)?;
+    let readable = r.u32()?;
+    let n = r.count("snapshots", 20)?;
+    let snapshots = (0..n)
+        .map(|_| {
+            Ok((
+                SnapId(r.u64()?),
+                ScanHeader {
+                    rel: RelId(r.u32()?),
+                    nblocks: r.u32()?,
+                },
+                r.u32()?,
+            ))
+        })
+        .collect::<Result<Vec<_>, DecodeError>>()?;
+    let m = r.count("row types", 4)?;
+    let row_types = (0..m)
+        .map(|_| Ok(r.bytes("row type")?.to_vec()))
+        .collect::<Result<Vec<_>, DecodeError>>()?;
+    if let Some((_, _, t)) = snapshots
+        .iter()
+        .find(|(_, _, t)| *t as usize >= row_types.len())
+    {
+        return Err(DecodeError::InvalidValue {
+            what: "row type of a snapshot of a range",
+            value: u64::from(*t),
+        });
+    }
+    r.finish()?;
+    Ok(ScanRange {
+        readable,
+        snapshots,
+        row_types,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scan_range_round_trips_and_names_only_listed_row_types() {
+        let range = ScanRange {
+            readable: 3,
+            snapshots: vec![
+                (
+                    SnapId(4),
+                    ScanHeader {
+                        rel: RelId(1),
+                        nblocks: 9,
+                    },
+                    0,
+                ),
+                (
+                    SnapId(6),
+                    ScanHeader {
+                        rel: RelId(2),
+                        nblocks: 3,
+                    },
+                    1,
+                ),
+            ],
+            row_types: vec![b"a".to_vec(), b"bc".to_vec()],
+        };
+        let bytes = encode_scan_range(&range).unwrap();
+        assert_eq!(decode_scan_range(&bytes).unwrap(), range);
+        let mut bad = range.clone();
+        bad.snapshots[1].2 = 2;
+        assert!(decode_scan_range(&encode_scan_range(&bad).unwrap()).is_err());
+    }
 
     #[test]
     fn state_names_are_the_stores() {

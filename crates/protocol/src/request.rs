@@ -58,11 +58,13 @@ pub enum Kind {
     StoreStats = 18,
     /// Reply: [`Reply::KeyCandidates`].
     KeyCandidates = 19,
+    /// Paged. Reply: [`Reply::Page`] of [`crate::listing::decode_scan_range`].
+    ScanRange = 20,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 19] = [
+    pub const ALL: [Kind; 20] = [
         Kind::Declare,
         Kind::ReleaseExport,
         Kind::Snapshots,
@@ -82,6 +84,7 @@ impl Kind {
         Kind::Verify,
         Kind::StoreStats,
         Kind::KeyCandidates,
+        Kind::ScanRange,
     ];
 
     /// The tag the transport carries.
@@ -111,6 +114,7 @@ impl Kind {
                 | Kind::RetentionPreview
                 | Kind::Verify
                 | Kind::StoreStats
+                | Kind::ScanRange
         )
     }
 
@@ -134,7 +138,8 @@ impl Kind {
                         | Kind::Groups
                         | Kind::RetentionPreview
                         | Kind::Verify
-                        | Kind::StoreStats,
+                        | Kind::StoreStats
+                        | Kind::ScanRange,
                     Reply::Page(_)
                 )
                 | (Kind::ScanBegin, Reply::Page(_) | Reply::TableAbsent)
@@ -229,6 +234,15 @@ pub enum Request {
         from: SnapId,
         to: SnapId,
     },
+    /// Begin reading the table with OID `relid` over the readable snapshots of `from..=to`:
+    /// each one's scan header and row type, from byte `offset` (one request for what
+    /// [`Request::ScanBegin`] asks per snapshot).
+    ScanRange {
+        relid: u32,
+        from: SnapId,
+        to: SnapId,
+        offset: u64,
+    },
 }
 
 /// The most key hashes one [`Request::KeyCandidates`] carries.
@@ -257,6 +271,7 @@ impl Request {
             Request::Verify { .. } => Kind::Verify,
             Request::StoreStats { .. } => Kind::StoreStats,
             Request::KeyCandidates { .. } => Kind::KeyCandidates,
+            Request::ScanRange { .. } => Kind::ScanRange,
         }
     }
 
@@ -269,7 +284,8 @@ impl Request {
             | Request::Groups { offset }
             | Request::RetentionPreview { offset, .. }
             | Request::Verify { offset, .. }
-            | Request::StoreStats { offset } => Some(offset),
+            | Request::StoreStats { offset }
+            | Request::ScanRange { offset, .. } => Some(offset),
             _ => None,
         }
     }
@@ -367,6 +383,14 @@ impl Request {
                 for h in hashes {
                     w.u64(*h);
                 }
+            }
+            Request::ScanRange {
+                relid,
+                from,
+                to,
+                offset,
+            } => {
+                w.u32(*relid).u64(from.0).u64(to.0).u64(*offset);
             }
         }
         w.into_message()
@@ -469,6 +493,12 @@ impl Request {
                     to,
                 }
             }
+            Kind::ScanRange => Request::ScanRange {
+                relid: r.u32()?,
+                from: SnapId(r.u64()?),
+                to: SnapId(r.u64()?),
+                offset: r.u64()?,
+            },
         };
         r.finish()?;
         Ok(request)

@@ -29,7 +29,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::backend::{KvBackend, WriteBatch};
+use crate::backend::{KvBackend, KvCursor, WriteBatch};
 use crate::error::{Result, StoreError};
 use crate::ids::{Fingerprint, ImageId, PageKey, Rank, RelId, SnapId, ToastId};
 use crate::keys::{self, Cf, Counter, DedupKind};
@@ -67,6 +67,9 @@ pub struct Capture<B: KvBackend> {
     first_image_seq: u64,
     /// Key maps this capture starts (Some: the definition) or ends (None), written at commit.
     key_maps: Vec<(RelId, Option<Vec<u8>>)>,
+    /// Blocks' open key entries (hash, from) read ahead ([`Capture::prefetch_block_keys`]),
+    /// taken by [`Capture::record_keys`].
+    prefetched: HashMap<PageKey, Vec<(u64, u64)>>,
     failed: Option<StoreError>,
     finished: bool,
 }
@@ -225,6 +228,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             toast_refs: HashMap::new(),
             first_image_seq: marker.first_image_seq,
             key_maps: Vec::new(),
+            prefetched: HashMap::new(),
             failed: None,
             finished: false,
         })
@@ -437,26 +441,19 @@ impl<B: KvBackend> Capture<B> {
         let mut now: Vec<u64> = hashes.to_vec();
         now.sort_unstable();
         now.dedup();
-        let key = keys::block_keys_key(page.rel, page.block);
-        let before = match self.store.backend.get(Cf::Keys, &key)? {
-            Some(v) => Some(crate::keymap::decode_block_keys(&v, page)?),
-            None => None,
-        };
-        // What the block held by this map (another map's record is stale: a fresh start).
-        let (before, stale) = match before {
-            Some((m, held)) if m == map => (held, false),
-            Some(_) => (Vec::new(), true),
-            None => (Vec::new(), false),
+        let before = match self.prefetched.remove(&page) {
+            Some(held) => held,
+            None => {
+                let mut cursor = self.store.backend.cursor(Cf::Keys)?;
+                open_entries(cursor.as_mut(), page, map)?
+            }
         };
         let snap = self.info.id;
         let (rel, block) = (page.rel, page.block);
-        let mut held = Vec::with_capacity(now.len());
-        let mut changed = stale;
         let (mut i, mut j) = (0, 0);
         while i < before.len() || j < now.len() {
             match (before.get(i).copied(), now.get(j).copied()) {
-                (Some((h, from)), Some(n)) if h == n => {
-                    held.push((h, from));
+                (Some((h, _)), Some(n)) if h == n => {
                     i += 1;
                     j += 1;
                 }
@@ -464,7 +461,8 @@ impl<B: KvBackend> Capture<B> {
                     // Gone: its entry ends here.
                     let k = keys::key_entry_key(rel, map, h, block, SnapId(from));
                     self.batch.put(Cf::Keys, &k, &snap.0.to_be_bytes());
-                    changed = true;
+                    self.batch
+                        .delete(Cf::Keys, &keys::open_key_key(rel, map, block, h));
                     i += 1;
                 }
                 (_, n) => {
@@ -472,20 +470,36 @@ impl<B: KvBackend> Capture<B> {
                     let n = n.expect("the other arms take every old hash not below it");
                     let k = keys::key_entry_key(rel, map, n, block, snap);
                     self.batch.put(Cf::Keys, &k, &u64::MAX.to_be_bytes());
-                    held.push((n, snap.0));
-                    changed = true;
+                    self.batch.put(
+                        Cf::Keys,
+                        &keys::open_key_key(rel, map, block, n),
+                        &snap.0.to_be_bytes(),
+                    );
                     j += 1;
                 }
             }
         }
-        if changed {
-            self.batch.put(
-                Cf::Keys,
-                &key,
-                &crate::keymap::encode_block_keys(map, &held),
-            );
-        }
         self.flush_if_full()
+    }
+
+    /// Reads the open key entries of `pages` (each with its key map) ahead, with one cursor,
+    /// for the [`Capture::record_keys`] of each. A page is recorded once per capture, so
+    /// nothing read ahead goes stale.
+    pub fn prefetch_block_keys(&mut self, pages: &[(PageKey, SnapId)]) -> Result<()> {
+        self.usable()?;
+        let mut wanted: Vec<(PageKey, SnapId)> = pages
+            .iter()
+            .filter(|(p, _)| !self.prefetched.contains_key(p))
+            .copied()
+            .collect();
+        wanted.sort_unstable_by_key(|&(p, m)| (p.rel, m, p.block));
+        wanted.dedup();
+        let mut cursor = self.store.backend.cursor(Cf::Keys)?;
+        for (page, map) in wanted {
+            let held = open_entries(cursor.as_mut(), page, map)?;
+            self.prefetched.insert(page, held);
+        }
+        Ok(())
     }
 
     /// Starts the key map of relation incarnation `rel` at this snapshot, with the caller's
@@ -550,9 +564,13 @@ impl<B: KvBackend> Capture<B> {
                 }
                 None => {
                     self.batch.delete(Cf::Catalog, &key);
-                    let from = keys::block_keys_prefix(rel);
-                    let to = keys::prefix_end(&from).expect("a tagged prefix has an end");
-                    self.batch.delete_range(Cf::Keys, &from, &to);
+                    for from in [
+                        keys::key_rel_entries_prefix(rel),
+                        keys::open_rel_prefix(rel),
+                    ] {
+                        let to = keys::prefix_end(&from).expect("a tagged prefix has an end");
+                        self.batch.delete_range(Cf::Keys, &from, &to);
+                    }
                 }
             }
         }
@@ -642,9 +660,13 @@ impl<B: KvBackend> Capture<B> {
     /// starts again).
     fn end_entries(&mut self, rel: RelId) -> Result<()> {
         if let Some(old) = self.store.key_map(rel)? {
-            let from = keys::key_map_entries_prefix(rel, old.start);
-            let to = keys::prefix_end(&from).expect("a tagged prefix has an end");
-            self.batch.delete_range(Cf::Keys, &from, &to);
+            for from in [
+                keys::key_map_entries_prefix(rel, old.start),
+                keys::open_map_prefix(rel, old.start),
+            ] {
+                let to = keys::prefix_end(&from).expect("a tagged prefix has an end");
+                self.batch.delete_range(Cf::Keys, &from, &to);
+            }
         }
         Ok(())
     }
@@ -698,6 +720,25 @@ impl<B: KvBackend> Capture<B> {
         }
         r
     }
+}
+
+/// The open key entries (hash, from) of `page` under key map `map`, ascending by hash, read
+/// with `cursor`.
+fn open_entries(cursor: &mut dyn KvCursor, page: PageKey, map: SnapId) -> Result<Vec<(u64, u64)>> {
+    let prefix = keys::open_keys_prefix(page.rel, map, page.block);
+    cursor.seek(&prefix)?;
+    let mut held = Vec::new();
+    while let Some((k, v)) = cursor.current() {
+        if !k.starts_with(&prefix) {
+            break;
+        }
+        held.push((
+            keys::decode_open_key_hash(k)?,
+            keys::decode_u64_value(v, "open key entry")?,
+        ));
+        cursor.next()?;
+    }
+    Ok(held)
 }
 
 /// A capture's mappings as the log takes them: sorted by page, the last one added for each

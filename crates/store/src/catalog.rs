@@ -63,6 +63,19 @@ impl<B: KvBackend> SnapshotStore<B> {
             .map(|(id, s)| (*id, s.state))
     }
 
+    /// The committed snapshots of `from..=to`, ascending.
+    pub fn committed_in(&self, from: SnapId, to: SnapId) -> Vec<SnapId> {
+        if from > to {
+            return Vec::new();
+        }
+        self.catalog()
+            .snaps
+            .range(from..=to)
+            .filter(|(_, s)| s.state == SnapshotState::Committed)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// The latest committed snapshot, if any.
     pub fn latest_committed(&self) -> Option<SnapId> {
         let cat = self.catalog();

@@ -5,11 +5,12 @@
 //! The store knows nothing of keys: the caller hashes a row's key (its own definition, kept
 //! opaque in the key map record) and records the hashes of every page a capture stores with
 //! [`Capture::record_keys`](crate::Capture::record_keys). The store compares them with what
-//! the block held at its last recording (its `'F'` record): an entry `(rel, map, hash, block,
-//! from) -> to` begins for each hash the block gains and ends (its `to` set) at the snapshot
-//! where the block lost it. So a capture writes entries only where keys arrive or leave a
-//! page (an update that keeps its row on its page writes none), and an entry says: every
-//! snapshot in `[from, to)` that maps the block maps a page holding that hash.
+//! the block held at its last recording (its open entries, `'O'`): an entry `(rel, map,
+//! hash, block, from) -> to` begins for each hash the block gains and ends (its `to` set) at
+//! the snapshot where the block lost it. So a capture writes entries only where keys arrive
+//! or leave a page (an update that keeps its row on its page writes none; a row that moves
+//! writes four small entries), and an entry says: every snapshot in `[from, to)` that maps
+//! the block maps a page holding that hash.
 //!
 //! The map is complete from its start (the capture that recorded every page of the relation)
 //! on, as long as every later capture records every page it stores: a snapshot's page table
@@ -21,7 +22,7 @@
 
 use crate::backend::{KvBackend, Scan, WriteBatch};
 use crate::error::{Result, StoreError};
-use crate::ids::{PageKey, RelId, SnapId};
+use crate::ids::{RelId, SnapId};
 use crate::keys::{self, Cf};
 use crate::records::SnapshotState;
 use crate::store::SnapshotStore;
@@ -42,36 +43,6 @@ pub struct KeyMap {
     pub start: SnapId,
     /// The caller's definition of the key, as given to `start_key_map`.
     pub definition: Vec<u8>,
-}
-
-/// The value of a block's `'F'` record.
-pub(crate) fn encode_block_keys(map: SnapId, held: &[(u64, u64)]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(8 + 16 * held.len());
-    v.extend_from_slice(&map.0.to_be_bytes());
-    for (h, from) in held {
-        v.extend_from_slice(&h.to_be_bytes());
-        v.extend_from_slice(&from.to_be_bytes());
-    }
-    v
-}
-
-/// A block's `'F'` record: its key map, and the (hash, from) pairs it holds.
-pub(crate) type BlockKeys = (SnapId, Vec<(u64, u64)>);
-
-/// Decodes a block's `'F'` record.
-pub(crate) fn decode_block_keys(v: &[u8], page: PageKey) -> Result<BlockKeys> {
-    if v.len() < 8 || !(v.len() - 8).is_multiple_of(16) {
-        return Err(StoreError::corrupt(format!(
-            "the key record of {page} has {} bytes",
-            v.len()
-        )));
-    }
-    let u = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
-    let held = v[8..]
-        .chunks_exact(16)
-        .map(|c| (u(&c[..8]), u(&c[8..])))
-        .collect();
-    Ok((SnapId(u(&v[..8])), held))
 }
 
 impl<B: KvBackend> SnapshotStore<B> {
@@ -148,27 +119,32 @@ impl<B: KvBackend> SnapshotStore<B> {
                 .map(|(id, _)| *id)
                 .collect()
         };
-        for (seen, entry) in
-            Scan::range(self.backend(), Cf::Keys, &start, Some(vec![b'F']))?.enumerate()
-        {
+        let entries = Scan::range(self.backend(), Cf::Keys, &start, Some(vec![b'P']))?;
+        for (seen, entry) in entries.enumerate() {
             let (k, v) = entry?;
             if seen == budget {
                 next = Some(k);
                 break;
             }
-            let e = keys::decode_key_entry_key(&k)?;
-            let until = keys::decode_u64_value(&v, "key entry")?;
-            let current = match maps.get(&e.rel) {
+            let (rel, map, ended) = if k.first() == Some(&b'O') {
+                let (rel, map, _) = keys::decode_open_key(&k)?;
+                (rel, map, None)
+            } else {
+                let e = keys::decode_key_entry_key(&k)?;
+                let until = keys::decode_u64_value(&v, "key entry")?;
+                (e.rel, e.map, (until != u64::MAX).then_some((e.from, until)))
+            };
+            let current = match maps.get(&rel) {
                 Some(m) => *m,
                 None => {
-                    let m = self.key_map(e.rel)?.map(|m| m.start);
-                    maps.insert(e.rel, m);
+                    let m = self.key_map(rel)?.map(|m| m.start);
+                    maps.insert(rel, m);
                     m
                 }
             };
-            let needed = current == Some(e.map)
-                && (until == u64::MAX || {
-                    let at = committed.partition_point(|s| *s < e.from);
+            let needed = current == Some(map)
+                && ended.is_none_or(|(from, until)| {
+                    let at = committed.partition_point(|s| *s < from);
                     committed.get(at).is_some_and(|s| s.0 < until)
                 });
             if !needed {

@@ -480,21 +480,54 @@ pub fn decode_key_entry_key(key: &[u8]) -> Result<KeyEntry> {
     }
 }
 
-/// `keys`: `'F' rel block` -> the key map (u64 BE), then the hashes block `block` of `rel`
-/// holds by its last capture and the snapshot each entry began at (`hash`, `from`, u64 BE
-/// each, ascending by hash): what the next capture of the block compares with.
-pub fn block_keys_key(rel: RelId, block: u32) -> [u8; 9] {
-    let mut k = [0; 9];
-    k[..5].copy_from_slice(&block_keys_prefix(rel));
-    k[5..].copy_from_slice(&block.to_be_bytes());
+/// `keys`: `'O' rel map block hash` -> `from` (u64 BE): the open entries of block `block` of
+/// `rel` under key map `map` (what the block holds by its last recording, and the snapshot
+/// each entry began at): what the next capture of the block compares with.
+pub fn open_key_key(rel: RelId, map: SnapId, block: u32, hash: u64) -> [u8; 25] {
+    let mut k = [0; 25];
+    k[..17].copy_from_slice(&open_keys_prefix(rel, map, block));
+    k[17..].copy_from_slice(&hash.to_be_bytes());
     k
 }
 
-/// The prefix of the `'F'` records of `rel`.
-pub fn block_keys_prefix(rel: RelId) -> [u8; 5] {
-    let mut k = [b'F', 0, 0, 0, 0];
+/// The prefix of the open entries of one block.
+pub fn open_keys_prefix(rel: RelId, map: SnapId, block: u32) -> [u8; 17] {
+    let mut k = [0; 17];
+    k[..13].copy_from_slice(&open_map_prefix(rel, map));
+    k[13..].copy_from_slice(&block.to_be_bytes());
+    k
+}
+
+/// The prefix of the open entries of `rel`'s key map `map`.
+pub fn open_map_prefix(rel: RelId, map: SnapId) -> [u8; 13] {
+    let mut k = [0; 13];
+    k[..5].copy_from_slice(&open_rel_prefix(rel));
+    k[5..].copy_from_slice(&map.0.to_be_bytes());
+    k
+}
+
+/// The prefix of the open entries of `rel`, whatever the map.
+pub fn open_rel_prefix(rel: RelId) -> [u8; 5] {
+    let mut k = [b'O', 0, 0, 0, 0];
     k[1..].copy_from_slice(&rel.0.to_be_bytes());
     k
+}
+
+/// The hash of an `'O'` key.
+pub fn decode_open_key_hash(key: &[u8]) -> Result<u64> {
+    decode_open_key(key).map(|(_, _, hash)| hash)
+}
+
+/// An `'O'` key's relation, map and hash.
+pub fn decode_open_key(key: &[u8]) -> Result<(RelId, SnapId, u64)> {
+    match key {
+        [b'O', rest @ ..] if rest.len() == 24 => Ok((
+            RelId(be_u32(&rest[..4])),
+            SnapId(be_u64(&rest[4..12])),
+            be_u64(&rest[16..]),
+        )),
+        _ => Err(bad_key("keys", key)),
+    }
 }
 
 /// `catalog` key of the key map record of relation incarnation `rel`.

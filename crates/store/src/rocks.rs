@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, CompactOptions,
-    DBCompressionType, DBRawIterator, DBRecoveryMode, Options, WriteOptions, DB,
+    DBCompactionStyle, DBCompressionType, DBRawIterator, DBRecoveryMode, Options, WriteOptions, DB,
 };
 
 use crate::backend::{CfEstimate, KvBackend, KvCursor, WriteBatch};
@@ -253,12 +253,24 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
         Cf::Meta | Cf::Catalog | Cf::Groups => {
             opts.set_write_buffer_size(config.small_write_buffer_bytes)
         }
-        // Small entries, read by short prefix scans (one key's entries).
-        Cf::Keys => opts.set_write_buffer_size(config.small_write_buffer_bytes),
+        // Small entries, many at once when a map starts (one per row of the table): the large
+        // write buffer keeps the number of files to compact down. Each page a capture stores
+        // reads its block's record (a point lookup, hence the Bloom filter); a key lookup
+        // scans one short prefix per key hash.
+        // Their keys are key hashes, spread over the whole key space: every new file overlaps
+        // every older one, and leveled compaction would rewrite the whole family for each;
+        // universal compaction merges files of similar sizes instead. (Not compacted early
+        // for its deletions either: a row that moves deletes an open entry, and those would
+        // keep the family compacting.)
+        Cf::Keys => {
+            table.set_bloom_filter(10.0, false);
+            opts.set_write_buffer_size(config.large_write_buffer_bytes);
+            opts.set_compaction_style(DBCompactionStyle::Universal);
+        }
     }
     if matches!(
         cf,
-        Cf::Images(_) | Cf::Toast | Cf::MapLog | Cf::Dedup | Cf::Refs | Cf::Keys
+        Cf::Images(_) | Cf::Toast | Cf::MapLog | Cf::Dedup | Cf::Refs
     ) {
         // Half of any 256 consecutive entries, or half of the file, being deletions.
         opts.add_compact_on_deletion_collector_factory(256, 128, 0.5);

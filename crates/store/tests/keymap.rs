@@ -69,8 +69,16 @@ fn entries_follow_keys_into_and_out_of_blocks() {
             .unwrap(),
         Vec::<u32>::new()
     );
-    // Key 10 leaves block 0, 12 arrives; block 1 is emptied.
-    let s2 = capture(2, &[(0, &[11, 12]), (1, &[])], false, true);
+    // Key 10 leaves block 0, 12 arrives; block 1 is emptied (its entries read ahead).
+    let mut c = store
+        .declare_and_begin(decl_for(&rels, 2, row_type, 2))
+        .unwrap();
+    let s2 = c.snapshot();
+    c.prefetch_block_keys(&[(page_key(rel, 1), s1), (page_key(rel, 0), s1)])
+        .unwrap();
+    c.record_keys(page_key(rel, 0), s1, &[12, 11]).unwrap();
+    c.record_keys(page_key(rel, 1), s1, &[]).unwrap();
+    c.commit().unwrap();
     assert_eq!(at(10, s2, s2), Vec::<u32>::new());
     assert_eq!(at(12, s2, s2), vec![0]);
     assert_eq!(at(12, s1, s1), vec![1]);
