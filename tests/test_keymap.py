@@ -123,6 +123,10 @@ def test_lookups_by_key_equal_a_filtered_scan_at_every_snapshot(cluster):
                 assert n <= 3, plan
         # The map starts with the table's first snapshot: every snapshot uses it.
         assert used == len(snaps)
+        # What the maps take shows in the store's statistics (at least an entry per key).
+        entries, nbytes = conn.execute(
+            "SELECT key_map_entries, key_map_bytes FROM gsnap_store_stats()").fetchone()
+        assert entries >= len(live) and nbytes > 0, (entries, nbytes)
         # Ranges and versions (across the VACUUM FULL: two incarnations, two maps): the
         # lookup equals the filtered full read.
         for a, b in [(snaps[0], snaps[-1]), (snaps[3], snaps[9]), (snaps[-2], snaps[-1])]:

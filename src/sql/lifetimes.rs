@@ -288,6 +288,8 @@ fn gsnap_store_stats() -> TableIterator<
         name!(deleted_bytes, i64),
         name!(reclaimed_bytes, i64),
         name!(reclaimed_images, i64),
+        name!(key_map_entries, i64),
+        name!(key_map_bytes, i64),
     ),
 > {
     require_gsnap_database();
@@ -300,6 +302,8 @@ fn gsnap_store_stats() -> TableIterator<
         value(&r, "deleted_bytes"),
         value(&r, "reclaimed_bytes"),
         value(&r, "reclaimed_images"),
+        value(&r, "key_map_entries"),
+        value(&r, "key_map_bytes"),
     ))
 }
 

@@ -819,5 +819,7 @@ fn space(
         ("deleted_bytes", deleted_bytes as i64),
         ("reclaimed_bytes", freed.bytes as i64),
         ("reclaimed_images", freed.images as i64),
+        ("key_map_entries", s.key_map_entries as i64),
+        ("key_map_bytes", s.key_map_bytes as i64),
     ])
 }

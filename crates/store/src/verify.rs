@@ -64,6 +64,9 @@ pub struct SpaceReport {
     pub disk_bytes: u64,
     /// Snapshots deleted whose space is not reclaimed yet.
     pub deleted_unreclaimed: u64,
+    /// Entries of the key maps (their `'E'` and `'O'` entries), and their bytes.
+    pub key_map_entries: u64,
+    pub key_map_bytes: u64,
 }
 
 impl<B: KvBackend> SnapshotStore<B> {
@@ -236,6 +239,8 @@ impl<B: KvBackend> SnapshotStore<B> {
             s.content_bytes += e.bytes;
         }
         s.content_bytes += self.backend.estimate(Cf::Toast)?.bytes;
+        let keys = self.backend.estimate(Cf::Keys)?;
+        (s.key_map_entries, s.key_map_bytes) = (keys.entries, keys.bytes);
         Ok(s)
     }
 
