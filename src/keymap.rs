@@ -5,9 +5,10 @@
 //! on plain columns without a predicate. The capture hashes the key of every row of every
 //! page it reads, with the hash function PostgreSQL's hash joins use for the index's
 //! equality operator (the hash operator family's, so values the operator finds equal hash
-//! equal, across the family's types too), and records the hashes per page image
-//! (`gsnap_store::keymap`). A key that cannot be hashed from the page (an out-of-line TOAST
-//! value) is recorded as the wildcard: its page is a candidate for every key.
+//! equal, across the family's types too), and the store records where each hash enters and
+//! leaves a block (`gsnap_store::keymap`). A key that cannot be hashed from the page (an
+//! out-of-line TOAST value) is recorded as the wildcard: its page is a candidate for every
+//! key.
 //!
 //! The map of a relation incarnation is complete from the snapshot whose capture started it
 //! (it read every page of the table); a lookup AS OF an older snapshot scans. What a reader
@@ -52,13 +53,25 @@ impl KeyDef {
     }
 }
 
-/// The key hash of a row whose key columns hash to `parts` (in the definition's order).
-pub fn combine(parts: &[u32]) -> u64 {
-    let mut h: u64 = 0x243F_6A88_85A3_08D3;
-    for &p in parts {
-        h = (h.rotate_left(23) ^ u64::from(p)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+/// A row's key hash being made from its key columns' hashes, in the definition's order
+/// (the capture's and the reader's side fold them alike).
+#[derive(Clone, Copy)]
+struct KeyHash(u64);
+
+impl KeyHash {
+    fn new() -> KeyHash {
+        KeyHash(0x243F_6A88_85A3_08D3)
     }
-    settle_key_hash(h ^ (h >> 29))
+
+    /// The hash with the next column's hash folded in.
+    fn with(self, column: u32) -> KeyHash {
+        KeyHash((self.0.rotate_left(23) ^ u64::from(column)).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    /// The key hash as recorded (never the wildcard).
+    fn finish(self) -> u64 {
+        settle_key_hash(self.0 ^ (self.0 >> 29))
+    }
 }
 
 /// The key of the open relation `rel` (None: it has none a map can use).
@@ -296,8 +309,7 @@ unsafe fn hash_tuple(
         t_tableOid: pg_sys::InvalidOid,
         t_data: p.cast_mut().cast(),
     };
-    let mut parts = [0u32; 8];
-    let mut many = Vec::new();
+    let mut key = KeyHash::new();
     for (i, c) in def.columns.iter().enumerate() {
         let mut null = false;
         // SAFETY: the caller's tuple and descriptor.
@@ -312,20 +324,9 @@ unsafe fn hash_tuple(
         }
         // SAFETY: the column's hash function, called as FunctionCall1Coll calls it (the
         // caller's guard catches an ERROR).
-        let h = unsafe { call1(&mut functions[i], frame, c.collation, datum) };
-        match parts.get_mut(i) {
-            Some(p) => *p = h,
-            None => many.push(h),
-        }
+        key = key.with(unsafe { call1(&mut functions[i], frame, c.collation, datum) });
     }
-    let n = def.columns.len();
-    Some(if n <= parts.len() {
-        combine(&parts[..n])
-    } else {
-        let mut all = parts.to_vec();
-        all.extend(many);
-        combine(&all)
-    })
+    Some(key.finish())
 }
 
 /// Calls the one-argument function `f` on `arg` with collation `collation`, through the
@@ -555,24 +556,19 @@ impl KeyConditions {
     /// # Safety
     /// `planstate` is the scan node's state, initialized; in a transaction.
     pub unsafe fn hashes(&self, planstate: *mut pg_sys::PlanState) -> Option<Vec<u64>> {
-        let mut keys: Vec<Vec<u32>> = vec![Vec::new()];
+        let mut keys = vec![KeyHash::new()];
         for (c, column) in self.columns.iter().zip(&self.def.columns) {
             // SAFETY: the caller's promise.
             let values = unsafe { evaluate(c, column.collation, planstate) };
-            let mut next = Vec::with_capacity(keys.len() * values.len());
-            for k in &keys {
-                for &v in &values {
-                    let mut k = k.clone();
-                    k.push(v);
-                    next.push(k);
-                }
-            }
-            if next.len() > MAX_KEYS {
+            if keys.len() * values.len() > MAX_KEYS {
                 return None;
             }
-            keys = next;
+            keys = keys
+                .iter()
+                .flat_map(|k| values.iter().map(|&v| k.with(v)))
+                .collect();
         }
-        let mut hashes: Vec<u64> = keys.iter().map(|k| combine(k)).collect();
+        let mut hashes: Vec<u64> = keys.into_iter().map(KeyHash::finish).collect();
         hashes.sort_unstable();
         hashes.dedup();
         Some(hashes)
