@@ -564,10 +564,7 @@ impl<B: KvBackend> Capture<B> {
                 }
                 None => {
                     self.batch.delete(Cf::Catalog, &key);
-                    for from in [
-                        keys::key_rel_entries_prefix(rel),
-                        keys::open_rel_prefix(rel),
-                    ] {
+                    for from in keys::KEY_MAP_TAGS.map(|tag| keys::key_rel_prefix(tag, rel)) {
                         let to = keys::prefix_end(&from).expect("a tagged prefix has an end");
                         self.batch.delete_range(Cf::Keys, &from, &to);
                     }
@@ -660,10 +657,7 @@ impl<B: KvBackend> Capture<B> {
     /// starts again).
     fn end_entries(&mut self, rel: RelId) -> Result<()> {
         if let Some(old) = self.store.key_map(rel)? {
-            for from in [
-                keys::key_map_entries_prefix(rel, old.start),
-                keys::open_map_prefix(rel, old.start),
-            ] {
+            for from in keys::KEY_MAP_TAGS.map(|tag| keys::key_map_prefix(tag, rel, old.start)) {
                 let to = keys::prefix_end(&from).expect("a tagged prefix has an end");
                 self.batch.delete_range(Cf::Keys, &from, &to);
             }
@@ -733,7 +727,7 @@ fn open_entries(cursor: &mut dyn KvCursor, page: PageKey, map: SnapId) -> Result
             break;
         }
         held.push((
-            keys::decode_open_key_hash(k)?,
+            keys::decode_open_key(k)?.2,
             keys::decode_u64_value(v, "open key entry")?,
         ));
         cursor.next()?;

@@ -436,22 +436,28 @@ pub fn key_entry_key(rel: RelId, map: SnapId, hash: u64, block: u32, from: SnapI
 /// The prefix of the `keys` entries of `rel`'s key map `map` for key hash `hash`.
 pub fn key_entry_prefix(rel: RelId, map: SnapId, hash: u64) -> [u8; 21] {
     let mut k = [0; 21];
-    k[..13].copy_from_slice(&key_map_entries_prefix(rel, map));
+    k[..13].copy_from_slice(&key_map_prefix(b'E', rel, map));
     k[13..].copy_from_slice(&hash.to_be_bytes());
     k
 }
 
-/// The prefix of every `keys` entry of `rel`'s key map `map`.
-pub fn key_map_entries_prefix(rel: RelId, map: SnapId) -> [u8; 13] {
+/// The two kinds of `keys` records of a relation's key map: its entries (`'E'`) and its
+/// blocks' open entries (`'O'`). Each starts with `tag rel map`.
+pub const KEY_MAP_TAGS: [u8; 2] = [b'E', b'O'];
+
+/// The prefix of the records of kind `tag` (one of [`KEY_MAP_TAGS`]) of `rel`'s key map
+/// `map`.
+pub fn key_map_prefix(tag: u8, rel: RelId, map: SnapId) -> [u8; 13] {
     let mut k = [0; 13];
-    k[..5].copy_from_slice(&key_rel_entries_prefix(rel));
+    k[..5].copy_from_slice(&key_rel_prefix(tag, rel));
     k[5..].copy_from_slice(&map.0.to_be_bytes());
     k
 }
 
-/// The prefix of every `keys` entry of `rel`, whatever its map.
-pub fn key_rel_entries_prefix(rel: RelId) -> [u8; 5] {
-    let mut k = [b'E', 0, 0, 0, 0];
+/// The prefix of the records of kind `tag` (one of [`KEY_MAP_TAGS`]) of `rel`, whatever the
+/// map.
+pub fn key_rel_prefix(tag: u8, rel: RelId) -> [u8; 5] {
+    let mut k = [tag, 0, 0, 0, 0];
     k[1..].copy_from_slice(&rel.0.to_be_bytes());
     k
 }
@@ -493,29 +499,9 @@ pub fn open_key_key(rel: RelId, map: SnapId, block: u32, hash: u64) -> [u8; 25] 
 /// The prefix of the open entries of one block.
 pub fn open_keys_prefix(rel: RelId, map: SnapId, block: u32) -> [u8; 17] {
     let mut k = [0; 17];
-    k[..13].copy_from_slice(&open_map_prefix(rel, map));
+    k[..13].copy_from_slice(&key_map_prefix(b'O', rel, map));
     k[13..].copy_from_slice(&block.to_be_bytes());
     k
-}
-
-/// The prefix of the open entries of `rel`'s key map `map`.
-pub fn open_map_prefix(rel: RelId, map: SnapId) -> [u8; 13] {
-    let mut k = [0; 13];
-    k[..5].copy_from_slice(&open_rel_prefix(rel));
-    k[5..].copy_from_slice(&map.0.to_be_bytes());
-    k
-}
-
-/// The prefix of the open entries of `rel`, whatever the map.
-pub fn open_rel_prefix(rel: RelId) -> [u8; 5] {
-    let mut k = [b'O', 0, 0, 0, 0];
-    k[1..].copy_from_slice(&rel.0.to_be_bytes());
-    k
-}
-
-/// The hash of an `'O'` key.
-pub fn decode_open_key_hash(key: &[u8]) -> Result<u64> {
-    decode_open_key(key).map(|(_, _, hash)| hash)
 }
 
 /// An `'O'` key's relation, map and hash.
