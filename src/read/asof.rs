@@ -48,6 +48,23 @@ pub enum KeyMapUse {
     TooMany,
 }
 
+/// The blocks of incarnation `rel` that may hold one of the keys hashed to `hashes` at the
+/// snapshots `from..=to`, by its key map (key definition `definition`); or why every block
+/// must be read (no map, one starting after `from`, too many blocks).
+pub fn key_blocks(
+    rel: u32,
+    definition: &[u8],
+    hashes: &[u64],
+    (from, to): (u64, u64),
+) -> Result<Vec<u32>, KeyMapUse> {
+    match crate::ipc::key_candidates(rel, definition, hashes, (from, to)) {
+        None => Err(KeyMapUse::NoMap),
+        Some((start, _)) if start.0 > from => Err(KeyMapUse::Later(start.0)),
+        Some((_, None)) => Err(KeyMapUse::TooMany),
+        Some((_, Some(blocks))) => Ok(blocks),
+    }
+}
+
 /// The rows of one table at one snapshot, in block and line pointer order.
 pub struct AsofRows {
     pages: PageReader,
@@ -127,15 +144,13 @@ impl AsofRows {
     /// call before the first row. Returns what the map said.
     pub fn look_up_keys(&mut self, definition: &[u8], hashes: &[u64]) -> KeyMapUse {
         let (snap, rel) = (self.pages.snap(), self.pages.rel());
-        match crate::ipc::key_candidates(rel, definition, hashes, (snap, snap)) {
-            None => KeyMapUse::NoMap,
-            Some((start, _)) if start.0 > snap => KeyMapUse::Later(start.0),
-            Some((_, None)) => KeyMapUse::TooMany,
-            Some((_, Some(blocks))) => {
+        match key_blocks(rel, definition, hashes, (snap, snap)) {
+            Ok(blocks) => {
                 let n = blocks.len();
                 self.pages.only(blocks);
                 KeyMapUse::Pages(n)
             }
+            Err(every_page) => every_page,
         }
     }
 

@@ -15,7 +15,7 @@
 //! after another, so every block is read by exactly one of them, all its images by the same
 //! one (a version's run never spans participants).
 
-use super::asof::KeyMapUse;
+use super::asof::{key_blocks, KeyMapUse};
 use super::decode::Decoder;
 use super::pages::{parallel_step, view_tuples};
 use super::partitioned;
@@ -423,14 +423,12 @@ impl RangeCursor {
         for segment in &self.segments {
             let (first, t) = &self.snaps[segment.start];
             let last = self.snaps[segment.end - 1].0;
-            match crate::ipc::key_candidates(t.rel, definition, hashes, (*first, last)) {
-                None => return KeyMapUse::NoMap,
-                Some((start, _)) if start.0 > *first => return KeyMapUse::Later(start.0),
-                Some((_, None)) => return KeyMapUse::TooMany,
-                Some((_, Some(blocks))) => {
+            match key_blocks(t.rel, definition, hashes, (*first, last)) {
+                Ok(blocks) => {
                     pages += blocks.len();
                     only.push(blocks);
                 }
+                Err(every_page) => return every_page,
             }
         }
         self.only = Some(only);
