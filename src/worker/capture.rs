@@ -55,15 +55,9 @@ pub(super) struct Target {
     pub rel: RelId,
     /// First capture of this incarnation: no previous page table to compare with.
     pub fresh: bool,
-    /// The table's key map (`keymap.rs`): the pages' key hashes are recorded.
-    pub keys: Option<KeyTarget>,
-}
-
-/// How a capture records a table's key hashes.
-#[derive(Clone, Copy)]
-pub(super) struct KeyTarget {
-    /// The key map (its start snapshot) the hashes belong to.
-    pub map: SnapId,
+    /// The table's key map (`keymap.rs`), by its start snapshot: the pages' key hashes are
+    /// recorded under it.
+    pub key_map: Option<SnapId>,
 }
 
 struct Item {
@@ -163,7 +157,7 @@ impl Worker {
                         relid: t.relid,
                         rel: t.rel,
                         fresh,
-                        keys: None,
+                        key_map: None,
                     },
                     blocks,
                     nblocks: t.nblocks,
@@ -724,8 +718,8 @@ pub(super) fn store_one(
     }
     // Every page stored is compared with the keys its block held at its last recording
     // (changed or not: a failed capture may have recorded another content).
-    if let Some(keys) = target.keys {
-        capture.record_keys(page, keys.map, &view.keys)?;
+    if let Some(map) = target.key_map {
+        capture.record_keys(page, map, &view.keys)?;
     }
     if view.unsettled {
         capture.carry(page)?;
@@ -766,18 +760,18 @@ unsafe fn decide_keys(
             return Ok(());
         };
         let definition = key.encode();
-        let keys = match recorded {
-            Some(map) if map.definition == definition => KeyTarget { map: map.start },
+        let map = match recorded {
+            Some(map) if map.definition == definition => map.start,
             _ => {
                 // The map starts with this capture, which records every page of the table
                 // (none skipped by its LSN either).
                 capture.start_key_map(item.target.rel, &definition)?;
                 item.blocks = Blocks::All(item.nblocks);
                 item.resumed = None;
-                KeyTarget { map: snap }
+                snap
             }
         };
-        item.target.keys = Some(keys);
+        item.target.key_map = Some(map);
         // SAFETY: in the transaction; the relation's descriptor outlives the capture's use
         // of the hasher (it is reopened under the same lock for every batch).
         item.hasher = Some(unsafe { KeyHasher::new(key, (*rel).rd_att) });

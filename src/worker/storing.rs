@@ -198,7 +198,7 @@ fn store_all(
                 return Err(Err("the worker stopped it".into()));
             }
             publish(capture, total - n, shared);
-            // The key records of this chunk's pages, read in one batch.
+            // The open key entries of this chunk's pages, read ahead with one cursor.
             let keyed: Vec<(PageKey, gsnap_store::SnapId)> = std::iter::once(&page)
                 .chain(pages.iter().take(CHUNK - 1))
                 .filter_map(|p| {
@@ -207,7 +207,7 @@ fn store_all(
                         rel: t.rel,
                         block: p.block,
                     };
-                    t.keys.map(|k| (page, k.map))
+                    t.key_map.map(|map| (page, map))
                 })
                 .collect();
             if !keyed.is_empty() {
