@@ -51,6 +51,9 @@ pub static VERIFY_IMAGES: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Keep a key map of each captured table with a primary key or unique index (`keymap.rs`).
 pub static KEY_MAPS: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// Store the delta of each changed page's new image (`gsnap_format::delta`) for diffs.
+pub static PAGE_DELTAS: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// Declared snapshots that may wait for their capture.
 pub static MAX_QUEUED_SNAPSHOTS: GucSetting<i32> = GucSetting::<i32>::new(16);
 
@@ -283,6 +286,16 @@ pub fn init() {
           (or its key changes), the next capture reads every page of the table once; lookups \
           by key use the map for the snapshots taken from then on.",
         &KEY_MAPS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"gsnap.page_deltas",
+        c"Keep, with each changed page's new image, the tuples that changed since the page's \
+          previous image, so that gsnap_diff reads those instead of both images.",
+        c"The capture then reads the page's previous image to compare; a delta larger than \
+          half the page is not kept. Diffs of snapshots taken without deltas read both images.",
+        &PAGE_DELTAS,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -5,14 +5,15 @@
 //! row-level security policies that apply to the user are its first conditions, over the
 //! fields of `rec` (`plan::security`), evaluated on each row before the query's own. The rows
 //! themselves are `read::diff`'s, computed at the first fetch (the diff cancels rows that only
-//! moved, so it has them all before it hands out the first).
+//! moved, so it has them all before it hands out the first). EXPLAIN ANALYZE says how the
+//! changed pages were read ("Changed Pages": from the capture's deltas, or both images).
 
 use super::node::{self, ExecMethods, ScanNode};
 use super::range_scan::rel_type_id;
 use super::ScanTable;
 use crate::ffi::memcx::OwnedContext;
 use crate::ffi::tuple::{self, row_type_copy};
-use crate::read::diff::diff_rows;
+use crate::read::diff::{diff_rows, DiffReads};
 use gsnap_format::diff::Change;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -27,13 +28,40 @@ pub(super) struct DiffScan {
     next: usize,
     /// Where the rows live (reset at a rescan).
     memory: OwnedContext,
+    /// How the last computation read the changed pages (none before the first fetch).
+    reads: Option<DiffReads>,
     /// The two values of `change`.
     added: pg_sys::Datum,
     removed: pg_sys::Datum,
 }
 
 /// The node's methods.
-pub(super) static METHODS: ExecMethods<DiffScan> = node::methods(c"gsnap diff", None);
+pub(super) static METHODS: ExecMethods<DiffScan> = node::methods(c"gsnap diff", Some(explain));
+
+/// EXPLAIN ANALYZE: how many blocks changed between the two snapshots, and how many of them
+/// were read from their deltas rather than from their images.
+#[pg_guard]
+unsafe extern "C-unwind" fn explain(
+    css: *mut pg_sys::CustomScanState,
+    _ancestors: *mut pg_sys::List,
+    es: *mut pg_sys::ExplainState,
+) {
+    // SAFETY: PostgreSQL passes our node's state.
+    let Some(scan) = (unsafe { node::node_of::<DiffScan>(css) }) else {
+        return;
+    };
+    let Some(r) = scan.reads else {
+        return; // not run (EXPLAIN without ANALYZE)
+    };
+    let text = format!(
+        "{}: {} from deltas, {} from images",
+        r.pages,
+        r.from_deltas,
+        r.pages - r.from_deltas
+    );
+    // SAFETY: EXPLAIN's state.
+    unsafe { node::explain_property(es, "Changed Pages", &text) };
+}
 
 impl ScanNode for DiffScan {
     unsafe fn begin(
@@ -48,6 +76,7 @@ impl ScanNode for DiffScan {
             row_desc: row_type_copy(rel_type_id(table.relid)),
             table,
             rows: None,
+            reads: None,
             next: 0,
             memory: OwnedContext::new("gsnap diff rows"),
             added: label("added"),
@@ -72,12 +101,13 @@ impl ScanNode for DiffScan {
             let mut rows = Vec::new();
             // SAFETY: the table's current row type, copied at begin; the rows' datums are
             // made in the node's memory, which lives until a rescan or the node's end.
-            self.memory.run(|| unsafe {
+            let reads = self.memory.run(|| unsafe {
                 diff_rows(relid, a, b, desc, &mut |change, rec| {
                     rows.push((change, rec))
                 })
             });
             self.rows = Some(rows);
+            self.reads = Some(reads);
             self.next = 0;
         }
         let rows = self.rows.as_ref().expect("computed above");

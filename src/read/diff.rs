@@ -1,10 +1,12 @@
 //! The rows that differ between two snapshots of a table: the diff behind `gsnap_diff`.
 //!
 //! The two page tables are walked together in the index, skipping the subtrees they share
-//! (`gsnap_core::diff`), so only blocks whose images differ are read, each image once. Per
-//! block, tuples at the same line pointer with the same bytes on both sides are no change
+//! (`gsnap_core::diff`), so only blocks whose images differ are read. Per block, tuples at
+//! the same line pointer with the same bytes on both sides are no change
 //! (`gsnap_format::diff::changed_tuples`); the others are removed (side a) or added (side b)
-//! rows. A row removed from one page and added unchanged on another (VACUUM FULL, CLUSTER,
+//! rows. A block whose image at b was stored with its delta from the image at a (the
+//! capture keeps one for each changed page, `gsnap_format::delta`) is read from that delta,
+//! which holds exactly those tuples; the others read both images, each once. A row removed from one page and added unchanged on another (VACUUM FULL, CLUSTER,
 //! a non-HOT update that changed nothing) is no change (`cancel_moves`), rows compared by
 //! their formed `rec` datums.
 
@@ -15,10 +17,11 @@ use super::range::form_record;
 use super::table::{self, TableAtSnapshot};
 use crate::error::{corrupt, corrupt_index, error};
 use crate::ffi::relation::{relation_kind, relation_name};
-use gsnap_core::{PageDiff, RelId, SnapId};
+use gsnap_core::{ImageId, PageDiff, RelId, SnapId};
 use gsnap_format::columns::Column;
 use gsnap_format::diff::{cancel_moves, changed_tuples, Change};
-use gsnap_format::view;
+use gsnap_format::{delta, view};
+use gsnap_protocol::DELTA_OF;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 use std::collections::BTreeMap;
@@ -29,6 +32,15 @@ struct Side {
     decoder: Decoder,
     nblocks: u32,
     project: Option<Vec<Option<usize>>>,
+}
+
+/// How a diff read the pages that changed (EXPLAIN ANALYZE shows it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiffReads {
+    /// Blocks whose image differs between the two snapshots.
+    pub pages: u64,
+    /// Of those, the blocks read from the delta of their image at b.
+    pub from_deltas: u64,
 }
 
 /// What one side of a diff reads: the table at the snapshot, the columns to decode its
@@ -103,7 +115,7 @@ fn changed_pages(
 }
 
 /// Calls `emit(change, rec)` for each row that differs between snapshots `a` and `b` (added
-/// rows first, then removed ones). A snapshot that does not hold the table has no rows of
+/// rows first, then removed ones), and says how the changed pages were read. A snapshot that does not hold the table has no rows of
 /// it; neither holding it is an ERROR. A partitioned table's rows are those of the
 /// partitions it had at each snapshot (`super::partitioned`): partitions in both are
 /// compared page by page, a partition in one only counts all its rows; a row that moved
@@ -117,8 +129,9 @@ pub unsafe fn diff_rows(
     b: u64,
     row_desc: pg_sys::TupleDesc,
     emit: &mut dyn FnMut(Change, pg_sys::Datum),
-) {
+) -> DiffReads {
     let (mut added, mut removed) = (Vec::new(), Vec::new());
+    let mut reads = DiffReads::default();
     if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
         partitioned::require_gsnap_partitions(relid);
         let (la, lb) = (partitioned::leaves(a, relid), partitioned::leaves(b, relid));
@@ -144,7 +157,16 @@ pub unsafe fn diff_rows(
             let (sa, sb) = (side(&mut la), side(&mut lb));
             let leaf = pg_sys::Oid::from(leaf);
             // SAFETY: the caller's promise.
-            unsafe { collect(leaf, (a, sa), (b, sb), row_desc, &mut added, &mut removed) };
+            unsafe {
+                collect(
+                    leaf,
+                    (a, sa),
+                    (b, sb),
+                    row_desc,
+                    (&mut added, &mut removed),
+                    &mut reads,
+                )
+            };
         }
     } else {
         let (ta, tb) = (table::held_by(a, relid), table::held_by(b, relid));
@@ -166,8 +188,8 @@ pub unsafe fn diff_rows(
                 (a, side(ta)),
                 (b, side(tb)),
                 row_desc,
-                &mut added,
-                &mut removed,
+                (&mut added, &mut removed),
+                &mut reads,
             )
         };
     }
@@ -180,6 +202,7 @@ pub unsafe fn diff_rows(
     for i in net.removed {
         emit(Change::Removed, removed[i]);
     }
+    reads
 }
 
 /// The ERROR of a diff of two snapshots neither of which holds the table.
@@ -196,7 +219,8 @@ fn neither(relid: pg_sys::Oid, a: u64, b: u64) -> ! {
 }
 
 /// Adds to `added` and `removed` the rows of table `relid` (one table, or one partition)
-/// that differ between its two sides, formed as rows of `row_desc`.
+/// that differ between its two sides, formed as rows of `row_desc`, and to `reads` how its
+/// changed pages were read.
 ///
 /// # Safety
 /// `row_desc` is the (partitioned) table's current row type; call in a transaction.
@@ -205,8 +229,8 @@ unsafe fn collect(
     (a, ia): (u64, Option<SideInput>),
     (b, ib): (u64, Option<SideInput>),
     row_desc: pg_sys::TupleDesc,
-    added: &mut Vec<pg_sys::Datum>,
-    removed: &mut Vec<pg_sys::Datum>,
+    (added, removed): (&mut Vec<pg_sys::Datum>, &mut Vec<pg_sys::Datum>),
+    reads: &mut DiffReads,
 ) {
     let pins_a = GroupPins::pin(a, a, true);
     let pins_b = GroupPins::pin(b, b, true);
@@ -228,21 +252,49 @@ unsafe fn collect(
         })
     };
     let mut sides = [side(ia, a), side(ib, b)];
-    // Each page's images, the two sides pinned together: key (page, side).
+    let mut rows = Rows {
+        sides: &mut sides,
+        row_desc,
+        added,
+        removed,
+        values: Vec::new(),
+        nulls: Vec::new(),
+    };
+    // A page whose block both sides hold, with an image on each, is read from the delta of
+    // its image at b if there is one from its image at a; the others (and those whose delta
+    // is missing or from another base) from both images, the two pinned together: key
+    // (page, side).
+    let mut deltas: ImageBatches<usize> = ImageBatches::default();
     let mut images: ImageBatches<(usize, usize)> = ImageBatches::default();
     for (i, d) in pages.iter().enumerate() {
-        let mut group = Vec::with_capacity(2);
-        for (side, image) in [d.before, d.after].into_iter().enumerate() {
-            let holds = sides[side].as_ref().is_some_and(|s| d.block < s.nblocks);
-            if let (true, Some(image)) = (holds, image) {
-                group.push(((i, side), image.0));
+        let holds = rows.holds(d.block);
+        match (d.before, d.after) {
+            (Some(_), Some(after)) if holds == [true, true] => {
+                deltas.push(i, after.0 | DELTA_OF);
             }
-        }
-        if !group.is_empty() {
-            images.push_group(&group);
+            _ => push_images(&mut images, i, d, holds),
         }
     }
-    let (mut values, mut nulls) = (Vec::new(), Vec::new());
+    reads.pages += pages.len() as u64;
+    while let Some(batch) = deltas.next_batch() {
+        for at in 0..batch.len() {
+            let (page, bytes) = batch.get(at);
+            let d = &pages[page];
+            let delta = delta::decode(bytes).unwrap_or_else(|e| {
+                corrupt(format_args!(
+                    "the stored delta of block {} is corrupt: {e}",
+                    d.block
+                ))
+            });
+            match delta {
+                Some(delta) if Some(ImageId(delta.base)) == d.before => {
+                    reads.from_deltas += 1;
+                    delta.for_each(|change, t| rows.changed(d.block, change, t));
+                }
+                _ => push_images(&mut images, page, d, rows.holds(d.block)),
+            }
+        }
+    }
     while let Some(batch) = images.next_batch() {
         let mut at = 0;
         while at < batch.len() {
@@ -259,24 +311,66 @@ unsafe fn collect(
                 at += 1;
             }
             changed_tuples(&views[0], &views[1], |change, t| {
-                let side = usize::from(change == Change::Added);
-                let s = sides[side].as_mut().expect("the side has this page");
-                let (v, n) = s.decoder.decode_tuple(block, t.lp, t.bytes);
-                let (v, n) = match &s.project {
-                    Some(project) => {
-                        partitioned::project(project, v, n, &mut values, &mut nulls);
-                        (values.as_slice(), nulls.as_slice())
-                    }
-                    None => (v, n),
-                };
-                // SAFETY: the values match the table's current row type.
-                let rec = unsafe { form_record(row_desc, v, n) };
-                if change == Change::Added {
-                    added.push(rec);
-                } else {
-                    removed.push(rec);
-                }
+                rows.changed(block, change, t)
             });
+        }
+    }
+}
+
+/// Queues the images of changed page `i` on the sides that hold its block.
+fn push_images(
+    images: &mut ImageBatches<(usize, usize)>,
+    i: usize,
+    d: &PageDiff,
+    holds: [bool; 2],
+) {
+    let mut group = Vec::with_capacity(2);
+    for (side, image) in [d.before, d.after].into_iter().enumerate() {
+        if let (true, Some(image)) = (holds[side], image) {
+            group.push(((i, side), image.0));
+        }
+    }
+    if !group.is_empty() {
+        images.push_group(&group);
+    }
+}
+
+/// The changed rows of one table being collected: each changed tuple is decoded by its
+/// side, projected for a partition, and formed into a row of the table's current type.
+struct Rows<'a> {
+    sides: &'a mut [Option<Side>; 2],
+    row_desc: pg_sys::TupleDesc,
+    added: &'a mut Vec<pg_sys::Datum>,
+    removed: &'a mut Vec<pg_sys::Datum>,
+    values: Vec<pg_sys::Datum>,
+    nulls: Vec<bool>,
+}
+
+impl Rows<'_> {
+    /// Whether each side holds `block` (the table had it at that snapshot).
+    fn holds(&self, block: u32) -> [bool; 2] {
+        [0, 1].map(|s| self.sides[s].as_ref().is_some_and(|s| block < s.nblocks))
+    }
+
+    /// Adds tuple `t` of `block`, removed (side a) or added (side b).
+    fn changed(&mut self, block: u32, change: Change, t: view::ViewTuple<'_>) {
+        let side = usize::from(change == Change::Added);
+        let s = self.sides[side].as_mut().expect("the side has this page");
+        let (v, n) = s.decoder.decode_tuple(block, t.lp, t.bytes);
+        let (v, n) = match &s.project {
+            Some(project) => {
+                partitioned::project(project, v, n, &mut self.values, &mut self.nulls);
+                (self.values.as_slice(), self.nulls.as_slice())
+            }
+            None => (v, n),
+        };
+        // SAFETY: the values match the table's current row type (`row_desc`, the caller's
+        // promise in `collect`).
+        let rec = unsafe { form_record(self.row_desc, v, n) };
+        if change == Change::Added {
+            self.added.push(rec);
+        } else {
+            self.removed.push(rec);
         }
     }
 }

@@ -290,6 +290,8 @@ fn gsnap_store_stats() -> TableIterator<
         name!(reclaimed_images, i64),
         name!(key_map_entries, i64),
         name!(key_map_bytes, i64),
+        name!(delta_entries, i64),
+        name!(delta_bytes, i64),
     ),
 > {
     require_gsnap_database();
@@ -304,6 +306,8 @@ fn gsnap_store_stats() -> TableIterator<
         value(&r, "reclaimed_images"),
         value(&r, "key_map_entries"),
         value(&r, "key_map_bytes"),
+        value(&r, "delta_entries"),
+        value(&r, "delta_bytes"),
     ))
 }
 

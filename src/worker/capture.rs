@@ -58,6 +58,8 @@ pub(super) struct Target {
     /// The table's key map (`keymap.rs`), by its start snapshot: the pages' key hashes are
     /// recorded under it.
     pub key_map: Option<SnapId>,
+    /// Store the delta of each changed page's new image (`gsnap.page_deltas`).
+    pub deltas: bool,
 }
 
 struct Item {
@@ -158,6 +160,7 @@ impl Worker {
                         rel: t.rel,
                         fresh,
                         key_map: None,
+                        deltas: crate::gucs::PAGE_DELTAS.get(),
                     },
                     blocks,
                     nblocks: t.nblocks,
@@ -714,6 +717,9 @@ pub(super) fn store_one(
         let image = capture.put_image(&view.view, &toasts)?;
         if previous != Some(image) {
             capture.add_mapping(page, image)?;
+            if let Some(base) = previous.filter(|_| target.deltas) {
+                store_delta(capture, base, image, &view.view)?;
+            }
         }
     }
     // Every page stored is compared with the keys its block held at its last recording
@@ -724,6 +730,32 @@ pub(super) fn store_one(
     if view.unsettled {
         capture.carry(page)?;
         carried.push((target.relid, block));
+    }
+    Ok(())
+}
+
+/// Stores the delta from `base` (the image the page had) to `image` (its new one, whose view
+/// is `view`) if this capture stored `image` and the delta is at most half of the view: a
+/// diff of the two then reads the delta instead of both images (`read::diff`). An image
+/// found by its content among older ones keeps the delta it has, if any.
+fn store_delta(
+    capture: &mut Capture<RocksBackend>,
+    base: ImageId,
+    image: ImageId,
+    view: &[u8],
+) -> Result<(), StoreError> {
+    if !capture.stored_image(image) {
+        return Ok(());
+    }
+    let before = capture.store().image(base)?;
+    let delta = gsnap_format::delta::between(base.0, &before, view).map_err(|e| {
+        StoreError::new(
+            gsnap_store::ErrorKind::Corrupt,
+            format!("the stored view of {base} cannot be read: {e}"),
+        )
+    })?;
+    if delta.len() <= view.len() / 2 {
+        capture.put_delta(image, &delta)?;
     }
     Ok(())
 }

@@ -821,5 +821,7 @@ fn space(
         ("reclaimed_images", freed.images as i64),
         ("key_map_entries", s.key_map_entries as i64),
         ("key_map_bytes", s.key_map_bytes as i64),
+        ("delta_entries", s.delta_entries as i64),
+        ("delta_bytes", s.delta_bytes as i64),
     ])
 }

@@ -14,7 +14,7 @@ use crate::shmem::{self, CACHE_SLOT_BYTES};
 use gsnap_format::rowtype::RowType;
 use gsnap_protocol::listing::{self, ScanHeader, SnapshotRow, TableRow};
 use gsnap_protocol::{
-    ErrorCode, Kind, Page, PinnedEntry, Reply, Request, WorkerError, MAX_PINNED_PER_REPLY,
+    ErrorCode, Kind, Page, PinnedEntry, Reply, Request, WorkerError, DELTA_OF, MAX_PINNED_PER_REPLY,
 };
 use gsnap_shmem::cache::{CacheError, CacheKey};
 use gsnap_store::{ErrorKind, ImageId, RelId, SnapId, SnapshotState, StoreError, ToastId};
@@ -473,9 +473,26 @@ fn load_images(store: &Store, ids: &[ImageId]) -> Result<Vec<PinnedEntry>, Worke
     store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
     let verify = store.verifies_images();
     let (entries, _) = pin(&wanted, |keys| {
-        let ids: Vec<ImageId> = keys.iter().map(|k| ImageId(k.id)).collect();
-        let records = store.image_records(&ids)?;
-        Ok(records.into_iter().map(|r| Image(r, verify)).collect())
+        // Images and deltas (ids with DELTA_OF), each kind read in one batch.
+        let (deltas, images): (Vec<usize>, Vec<usize>) =
+            (0..keys.len()).partition(|&i| keys[i].id & DELTA_OF != 0);
+        let ids = |at: &[usize], bit: u64| -> Vec<ImageId> {
+            at.iter().map(|&i| ImageId(keys[i].id & !bit)).collect()
+        };
+        let mut out: Vec<Option<Image>> = (0..keys.len()).map(|_| None).collect();
+        for (i, r) in images.iter().zip(store.image_records(&ids(&images, 0))?) {
+            out[*i] = Some(Image::Page(r, verify));
+        }
+        for (i, r) in deltas.iter().zip(store.deltas(&ids(&deltas, DELTA_OF))?) {
+            out[*i] = Some(match r {
+                Some(r) => Image::Page(r, verify),
+                None => Image::Absent(gsnap_format::delta::absent()),
+            });
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| o.expect("every key read"))
+            .collect())
     })
     .map_err(load_failure)?;
     Ok(entries)
@@ -526,17 +543,26 @@ impl Loaded for Vec<u8> {
     }
 }
 
-/// A page image, decompressed straight into its slot (checked against its fingerprint when
-/// the flag says so).
-struct Image(gsnap_store::ImageRecord, bool);
+/// A page image or delta, decompressed straight into its slot (checked against its
+/// fingerprint when the flag says so), or what stands for a delta that was not stored.
+enum Image {
+    Page(gsnap_store::ImageRecord, bool),
+    Absent(Vec<u8>),
+}
 
 impl Loaded for Image {
     fn len(&self) -> usize {
-        self.0.len()
+        match self {
+            Image::Page(r, _) => r.len(),
+            Image::Absent(bytes) => bytes.len(),
+        }
     }
 
     fn write_into(&self, out: &mut [u8]) -> Result<(), StoreError> {
-        self.0.decode_into(out, self.1)
+        match self {
+            Image::Page(r, verify) => r.decode_into(out, *verify),
+            Image::Absent(bytes) => bytes.write_into(out),
+        }
     }
 }
 

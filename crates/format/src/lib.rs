@@ -10,6 +10,7 @@
 //! - [`heap`]: PostgreSQL 15's heap tuple header and varlena headers, named once;
 //! - [`columns`]: how each of today's columns gets its value from a tuple of an older row type;
 //! - [`diff`]: which tuples of two views of a page differ, and which rows only moved;
+//! - [`delta`]: those tuples for an image and the one its block held before, kept at capture;
 //! - [`versions`]: which tuples of consecutive images of a block are the same row version;
 //! - [`definition`]: what a snapshot records to recreate a table (columns' defaults,
 //!   constraints, indexes, owner), and the SQL that recreates it after a DROP.
@@ -18,6 +19,7 @@
 
 pub mod columns;
 pub mod definition;
+pub mod delta;
 pub mod diff;
 pub mod heap;
 pub mod rowtype;
@@ -137,6 +139,13 @@ impl<'a> Reader<'a> {
         String::from_utf8(b.to_vec()).map_err(|_| {
             FormatError::corrupt(format!("{} holds a string that is not UTF-8", self.what))
         })
+    }
+
+    /// The bytes not read yet (all of them are then read).
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
+        let s = &self.bytes[self.pos..];
+        self.pos = self.bytes.len();
+        s
     }
 
     pub(crate) fn end(&self) -> Result<(), FormatError> {

@@ -78,6 +78,11 @@
 //!                 row_types:vec<bytes>
 //! ```
 //!
+//! The ids of LoadImages and Prefetch are image ids, or, with the top bit set
+//! ([`DELTA_OF`]), the image's delta: the worker answers it with the delta's bytes, or with
+//! `gsnap_format::delta::absent()` for an image stored without one (an image id's top byte is
+//! its rank, at most 6, so the bit is never part of one).
+//!
 //! Error codes are the tags of [`ErrorCode`] (1 to 14), snapshot states those of
 //! [`SnapshotState`] (1 to 4, as in the store), group states 1 sealed and 2 active. A new
 //! tag (a state, a reply shape) can be added without changing [`VERSION`]; a changed field
@@ -99,6 +104,10 @@ pub use reply::{
 };
 pub use request::{Kind, Request, MAX_IDS_PER_REQUEST, MAX_KEY_HASHES};
 pub use wire::{DecodeError, EncodeError};
+
+/// The bit that turns an image id into the id of the image's delta in LoadImages and
+/// Prefetch requests, and in the image cache.
+pub const DELTA_OF: u64 = 1 << 63;
 
 /// The protocol version, the first byte of every request and answer.
 pub const VERSION: u8 = 1;

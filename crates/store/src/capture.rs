@@ -70,6 +70,8 @@ pub struct Capture<B: KvBackend> {
     /// Blocks' open key entries (hash, from) read ahead ([`Capture::prefetch_block_keys`]),
     /// taken by [`Capture::record_keys`].
     prefetched: HashMap<PageKey, Vec<(u64, u64)>>,
+    /// The new images given a delta.
+    deltas: HashSet<ImageId>,
     failed: Option<StoreError>,
     finished: bool,
 }
@@ -229,6 +231,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             first_image_seq: marker.first_image_seq,
             key_maps: Vec::new(),
             prefetched: HashMap::new(),
+            deltas: HashSet::new(),
             failed: None,
             finished: false,
         })
@@ -267,6 +270,18 @@ impl<B: KvBackend> Capture<B> {
     /// What the capture stored so far.
     pub fn stats(&self) -> CaptureStats {
         self.info.stats
+    }
+
+    /// True if image `id` was stored by this capture (not found by its content among older
+    /// images).
+    pub fn stored_image(&self, id: ImageId) -> bool {
+        let seq = keys::image_seq(id);
+        seq >= self.first_new_image_seq() && seq < self.store.next_id(Counter::Image)
+    }
+
+    /// How many of the new images were given a delta.
+    pub fn deltas(&self) -> usize {
+        self.deltas.len()
     }
 
     fn first_new_image_seq(&self) -> u64 {
@@ -352,6 +367,35 @@ impl<B: KvBackend> Capture<B> {
         self.pending_images.insert(fp, id);
         self.flush_if_full()?;
         Ok(id)
+    }
+
+    /// Stores the delta of image `image`, which this capture stored (InvalidArgument if it did
+    /// not): opaque bytes (at most [`MAX_VIEW_BYTES`]) saying what changed from the image its
+    /// block held before. Kept until the image is freed; read with
+    /// [`SnapshotStore::deltas`]. An image has at most one delta: the first one given (two
+    /// pages of a capture may reach the same new content from different bases).
+    pub fn put_delta(&mut self, image: ImageId, delta: &[u8]) -> Result<()> {
+        self.usable()?;
+        if !self.stored_image(image) {
+            return Err(StoreError::invalid(format!(
+                "a delta of {image}, which the capture of snapshot {} did not store",
+                self.info.id.0
+            )));
+        }
+        if delta.len() > MAX_VIEW_BYTES {
+            return Err(StoreError::invalid(format!(
+                "delta of {} bytes is larger than the {MAX_VIEW_BYTES}-byte maximum",
+                delta.len()
+            )));
+        }
+        if !self.deltas.insert(image) {
+            return Ok(());
+        }
+        let record = records::encode_image(delta, &Fingerprint::of(delta));
+        // Counted with the images they describe.
+        self.info.stats.image_bytes_stored += record.len() as u64;
+        self.batch.put(Cf::Deltas, &keys::delta_key(image), &record);
+        self.flush_if_full()
     }
 
     /// Stores a TOAST value (at most [`MAX_TOAST_BYTES`]) in chunks of

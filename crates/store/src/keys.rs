@@ -68,6 +68,9 @@ pub enum Cf {
     /// Key maps: which (block, image) pairs hold a row with a given key hash, and the hashes
     /// each image was recorded with (`keymap.rs`).
     Keys,
+    /// Deltas of images: image id -> what changed from the image its block held before
+    /// (opaque bytes from the extension, in an image record), deleted with the image.
+    Deltas,
 }
 
 impl Cf {
@@ -75,7 +78,14 @@ impl Cf {
     pub fn all() -> Vec<Cf> {
         let mut all = vec![Cf::Meta, Cf::Catalog, Cf::Dedup];
         all.extend((0..IMAGE_RANKS).map(|r| Cf::Images(Rank(r))));
-        all.extend([Cf::Toast, Cf::MapLog, Cf::Groups, Cf::Refs, Cf::Keys]);
+        all.extend([
+            Cf::Toast,
+            Cf::MapLog,
+            Cf::Groups,
+            Cf::Refs,
+            Cf::Keys,
+            Cf::Deltas,
+        ]);
         all
     }
 
@@ -91,6 +101,7 @@ impl Cf {
             Cf::Groups => "groups".into(),
             Cf::Refs => "refs".into(),
             Cf::Keys => "keys".into(),
+            Cf::Deltas => "deltas".into(),
         }
     }
 }
@@ -286,6 +297,11 @@ pub fn decode_dedup_key(key: &[u8]) -> Result<(DedupKind, Fingerprint)> {
 /// `images_rN`: image id (u64 BE) -> image record.
 pub fn image_key(id: ImageId) -> [u8; 8] {
     id.0.to_be_bytes()
+}
+
+/// `deltas`: image id (u64 BE) -> delta record (an image record holding the delta's bytes).
+pub fn delta_key(id: ImageId) -> [u8; 8] {
+    image_key(id)
 }
 
 /// Decodes an image key.

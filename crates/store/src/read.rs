@@ -68,6 +68,23 @@ impl<B: KvBackend> SnapshotStore<B> {
             .collect()
     }
 
+    /// The deltas stored with images `ids` ([`crate::Capture::put_delta`]), in the order of
+    /// `ids`: None for an image stored without one (or freed). Records to decompress like
+    /// images'.
+    pub fn deltas(&self, ids: &[ImageId]) -> Result<Vec<Option<ImageRecord>>> {
+        let keys: Vec<[u8; 8]> = ids.iter().map(|&id| keys::delta_key(id)).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        ids.iter()
+            .zip(self.backend.multi_get(Cf::Deltas, &refs)?)
+            .map(|(id, v)| {
+                v.map(|v| {
+                    ImageRecord::parse(v).map_err(|e| e.context(format_args!("the delta of {id}")))
+                })
+                .transpose()
+            })
+            .collect()
+    }
+
     /// Whether image reads check each image against its BLAKE3 fingerprint.
     pub fn verifies_images(&self) -> bool {
         self.verify_images

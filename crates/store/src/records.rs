@@ -241,7 +241,7 @@ pub struct CaptureStats {
     pub dedup_hits: u64,
     /// Uncompressed bytes of the new images.
     pub image_bytes_raw: u64,
-    /// Bytes of the new image records as stored (after compression).
+    /// Bytes of the new image records as stored (after compression), their deltas included.
     pub image_bytes_stored: u64,
     /// TOAST values stored for the first time.
     pub new_toast_values: u64,

@@ -115,6 +115,7 @@ impl<B: KvBackend> SnapshotStore<B> {
         let fp =
             records::image_fingerprint(&record).map_err(|e| e.context(format_args!("{id}")))?;
         batch.delete(cf, &key);
+        batch.delete(Cf::Deltas, &keys::delta_key(id));
         batch.delete(Cf::Dedup, &keys::dedup_key(DedupKind::Image, &fp));
         batch.delete(Cf::Refs, &keys::image_refs_key(id));
         for t in self.image_toasts(id)? {

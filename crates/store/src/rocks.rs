@@ -245,8 +245,9 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
             opts.set_target_file_size_base(16 << 20);
             opts.set_max_compaction_bytes(128 << 20);
         }
-        // Point lookups that often miss: dedup entries, and reference counts of new images.
-        Cf::Dedup | Cf::Refs => {
+        // Point lookups that often miss: dedup entries, reference counts of new images, and
+        // deltas (a diff asks for the delta of each changed page; not every image has one).
+        Cf::Dedup | Cf::Refs | Cf::Deltas => {
             table.set_bloom_filter(10.0, false);
             opts.set_write_buffer_size(config.small_write_buffer_bytes);
         }
@@ -270,7 +271,7 @@ fn cf_options(cf: Cf, config: &RocksConfig, cache: &Cache) -> Options {
     }
     if matches!(
         cf,
-        Cf::Images(_) | Cf::Toast | Cf::MapLog | Cf::Dedup | Cf::Refs
+        Cf::Images(_) | Cf::Toast | Cf::MapLog | Cf::Dedup | Cf::Refs | Cf::Deltas
     ) {
         // Half of any 256 consecutive entries, or half of the file, being deletions.
         opts.add_compact_on_deletion_collector_factory(256, 128, 0.5);

@@ -347,8 +347,8 @@ impl<B: KvBackend> SnapshotStore<B> {
 
     /// Puts into `batch` (flushing it when full) the removal of the images and TOAST values
     /// an uncommitted capture stored: every image from `m.first_image_seq` on (in any rank's
-    /// family) and every TOAST value from `m.first_toast` on, with their dedup entries and
-    /// TOAST lists. Nothing else can refer to them: one capture runs at a time, and only its
+    /// family) and every TOAST value from `m.first_toast` on, with their dedup entries, deltas
+    /// and TOAST lists. Nothing else can refer to them: one capture runs at a time, and only its
     /// commit would have counted them.
     fn remove_capture_content(
         &self,
@@ -359,6 +359,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             let rank = crate::ids::Rank(r);
             let from = keys::image_key(keys::image_id(rank, m.first_image_seq));
             let to = keys::image_key(keys::image_id(rank, (1 << keys::IMAGE_RANK_SHIFT) - 1));
+            batch.delete_range(Cf::Deltas, &from, &to);
             for entry in Scan::range(&self.backend, Cf::Images(rank), &from, Some(to.to_vec()))? {
                 let (k, v) = entry?;
                 let fp = records::image_fingerprint(&v)?;

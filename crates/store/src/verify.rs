@@ -67,6 +67,9 @@ pub struct SpaceReport {
     /// Entries of the key maps (their `'E'` and `'O'` entries), and their bytes.
     pub key_map_entries: u64,
     pub key_map_bytes: u64,
+    /// Deltas of images stored (for diffs), and their bytes.
+    pub delta_entries: u64,
+    pub delta_bytes: u64,
 }
 
 impl<B: KvBackend> SnapshotStore<B> {
@@ -241,6 +244,8 @@ impl<B: KvBackend> SnapshotStore<B> {
         s.content_bytes += self.backend.estimate(Cf::Toast)?.bytes;
         let keys = self.backend.estimate(Cf::Keys)?;
         (s.key_map_entries, s.key_map_bytes) = (keys.entries, keys.bytes);
+        let deltas = self.backend.estimate(Cf::Deltas)?;
+        (s.delta_entries, s.delta_bytes) = (deltas.entries, deltas.bytes);
         Ok(s)
     }
 

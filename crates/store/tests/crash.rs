@@ -74,6 +74,10 @@ fn scenario<B: KvBackend>(store: &SnapshotStore<B>, log: &mut Log) -> Result<()>
         for (k, page) in pages_of_round(&log.rels, round).into_iter().enumerate() {
             let content = view((round * 3 + k as u64) % 10, 700);
             let id = cap.put_image(&content, &[])?;
+            if cap.stored_image(id) {
+                // (every crash point must leave no delta of an image that is gone)
+                cap.put_delta(id, &view(900 + k as u64, 40))?;
+            }
             log.images.insert(id, content);
             cap.add_mapping(page, id)?;
             log.mappings.entry(snap).or_default().insert(page, id);

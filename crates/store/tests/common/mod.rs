@@ -209,6 +209,12 @@ pub fn check_invariants<B: KvBackend>(store: &SnapshotStore<B>) {
             }
         }
     }
+    for (k, _) in all(b, Cf::Deltas) {
+        let id = keys::decode_image_key(&k).unwrap();
+        store
+            .image(id)
+            .unwrap_or_else(|e| panic!("the delta of {id} outlived its image: {e}"));
+    }
     for r in 0..keys::IMAGE_RANKS {
         for (k, _) in all(b, Cf::Images(Rank(r))) {
             let id = keys::decode_image_key(&k).unwrap();
