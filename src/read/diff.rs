@@ -19,7 +19,7 @@ use crate::error::{corrupt, corrupt_index, error};
 use crate::ffi::relation::{relation_kind, relation_name};
 use gsnap_core::{ImageId, PageDiff, RelId, SnapId};
 use gsnap_format::columns::Column;
-use gsnap_format::diff::{cancel_moves, changed_tuples, Change};
+use gsnap_format::diff::{cancel_moves_hashed, changed_tuples, Change, KeyHasher};
 use gsnap_format::{delta, view};
 use gsnap_protocol::DELTA_OF;
 use pgrx::pg_sys;
@@ -61,6 +61,11 @@ fn rec_bytes(rec: &pg_sys::Datum) -> &[u8] {
         let len = pgrx::varlena::varsize_any(p.cast());
         std::slice::from_raw_parts(p, len)
     }
+}
+
+/// The hashes and identities (formed bytes) of `rows`.
+fn identities(rows: &[(u64, pg_sys::Datum)]) -> Vec<(u64, &[u8])> {
+    rows.iter().map(|(h, rec)| (*h, rec_bytes(rec))).collect()
 }
 
 /// The pages whose image differs between the two sides (block, before, after).
@@ -130,7 +135,7 @@ pub unsafe fn diff_rows(
     row_desc: pg_sys::TupleDesc,
     emit: &mut dyn FnMut(Change, pg_sys::Datum),
 ) -> DiffReads {
-    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    let mut rows = Collected::default();
     let mut reads = DiffReads::default();
     if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
         partitioned::require_gsnap_partitions(relid);
@@ -157,16 +162,7 @@ pub unsafe fn diff_rows(
             let (sa, sb) = (side(&mut la), side(&mut lb));
             let leaf = pg_sys::Oid::from(leaf);
             // SAFETY: the caller's promise.
-            unsafe {
-                collect(
-                    leaf,
-                    (a, sa),
-                    (b, sb),
-                    row_desc,
-                    (&mut added, &mut removed),
-                    &mut reads,
-                )
-            };
+            unsafe { collect(leaf, (a, sa), (b, sb), row_desc, &mut rows, &mut reads) };
         }
     } else {
         let (ta, tb) = (table::held_by(a, relid), table::held_by(b, relid));
@@ -188,19 +184,18 @@ pub unsafe fn diff_rows(
                 (a, side(ta)),
                 (b, side(tb)),
                 row_desc,
-                (&mut added, &mut removed),
+                &mut rows,
                 &mut reads,
             )
         };
     }
-    let removed_keys: Vec<&[u8]> = removed.iter().map(rec_bytes).collect();
-    let added_keys: Vec<&[u8]> = added.iter().map(rec_bytes).collect();
-    let net = cancel_moves(&removed_keys, &added_keys);
+    let (added, removed) = (&rows.added, &rows.removed);
+    let net = cancel_moves_hashed(&identities(removed), &identities(added));
     for i in net.added {
-        emit(Change::Added, added[i]);
+        emit(Change::Added, added[i].1);
     }
     for i in net.removed {
-        emit(Change::Removed, removed[i]);
+        emit(Change::Removed, removed[i].1);
     }
     reads
 }
@@ -218,9 +213,9 @@ fn neither(relid: pg_sys::Oid, a: u64, b: u64) -> ! {
     .raise()
 }
 
-/// Adds to `added` and `removed` the rows of table `relid` (one table, or one partition)
-/// that differ between its two sides, formed as rows of `row_desc`, and to `reads` how its
-/// changed pages were read.
+/// Adds to `collected` the rows of table `relid` (one table, or one partition) that differ
+/// between its two sides, formed as rows of `row_desc`, and to `reads` how its changed pages
+/// were read.
 ///
 /// # Safety
 /// `row_desc` is the (partitioned) table's current row type; call in a transaction.
@@ -229,7 +224,7 @@ unsafe fn collect(
     (a, ia): (u64, Option<SideInput>),
     (b, ib): (u64, Option<SideInput>),
     row_desc: pg_sys::TupleDesc,
-    (added, removed): (&mut Vec<pg_sys::Datum>, &mut Vec<pg_sys::Datum>),
+    collected: &mut Collected,
     reads: &mut DiffReads,
 ) {
     let pins_a = GroupPins::pin(a, a, true);
@@ -255,8 +250,7 @@ unsafe fn collect(
     let mut rows = Rows {
         sides: &mut sides,
         row_desc,
-        added,
-        removed,
+        collected,
         values: Vec::new(),
         nulls: Vec::new(),
     };
@@ -264,7 +258,7 @@ unsafe fn collect(
     // its image at b if there is one from its image at a; the others (and those whose delta
     // is missing or from another base) from both images, the two pinned together: key
     // (page, side).
-    let mut deltas: ImageBatches<usize> = ImageBatches::default();
+    let mut deltas: ImageBatches<usize> = ImageBatches::of_deltas();
     let mut images: ImageBatches<(usize, usize)> = ImageBatches::default();
     for (i, d) in pages.iter().enumerate() {
         let holds = rows.holds(d.block);
@@ -280,19 +274,22 @@ unsafe fn collect(
         for at in 0..batch.len() {
             let (page, bytes) = batch.get(at);
             let d = &pages[page];
-            let delta = delta::decode(bytes).unwrap_or_else(|e| {
+            let read = delta::decode(bytes).and_then(|delta| match delta {
+                Some(delta) if Some(ImageId(delta.base)) == d.before => {
+                    reads.from_deltas += 1;
+                    delta.for_each(|change, t| rows.changed(d.block, change, t))
+                }
+                _ => {
+                    push_images(&mut images, page, d, rows.holds(d.block));
+                    Ok(())
+                }
+            });
+            read.unwrap_or_else(|e| {
                 corrupt(format_args!(
                     "the stored delta of block {} is corrupt: {e}",
                     d.block
                 ))
             });
-            match delta {
-                Some(delta) if Some(ImageId(delta.base)) == d.before => {
-                    reads.from_deltas += 1;
-                    delta.for_each(|change, t| rows.changed(d.block, change, t));
-                }
-                _ => push_images(&mut images, page, d, rows.holds(d.block)),
-            }
         }
     }
     while let Some(batch) = images.next_batch() {
@@ -335,13 +332,21 @@ fn push_images(
     }
 }
 
+/// The changed rows of a diff, each with the hash of its identity (its formed bytes) for
+/// `cancel_moves_hashed`.
+#[derive(Default)]
+struct Collected {
+    hasher: KeyHasher,
+    added: Vec<(u64, pg_sys::Datum)>,
+    removed: Vec<(u64, pg_sys::Datum)>,
+}
+
 /// The changed rows of one table being collected: each changed tuple is decoded by its
 /// side, projected for a partition, and formed into a row of the table's current type.
 struct Rows<'a> {
     sides: &'a mut [Option<Side>; 2],
     row_desc: pg_sys::TupleDesc,
-    added: &'a mut Vec<pg_sys::Datum>,
-    removed: &'a mut Vec<pg_sys::Datum>,
+    collected: &'a mut Collected,
     values: Vec<pg_sys::Datum>,
     nulls: Vec<bool>,
 }
@@ -367,10 +372,13 @@ impl Rows<'_> {
         // SAFETY: the values match the table's current row type (`row_desc`, the caller's
         // promise in `collect`).
         let rec = unsafe { form_record(self.row_desc, v, n) };
+        // Hashed for cancel_moves while its bytes are in the CPU's cache.
+        let c = &mut *self.collected;
+        let row = (c.hasher.hash(rec_bytes(&rec)), rec);
         if change == Change::Added {
-            self.added.push(rec);
+            c.added.push(row);
         } else {
-            self.removed.push(rec);
+            c.removed.push(row);
         }
     }
 }

@@ -74,23 +74,41 @@ pub fn images_per_batch() -> usize {
     (shmem::cache_capacity() / 8).clamp(1, 256)
 }
 
+/// How many small objects (page deltas) one scan pins at once: the same share of the cache,
+/// as many as one answer of the worker can pin (a diff reads thousands of deltas of a few
+/// hundred bytes each, and each batch costs a round trip).
+pub fn small_objects_per_batch() -> usize {
+    (shmem::cache_capacity() / 8).clamp(1, gsnap_protocol::MAX_PINNED_PER_REPLY)
+}
+
 /// Page images to read in order, each with the caller's key. [`ImageBatches::next_batch`]
 /// pins the next batch (whole groups of images, at most [`images_per_batch`] unless one
 /// group is bigger) and asks the worker to load the batch after it without waiting.
 pub struct ImageBatches<K> {
     /// (key, image id, first image of its group).
     queued: VecDeque<(K, u64, bool)>,
+    /// Images per batch (unless one group is bigger).
+    per_batch: usize,
 }
 
 impl<K: Copy> Default for ImageBatches<K> {
     fn default() -> Self {
         ImageBatches {
             queued: VecDeque::new(),
+            per_batch: images_per_batch(),
         }
     }
 }
 
 impl<K: Copy> ImageBatches<K> {
+    /// Batches of page deltas ([`small_objects_per_batch`] each).
+    pub fn of_deltas() -> Self {
+        ImageBatches {
+            queued: VecDeque::new(),
+            per_batch: small_objects_per_batch(),
+        }
+    }
+
     /// Queues one image.
     pub fn push(&mut self, key: K, image: u64) {
         self.queued.push_back((key, image, true));
@@ -126,7 +144,7 @@ impl<K: Copy> ImageBatches<K> {
         if self.queued.is_empty() {
             return None;
         }
-        let limit = images_per_batch();
+        let limit = self.per_batch;
         let n = self.batch_len(limit);
         let batch: Vec<(K, u64, bool)> = self.queued.drain(..n).collect();
         let ids: Vec<u64> = batch.iter().map(|&(_, id, _)| id).collect();

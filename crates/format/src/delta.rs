@@ -23,27 +23,30 @@ use crate::{FormatError, Reader};
 const VERSION: u8 = 1;
 const HEADER: usize = 16;
 
-/// A decoded delta: the base image it starts from and the tuples that changed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A delta: the base image it starts from and the tuples that changed (two views, checked
+/// as they are read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delta<'a> {
     /// Image id of the base (never 0).
     pub base: u64,
-    /// Tuples of the base that the new image does not have at the same line pointer.
-    pub removed: Vec<ViewTuple<'a>>,
-    /// Tuples of the new image that the base does not have at the same line pointer.
-    pub added: Vec<ViewTuple<'a>>,
+    /// The view of the base's tuples that the new image does not have at the same line
+    /// pointer.
+    removed: &'a [u8],
+    /// The view of the new image's tuples that the base does not have at the same line
+    /// pointer.
+    added: &'a [u8],
 }
 
-impl Delta<'_> {
+impl<'a> Delta<'a> {
     /// Calls `changed` for every tuple the delta holds, as [`changed_tuples`] would for the
-    /// two views (removed tuples with [`Change::Removed`], added ones with [`Change::Added`]).
-    pub fn for_each<'s>(&'s self, mut changed: impl FnMut(Change, ViewTuple<'s>)) {
-        for t in &self.removed {
-            changed(Change::Removed, *t);
-        }
-        for t in &self.added {
-            changed(Change::Added, *t);
-        }
+    /// two views (removed tuples with [`Change::Removed`] first, then the added ones with
+    /// [`Change::Added`]). A corrupt view is an error (after the tuples before it).
+    pub fn for_each(
+        &self,
+        mut changed: impl FnMut(Change, ViewTuple<'a>),
+    ) -> Result<(), FormatError> {
+        view::each_tuple(self.removed, |t| changed(Change::Removed, t))?;
+        view::each_tuple(self.added, |t| changed(Change::Added, t))
     }
 }
 
@@ -93,18 +96,18 @@ pub fn decode(bytes: &[u8]) -> Result<Option<Delta<'_>>, FormatError> {
             "page delta's removed view is {removed_len} bytes, not a multiple of 8"
         )));
     }
-    let removed = view::decode(r.take(removed_len)?)?;
-    let added = view::decode(r.rest())?;
+    let removed = r.take(removed_len)?;
     Ok(Some(Delta {
         base,
         removed,
-        added,
+        added: r.rest(),
     }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::view::decode as decode_view;
     use proptest::prelude::*;
 
     fn view_of(tuples: &[(u16, Vec<u8>)]) -> Vec<u8> {
@@ -131,9 +134,13 @@ mod tests {
         assert!(bytes.len() < before.len());
         let d = decode(&bytes).unwrap().unwrap();
         assert_eq!(d.base, 7);
-        assert_eq!(d.removed.len(), 1);
-        assert_eq!((d.removed[0].lp, d.removed[0].bytes), (2, &[2u8; 30][..]));
-        assert_eq!((d.added[0].lp, d.added[0].bytes), (2, &[9u8; 31][..]));
+        let (removed, added) = (
+            decode_view(d.removed).unwrap(),
+            decode_view(d.added).unwrap(),
+        );
+        assert_eq!(removed.len(), 1);
+        assert_eq!((removed[0].lp, removed[0].bytes), (2, &[2u8; 30][..]));
+        assert_eq!((added[0].lp, added[0].bytes), (2, &[9u8; 31][..]));
     }
 
     #[test]
@@ -141,7 +148,9 @@ mod tests {
         let v = view_of(&[(1, vec![1; 10])]);
         let d = between(3, &v, &v).unwrap();
         let d = decode(&d).unwrap().unwrap();
-        assert!(d.removed.is_empty() && d.added.is_empty());
+        let mut n = 0;
+        d.for_each(|_, _| n += 1).unwrap();
+        assert_eq!(n, 0);
     }
 
     #[test]
@@ -156,8 +165,10 @@ mod tests {
         let before = view_of(&[(1, vec![1; 30])]);
         let after = view_of(&[(2, vec![2; 20])]);
         let good = between(5, &before, &after).unwrap();
+        let check =
+            |bytes: &[u8]| decode(bytes).and_then(|d| d.map_or(Ok(()), |d| d.for_each(|_, _| ())));
         for n in 0..good.len() {
-            assert!(decode(&good[..n]).is_err(), "truncated at {n}");
+            assert!(check(&good[..n]).is_err(), "truncated at {n}");
         }
         let mut bad = good.clone();
         bad[0] = 9;
@@ -165,6 +176,9 @@ mod tests {
         let mut bad = good.clone();
         bad[4] = 3; // the removed view's length, not a multiple of 8
         assert!(decode(&bad).is_err());
+        let mut bad = good.clone();
+        bad[4] = 8; // the views cut in the wrong place
+        assert!(check(&bad).is_err());
         let mut longer = absent();
         longer.push(0);
         assert!(decode(&longer).is_err());
@@ -185,7 +199,7 @@ mod tests {
             let d = decode(&bytes).unwrap().unwrap();
             prop_assert_eq!(d.base, base);
             let mut got = Vec::new();
-            d.for_each(|c, t| got.push((c, t.lp, t.bytes.to_vec())));
+            d.for_each(|c, t| got.push((c, t.lp, t.bytes.to_vec()))).unwrap();
             let mut want = changes_of(&b, &a);
             // The delta lists removed tuples first; changed_tuples interleaves by line pointer.
             want.sort_by_key(|(c, lp, _)| (*c == Change::Added, *lp));

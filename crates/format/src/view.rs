@@ -140,32 +140,39 @@ pub struct ViewTuple<'a> {
 
 /// Decodes a view into its tuples, checking the layout.
 pub fn decode(view: &[u8]) -> Result<Vec<ViewTuple<'_>>, FormatError> {
+    let n = view
+        .get(2..4)
+        .map_or(0, |c| u16::from_le_bytes([c[0], c[1]]));
+    let mut tuples = Vec::with_capacity(n as usize);
+    each_tuple(view, |t| tuples.push(t))?;
+    Ok(tuples)
+}
+
+/// Calls `f` with each tuple of a view in order, checking the layout as it goes (without
+/// allocating): an error may come after some tuples were given.
+pub fn each_tuple<'a>(view: &'a [u8], mut f: impl FnMut(ViewTuple<'a>)) -> Result<(), FormatError> {
     let mut r = Reader::new(view, "page view");
     r.version(VERSION)?;
     r.take(1)?;
     let n = r.u16()? as usize;
     r.take(4)?;
-    let mut dir = Vec::with_capacity(n);
+    let dir = r.take(4 * n)?;
+    r.take(pad8(HEADER + 4 * n) - (HEADER + 4 * n))?;
     let mut last = 0u16;
-    for _ in 0..n {
-        let lp = r.u16()?;
+    for e in dir.chunks_exact(4) {
+        let lp = u16::from_le_bytes([e[0], e[1]]);
         if lp <= last {
             return Err(FormatError::corrupt(format!(
                 "page view lists line pointer {lp} after {last}"
             )));
         }
         last = lp;
-        dir.push((lp, r.u16()? as usize));
-    }
-    r.take(pad8(HEADER + 4 * n) - (HEADER + 4 * n))?;
-    let mut tuples = Vec::with_capacity(n);
-    for (lp, len) in dir {
+        let len = usize::from(u16::from_le_bytes([e[2], e[3]]));
         let bytes = r.take(len)?;
         r.take(pad8(len) - len)?;
-        tuples.push(ViewTuple { lp, bytes });
+        f(ViewTuple { lp, bytes });
     }
-    r.end()?;
-    Ok(tuples)
+    r.end()
 }
 
 /// The encoding of a page whose view is empty.
