@@ -9,9 +9,10 @@
           contiguous run of ids (few pages change). Also the distinct-image bound: the page
           images the N snapshots have between them over the pages N AS OF scans read.
 2. diff   gsnap_diff() of two adjacent snapshots of a large table vs the number of pages
-          changed between them (1 page to every page, and 0.5% of the rows at random), against
-          one full AS OF scan of the same table; the diff's output is checked against the
-          rows updated.
+          changed between them (1 page to every page, and 0.5% of the rows at random, once
+          more captured without page deltas as the baseline), against one full AS OF scan of
+          the same table; the diff's output is checked against the rows updated, and the
+          capture's cost of the deltas is measured (worker CPU and bytes, with and without).
 3. parallel  gsnap_range (count, per-snapshot aggregate) and gsnap_versions over 10 snapshots
           of a 2M-row table (0.5% of the rows updated at random before each), serial plans
           (max_parallel_workers_per_gather = 0) against parallel ones (2 workers), and one
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -149,6 +151,16 @@ def update_rows(conn, name: str, ids: list[int]) -> dict:
 
 def snapshot(conn) -> int:
     return conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+
+
+def set_page_deltas(conn, on: bool) -> None:
+    """Sets gsnap.page_deltas for the captures that follow (the worker reloads its settings
+    on a signal: a moment later)."""
+    if conn.execute("SELECT current_setting('gsnap.page_deltas')").fetchone()[0] == ("on" if on else "off"):
+        return
+    conn.execute("ALTER SYSTEM " + ("RESET gsnap.page_deltas" if on else "SET gsnap.page_deltas = off"))
+    conn.execute("SELECT pg_reload_conf()")
+    time.sleep(1.5)
 
 
 def snapshot_stats(conn, sid: int) -> dict:
@@ -497,12 +509,23 @@ def bench_diff(b: Bench) -> None:
             cases.append((f"{k} pages", sorted(first_id[blk] for blk in rng.sample(blocks, k))))
     cases.append(("every page", [first_id[blk] for blk in blocks]))
     cases.append(("0.5% rows", sorted(rng.sample(range(1, rows + 1), max(1, rows // 200)))))
+    # the target case again, captured without deltas (gsnap.page_deltas = off): the baseline
+    cases.append(("0.5% rows, no deltas", sorted(rng.sample(range(1, rows + 1), max(1, rows // 200)))))
     setup = []
+    wpid = worker_pid(conn)
     for label, ids in cases:
+        deltas = not label.endswith("no deltas")
+        set_page_deltas(conn, deltas)
         ch = update_rows(conn, "d", ids)
-        sid = snapshot(conn)
-        setup.append({"case": label, "a": prev, "b": sid, **ch, **snapshot_stats(conn, sid), "ids": ids})
+        with Timer(conn, wpid) as tm:
+            sid = snapshot(conn)
+        bytes_stored = conn.execute("SELECT bytes_stored FROM gsnap_snapshots() WHERE snap_id = %s",
+                                    (sid,)).fetchone()[0]
+        setup.append({"case": label, "a": prev, "b": sid, **ch, **snapshot_stats(conn, sid), "ids": ids,
+                      "deltas": deltas, "capture_ms": round(tm.ms, 1), "capture_worker_cpu_ms": tm.worker_cpu_ms,
+                      "bytes_stored": bytes_stored})
         prev = sid
+    set_page_deltas(conn, True)
     write_csv(b.out / "diff_setup.csv", [{k: v for k, v in s.items() if k != "ids"} for s in setup])
     log("   " + "; ".join(f"{s['case']}: {s['changed_pages']} pages ({s['rows_updated']} rows) -> snapshot {s['b']}"
                           for s in setup))
@@ -526,7 +549,6 @@ def bench_diff(b: Bench) -> None:
     diff_correct = all(x["ok"] for x in checks)
     log(f"   diff output correct in every case (added = removed = rows updated, same ids, v + 1): {diff_correct}")
 
-    wpid = worker_pid(conn)
     q = c.connect()
     samples = []
     diff_sql = "SELECT count(*) FROM gsnap_diff(NULL::d, {a}, {b})"
@@ -548,12 +570,17 @@ def bench_diff(b: Bench) -> None:
             + f" ms; AS OF scan {med([x['ms'] for x in samples if x['round'] == rnd and x['kind'] == 'asof']):.0f} ms")
     write_csv(b.out / "diff.csv", samples)
 
-    # EXPLAIN ANALYZE of the target case's diff: time to fill the tuplestore vs the rest
+    # EXPLAIN ANALYZE of each case's diff: how many changed pages were read from deltas
+    for s in setup:
+        plan = q.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + diff_sql.format(**s)).fetchone()[0][0]
+        m = re.match(r"(\d+): (\d+) from deltas", plan["Plan"]["Plans"][0].get("Changed Pages", ""))
+        s["pages_from_deltas"] = int(m.group(2)) if m else None
     tgt = next(s for s in setup if s["case"] == "0.5% rows")
     plan = q.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + diff_sql.format(**tgt)).fetchone()[0][0]
     fs = plan["Plan"]["Plans"][0]
     explain = {"execution_ms": round(plan["Execution Time"], 1),
-               "function_scan_startup_ms": round(fs["Actual Startup Time"], 1), "rows": fs["Actual Rows"]}
+               "diff_node_startup_ms": round(fs["Actual Startup Time"], 1), "rows": fs["Actual Rows"],
+               "changed_pages": fs.get("Changed Pages")}
 
     res: dict = {"rows": rows, "pages": pages, "diff_correct": diff_correct, "checks": checks,
                  "explain_target_case": explain, "cases": {}}
@@ -575,16 +602,31 @@ def bench_diff(b: Bench) -> None:
              "diff_worker_cpu_ms": med([x["worker_cpu_ms"] for x in d]),
              "diff_image_loads": med([x["image_loads"] for x in d]),
              "asof_image_loads": med([x["image_loads"] for x in o]),
-             "diff_rows_out": d[0]["rows_out"]}
+             "diff_rows_out": d[0]["rows_out"], "pages_from_deltas": s["pages_from_deltas"],
+             "capture_ms": s["capture_ms"], "capture_worker_cpu_ms": s["capture_worker_cpu_ms"],
+             "capture_bytes_stored": s["bytes_stored"], "new_images": s["new_images"]}
         e["us_per_changed_page"] = round(e["diff_ms"] * 1000 / max(1, s["changed_pages"]), 1)
         res["cases"][s["case"]] = e
-        out_rows.append([s["case"], s["rows_updated"], s["changed_pages"], e["diff_rows_out"], f"{e['diff_ms']:.1f}",
+        out_rows.append([s["case"], s["rows_updated"], s["changed_pages"], s["pages_from_deltas"],
+                         e["diff_rows_out"], f"{e['diff_ms']:.1f}",
                          e["us_per_changed_page"], f"{e['asof_ms']:.0f}", f"{e['ratio_median']:.3f}",
                          e["diff_backend_cpu_ms"], e["diff_worker_cpu_ms"], e["diff_image_loads"],
                          e["asof_image_loads"]])
-    log(md_table(["case", "rows updated", "pages changed", "diff rows", "diff ms", "us per changed page",
-                  "AS OF scan ms", "diff / AS OF", "diff backend CPU ms", "diff worker CPU ms",
-                  "diff: images loaded from the store", "AS OF: images loaded"], out_rows))
+    log(md_table(["case", "rows updated", "pages changed", "read from deltas", "diff rows", "diff ms",
+                  "us per changed page", "AS OF scan ms", "diff / AS OF", "diff backend CPU ms",
+                  "diff worker CPU ms", "diff: images loaded from the store", "AS OF: images loaded"], out_rows))
+    # what the deltas cost the capture: the target case captured with and without them
+    on, off = res["cases"]["0.5% rows"], res["cases"]["0.5% rows, no deltas"]
+    res["capture_with_deltas"] = {
+        "pages": on["changed_pages"], "worker_cpu_ms_on": on["capture_worker_cpu_ms"],
+        "worker_cpu_ms_off": off["capture_worker_cpu_ms"], "ms_on": on["capture_ms"], "ms_off": off["capture_ms"],
+        "bytes_stored_on": on["capture_bytes_stored"], "bytes_stored_off": off["capture_bytes_stored"],
+        "us_per_page_on": round(on["capture_worker_cpu_ms"] * 1000 / max(1, on["changed_pages"]), 1),
+        "us_per_page_off": round(off["capture_worker_cpu_ms"] * 1000 / max(1, off["changed_pages"]), 1)}
+    cw = res["capture_with_deltas"]
+    log(f"   capture of the 0.5% case: worker CPU {cw['worker_cpu_ms_on']} ms with deltas, {cw['worker_cpu_ms_off']} ms "
+        f"without ({cw['us_per_page_on']} vs {cw['us_per_page_off']} us per changed page); stored "
+        f"{cw['bytes_stored_on']:,} vs {cw['bytes_stored_off']:,} bytes")
     # the log-log slope of diff time vs pages changed, from 10 pages up (below, fixed costs)
     pts = [(math.log(e["changed_pages"]), math.log(e["diff_ms"])) for e in res["cases"].values()
            if e["changed_pages"] >= 10]
@@ -595,6 +637,7 @@ def bench_diff(b: Bench) -> None:
     res["target"] = "diff of two adjacent snapshots (0.5% of the rows changed) <= 0.1 x one full AS OF scan"
     res["measured_ratio"] = e["ratio_median"]
     res["met"] = e["ratio_median"] <= 0.1
+    res["ratio_without_deltas"] = off["ratio_median"]
     log(f"   target (0.5% rows, {e['changed_pages']} of {pages} pages changed): diff / AS OF = {e['ratio_median']:.3f} "
         f"({e['diff_ms']:.0f} ms vs {e['asof_ms']:.0f} ms); <= 0.1: {'met' if res['met'] else 'MISSED'}; "
         f"log-log slope of diff time vs pages changed (>= 10 pages): {res.get('loglog_slope')}")
@@ -727,8 +770,8 @@ def profile_diff(b: Bench, c: Cluster, tgt: dict) -> None:
     with c.connect() as conn, c.connect() as q:
         pids = {q.info.backend_pid: "backend", worker_pid(conn): "worker"}
         sql = "SELECT count(*) FROM gsnap_diff(NULL::d, {a}, {b})".format(**tgt)
-        prof["diff"] = perf_profile(pids, lambda: [q.execute(sql).fetchone() for _ in range(10)],
-                                    f"perf: 10 x gsnap_diff of adjacent snapshots, 0.5% of the rows changed "
+        prof["diff"] = perf_profile(pids, lambda: [q.execute(sql).fetchone() for _ in range(50)],
+                                    f"perf: 50 x gsnap_diff of adjacent snapshots, 0.5% of the rows changed "
                                     f"({tgt['changed_pages']} pages)", b.out / "diff_profile.txt")
     b.save()
 

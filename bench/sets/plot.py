@@ -163,14 +163,22 @@ def plot_diff(out):
     for c in order:
         xs = [pages[c]] * len(cases[c])
         ax.plot(xs, cases[c], ".", color="tab:red", alpha=0.35, ms=4)
-    pts = [(pages[c], statistics.median(cases[c])) for c in order if c != "0.5% rows"]
+    special = ("0.5% rows", "0.5% rows, no deltas")
+    pts = [(pages[c], statistics.median(cases[c])) for c in order if c not in special]
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="tab:red",
-            label="gsnap_diff, one row updated per changed page (median)")
+            label="gsnap_diff, one row updated per changed page (median; read from deltas)")
     if "0.5% rows" in cases:
         x, y = pages["0.5% rows"], statistics.median(cases["0.5% rows"])
         ax.plot([x], [y], "*", color="tab:purple", ms=14, label="gsnap_diff, 0.5% of the rows at random (target case)")
         ax.annotate(f"{y:.0f} ms, {res.get('cases', {}).get('0.5% rows', {}).get('ratio_median', float('nan')):.2f} x AS OF",
                     (x, y), textcoords="offset points", xytext=(-10, 12), fontsize=8, ha="right", color="tab:purple")
+    if "0.5% rows, no deltas" in cases:
+        c = "0.5% rows, no deltas"
+        x, y = pages[c], statistics.median(cases[c])
+        ax.plot([x], [y], "X", color="tab:grey", ms=11,
+                label="the same, captured without deltas (gsnap.page_deltas = off): both images read")
+        ax.annotate(f"{y:.0f} ms, {res.get('cases', {}).get(c, {}).get('ratio_median', float('nan')):.2f} x AS OF",
+                    (x, y), textcoords="offset points", xytext=(10, 6), fontsize=8, ha="left", color="tab:grey")
     a = statistics.median(asof)
     ax.axhline(a, color="tab:blue", label=f"one full AS OF scan, count(*) (median {a:.0f} ms)")
     ax.axhline(0.1 * a, color="green", ls=":", label="target: 0.1 x AS OF scan")

@@ -737,7 +737,9 @@ pub(super) fn store_one(
 /// Stores the delta from `base` (the image the page had) to `image` (its new one, whose view
 /// is `view`) if this capture stored `image` and the delta is at most half of the view: a
 /// diff of the two then reads the delta instead of both images (`read::diff`). An image
-/// found by its content among older ones keeps the delta it has, if any.
+/// found by its content among older ones keeps the delta it has, if any. A delta only saves
+/// reads: a base that cannot be read or decoded gives none (the capture goes on; a diff then
+/// reads both images, and reports a damaged one).
 fn store_delta(
     capture: &mut Capture<RocksBackend>,
     base: ImageId,
@@ -747,17 +749,13 @@ fn store_delta(
     if !capture.stored_image(image) {
         return Ok(());
     }
-    let before = capture.store().image(base)?;
-    let delta = gsnap_format::delta::between(base.0, &before, view).map_err(|e| {
-        StoreError::new(
-            gsnap_store::ErrorKind::Corrupt,
-            format!("the stored view of {base} cannot be read: {e}"),
-        )
-    })?;
-    if delta.len() <= view.len() / 2 {
-        capture.put_delta(image, &delta)?;
+    let Ok(before) = capture.store().image(base) else {
+        return Ok(());
+    };
+    match gsnap_format::delta::between(base.0, &before, view) {
+        Ok(delta) if delta.len() <= view.len() / 2 => capture.put_delta(image, &delta),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Decides how this capture keeps `item`'s key map: none if the table has no key (or key

@@ -797,6 +797,7 @@ fn verify(
         ("live_mappings", r.live_mappings as i64),
         ("leaked_images", r.leaked_images as i64),
         ("leaked_toast_values", r.leaked_toast_values as i64),
+        ("leaked_deltas", r.leaked_deltas as i64),
         ("leaked_bytes", r.leaked_bytes as i64),
         ("missing_images", r.missing_images.len() as i64),
         ("missing_toast_values", r.missing_toast_values.len() as i64),

@@ -39,7 +39,10 @@ pub struct VerifyReport {
     pub leaked_images: u64,
     /// Stored TOAST values no live image names (freed with repair).
     pub leaked_toast_values: u64,
-    /// Bytes of the leaked content.
+    /// Deltas of images that are not stored (deleted with repair; a build before deltas
+    /// freed images without them).
+    pub leaked_deltas: u64,
+    /// Bytes of the leaked content (deltas included).
     pub leaked_bytes: u64,
     /// Images live mappings name that are not stored (corruption).
     pub missing_images: Vec<ImageId>,
@@ -93,10 +96,12 @@ impl<B: KvBackend> SnapshotStore<B> {
         let mut batch = WriteBatch::new();
         let mut freed = Freed::default();
         let mut live_images: HashSet<ImageId> = HashSet::new();
+        let mut stored_images: HashSet<ImageId> = HashSet::new();
         for r in 0..keys::IMAGE_RANKS {
             for entry in Scan::prefix(&self.backend, Cf::Images(Rank(r)), &[])? {
                 let (k, v) = entry?;
                 let id = keys::decode_image_key(&k)?;
+                stored_images.insert(id);
                 report.images += 1;
                 let want = expected.get(&id).copied().unwrap_or(0);
                 let have = self.image_refs(id)?;
@@ -118,6 +123,20 @@ impl<B: KvBackend> SnapshotStore<B> {
                     }
                 }
                 if repair {
+                    self.flush_if_full(&mut batch)?;
+                }
+            }
+        }
+        // Deltas go with their images; one whose image is not stored is leaked. (With repair,
+        // those of the leaked images went with them above.)
+        for entry in Scan::prefix(&self.backend, Cf::Deltas, &[])? {
+            let (k, v) = entry?;
+            let id = keys::decode_image_key(&k)?;
+            if !stored_images.contains(&id) {
+                report.leaked_deltas += 1;
+                report.leaked_bytes += v.len() as u64;
+                if repair {
+                    batch.delete(Cf::Deltas, &k);
                     self.flush_if_full(&mut batch)?;
                 }
             }

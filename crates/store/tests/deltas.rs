@@ -67,4 +67,15 @@ fn deltas_are_kept_with_their_image_and_go_with_it() {
     assert_eq!(delta_of(&store, a), None);
     assert_eq!(delta_of(&store, b).as_deref(), Some(&b"from a"[..]));
     let _ = s2;
+
+    // A delta whose image is not stored (a build before deltas freed the image) is a leak
+    // that verification reports and repair deletes.
+    let mut batch = WriteBatch::new();
+    batch.put(keys::Cf::Deltas, &keys::delta_key(a), b"orphan");
+    store.backend().write(&batch, true).unwrap();
+    let r = store.verify(false, &|_| false).unwrap();
+    assert_eq!((r.leaked_deltas, r.leaked_bytes), (1, 6));
+    assert_eq!(store.verify(true, &|_| false).unwrap().leaked_deltas, 1);
+    assert_eq!(store.verify(false, &|_| false).unwrap().leaked_deltas, 0);
+    assert_eq!(delta_of(&store, b).as_deref(), Some(&b"from a"[..]));
 }
