@@ -326,6 +326,9 @@ impl Worker {
                 self.schedule_periodic();
                 self.retention_due = Instant::now();
                 memory::Heap::configure();
+                if let Some(store) = &self.store {
+                    store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
+                }
             }
             self.ensure_store();
             self.serve_requests();
@@ -453,6 +456,9 @@ impl Worker {
         };
         match Store::open_dir(std::path::Path::new(&dir), options) {
             Ok(store) => {
+                // (every read checks images against their fingerprints until told otherwise:
+                // the capture reads the previous images of the pages it stores, for deltas)
+                store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
                 self.store = Some(store.clone());
                 if self.store_problem.take().is_some() {
                     log!("gsnap store at \"{dir}\" is open again");
