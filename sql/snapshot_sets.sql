@@ -42,6 +42,10 @@ SELECT change, count(*) FROM gsnap_diff(NULL::ss, :s1, :s3) GROUP BY 1 ORDER BY 
 -- no change, either way round
 SELECT count(*) AS no_change FROM gsnap_diff(NULL::ss, :s3, :s4);
 SELECT change, count(*) FROM gsnap_diff(NULL::ss, :s3, :s1) GROUP BY 1 ORDER BY 1;
+-- how a diff reads the pages that changed: from the delta the capture kept with each changed
+-- page's new image; a block that changed twice in between (s1 to s3) from both images
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM gsnap_diff(NULL::ss, :s1, :s2);
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM gsnap_diff(NULL::ss, :s1, :s3);
 
 -- across a rewrite (new storage, new incarnation): rows that only moved are no change
 VACUUM FULL ss;
