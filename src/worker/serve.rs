@@ -481,11 +481,11 @@ fn load_images(store: &Store, ids: &[ImageId]) -> Result<Vec<PinnedEntry>, Worke
         };
         let mut out: Vec<Option<Image>> = (0..keys.len()).map(|_| None).collect();
         for (i, r) in images.iter().zip(store.image_records(&ids(&images, 0))?) {
-            out[*i] = Some(Image::Page(r, verify));
+            out[*i] = Some(Image::Record(r, verify));
         }
         for (i, r) in deltas.iter().zip(store.deltas(&ids(&deltas, DELTA_OF))?) {
             out[*i] = Some(match r {
-                Some(r) => Image::Page(r, verify),
+                Some(r) => Image::Record(r, verify),
                 None => Image::Absent(gsnap_format::delta::absent()),
             });
         }
@@ -543,24 +543,24 @@ impl Loaded for Vec<u8> {
     }
 }
 
-/// A page image or delta, decompressed straight into its slot (checked against its
+/// A stored page image or delta, decompressed straight into its slot (checked against its
 /// fingerprint when the flag says so), or what stands for a delta that was not stored.
 enum Image {
-    Page(gsnap_store::ImageRecord, bool),
+    Record(gsnap_store::ImageRecord, bool),
     Absent(Vec<u8>),
 }
 
 impl Loaded for Image {
     fn len(&self) -> usize {
         match self {
-            Image::Page(r, _) => r.len(),
+            Image::Record(r, _) => r.len(),
             Image::Absent(bytes) => bytes.len(),
         }
     }
 
     fn write_into(&self, out: &mut [u8]) -> Result<(), StoreError> {
         match self {
-            Image::Page(r, verify) => r.decode_into(out, *verify),
+            Image::Record(r, verify) => r.decode_into(out, *verify),
             Image::Absent(bytes) => bytes.write_into(out),
         }
     }
