@@ -24,6 +24,9 @@ pub static IMAGE_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024)
 /// Shared group cache size, in kB.
 pub static INDEX_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 
+/// The store's block cache (RocksDB), in kB.
+pub static STORE_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(512 * 1024);
+
 /// L_1*: the first index group's length budget (snapshots per group until queries tell).
 pub static GROUP_LENGTH: GucSetting<i32> = GucSetting::<i32>::new(20);
 
@@ -149,6 +152,20 @@ pub fn init() {
           evicted whole, least recently used first. A group never exceeds a quarter of it.",
         &INDEX_CACHE_SIZE,
         1024,
+        64 * 1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.store_cache_size",
+        c"Memory of the gsnap worker for the snapshot store's recently read blocks (RocksDB's \
+          block cache).",
+        c"A capture reads, for every page it stores, the newest image of the page (for its \
+          delta) and the key map's entries of its block: when those no longer fit, every read \
+          goes to the files and captures fall behind a busy database. Size it to the \
+          compressed size of the captured tables plus about 40 bytes per row with a key.",
+        &STORE_CACHE_SIZE,
+        8 * 1024,
         64 * 1024 * 1024,
         GucContext::Postmaster,
         GucFlags::UNIT_KB,

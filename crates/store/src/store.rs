@@ -60,6 +60,9 @@ pub struct StoreOptions {
     /// level 0. Used only when the store is created (it is then recorded in the format
     /// record, and an existing store keeps its own).
     pub mapping_log: SkippyConfig,
+    /// RocksDB's block cache for [`SnapshotStore::open_dir`], in bytes (None: the backend's
+    /// default, [`RocksConfig`]).
+    pub block_cache_bytes: Option<usize>,
 }
 
 impl StoreOptions {
@@ -76,6 +79,7 @@ impl StoreOptions {
             content_version: 0,
             oldest_content_version: 0,
             mapping_log: SkippyConfig::default(),
+            block_cache_bytes: None,
         }
     }
 }
@@ -159,7 +163,11 @@ pub struct StoreState<B: KvBackend> {
 impl SnapshotStore<RocksBackend> {
     /// Opens (or, with `options.create`, creates) the RocksDB store in `path`.
     pub fn open_dir(path: &std::path::Path, options: StoreOptions) -> Result<Self> {
-        let backend = RocksBackend::open(path, options.create)?;
+        let mut config = crate::RocksConfig::default();
+        if let Some(bytes) = options.block_cache_bytes {
+            config.block_cache_bytes = bytes;
+        }
+        let backend = RocksBackend::open_with(path, options.create, &config)?;
         let store = Self::open(backend, options)?;
         store.backend.finish_creation()?;
         Ok(store)
