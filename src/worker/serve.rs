@@ -470,7 +470,7 @@ fn load_images(store: &Store, ids: &[ImageId]) -> Result<Vec<PinnedEntry>, Worke
         .enumerate()
         .map(|(i, id)| (i as u32, CacheKey::image(id.0)))
         .collect();
-    store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
+    // (`gsnap.verify_images`, applied to the store when it is opened and on each reload)
     let verify = store.verifies_images();
     let (entries, _) = pin(&wanted, |keys| {
         // Images and deltas (ids with DELTA_OF), each kind read in one batch.
