@@ -202,3 +202,98 @@ def test_deleted_snapshots_and_deltas_turned_off(cluster):
         pages, deltas = reads(conn, "dd", off, on)
         assert pages > 30 and deltas == pages
         assert diff(conn, "dd", off, on) == truth(conn, "dd", off, on)
+
+
+def version_truth(conn, table: str, a: int, b: int) -> list:
+    """The runs of consecutive readable snapshots of a..b in which gsnap_range holds each
+    row contents (first_snap, last_snap, rec text): what gsnap_versions must return (every
+    write below stamps a new gen, so equal contents are one version)."""
+    snaps = [s for (s,) in conn.execute(
+        "SELECT snap_id FROM gsnap_snapshots() WHERE state = 'committed' AND snap_id BETWEEN %s AND %s"
+        " ORDER BY 1", (a, b)).fetchall()]
+    at = {s: i for i, s in enumerate(snaps)}
+    where: dict[str, list[int]] = {}
+    for snap, rec in conn.execute(f"SELECT snap_id, rec::text FROM gsnap_range(NULL::{table}, {a}, {b})"):
+        where.setdefault(rec, []).append(at[snap])
+    out = []
+    for rec, positions in where.items():
+        positions.sort()
+        start = prev = positions[0]
+        for p in positions[1:] + [None]:
+            if p != prev + 1:
+                out.append((snaps[start], snaps[prev], rec))
+                start = p
+            prev = p
+    return sorted(out)
+
+
+def versions_read(conn, q: str) -> tuple[int, int]:
+    """(images, deltas) EXPLAIN ANALYZE says a versions or range aggregate node read."""
+    shown = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {q}").fetchall())
+    m = re.search(r"Pages Read: (\d+) images, (\d+) from deltas", shown)
+    assert m, shown
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_versions_and_per_snapshot_aggregates_read_deltas(cluster):
+    """gsnap_versions and GROUP BY snap_id over gsnap_range read each block's first image of
+    the range and then its deltas (issue 9, points 1 and 2): the versions equal the runs of
+    gsnap_range and the aggregates the ones PostgreSQL computes, over snapshots taken with
+    deltas, without (gsnap.page_deltas off for a while), across deleted and reclaimed
+    snapshots (a delta whose base is gone: that block's images are read), and over a block
+    with more runs than one group of loads (a row updated at every snapshot)."""
+    rng = random.Random(91)
+    with cluster.connect() as conn:
+        conn.autocommit = True
+        conn.execute("CREATE TABLE hv (id int PRIMARY KEY, gen int NOT NULL, pad text) USING gsnap")
+        conn.execute("INSERT INTO hv SELECT g, g, repeat('p', 40) FROM generate_series(1, 3000) g")
+        gen = 3000
+        snaps = [snapshot(conn)]
+        off = range(30, 42)
+        for step in range(80):
+            if step == off.start:
+                set_deltas(conn, False)
+            if step == off.stop:
+                set_deltas(conn, True)
+            ids = rng.sample(range(1, 3000), 30)
+            for i in ids[:20]:  # HOT: gen only
+                gen += 1
+                conn.execute("UPDATE hv SET gen = %s WHERE id = %s", (gen, i))
+            for i in ids[20:25]:  # grows: moves to another page
+                gen += 1
+                conn.execute("UPDATE hv SET gen = %s, pad = repeat('q', %s) WHERE id = %s",
+                             (gen, rng.randint(60, 400), i))
+            conn.execute("DELETE FROM hv WHERE id = ANY(%s)", (ids[25:],))
+            gen += 1
+            conn.execute("INSERT INTO hv SELECT i, %s, 'back' FROM unnest(%s::int[]) i", (gen, ids[25:]))
+            gen += 1
+            conn.execute("UPDATE hv SET gen = %s WHERE id = 3000", (gen,))  # every snapshot
+            if step % 20 == 19:
+                conn.execute("VACUUM hv")
+            snaps.append(snapshot(conn))
+        a, b = snaps[0], snaps[-1]
+        vq = f"SELECT first_snap, last_snap, rec::text FROM gsnap_versions(NULL::hv, {a}, {b})"
+        agg = "SELECT snap_id, count(*), sum((rec).gen) FROM gsnap_range(NULL::hv, {a}, {b}){o} GROUP BY 1 ORDER BY 1"
+
+        def check(a: int, b: int, deltas_per_image: float):
+            got = sorted(conn.execute(vq.replace(f"hv, {snaps[0]}, {snaps[-1]}", f"hv, {a}, {b}")).fetchall())
+            assert got == version_truth(conn, "hv", a, b), (a, b)
+            ours = agg.format(a=a, b=b, o="")
+            assert "gsnap range aggregate" in "\n".join(r[0] for r in conn.execute(f"EXPLAIN {ours}"))
+            assert conn.execute(ours).fetchall() == conn.execute(agg.format(a=a, b=b, o=" WITH ORDINALITY")).fetchall()
+            images, deltas = versions_read(conn, vq.replace(f"hv, {snaps[0]}, {snaps[-1]}", f"hv, {a}, {b}"))
+            assert (images, deltas) == versions_read(conn, ours)
+            if deltas_per_image:
+                assert deltas > deltas_per_image * images > 0, (a, b, images, deltas)
+            else:
+                assert deltas == 0 and images > 0, (a, b, images, deltas)
+
+        check(a, b, 2)
+        check(snaps[off.start + 2], snaps[off.stop - 1], 0)  # no deltas in that range
+        check(snaps[off.start - 5], snaps[off.stop + 5], 0.5)  # deltas missing in the middle
+        # deleted and reclaimed snapshots: the deltas of the images after them have no base
+        dropped = [snaps[3], snaps[10], snaps[11], snaps[60]]
+        conn.execute("SELECT gsnap_delete(%s::bigint[])", (dropped,))
+        wait_reclaimed(conn, dropped)
+        check(a, b, 2)
+        check(snaps[9], snaps[13], 0.5)

@@ -18,6 +18,7 @@ use crate::ffi::{expr, list};
 use crate::plan::AggKind;
 use crate::read::range::RangeCursor;
 use crate::read::versions::VersionsCursor;
+use pgrx::pg_guard;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 
@@ -38,15 +39,33 @@ pub(super) struct RangeAggScan {
     row_filter: *mut pg_sys::ExprState,
     aggregates: Vec<Aggregate>,
     row_desc: pg_sys::TupleDesc,
-    /// The results (snapshot, values, nulls), computed at the first fetch.
+    /// The results (snapshot, values, nulls), computed at the first fetch, and how the
+    /// pages were read (images, deltas).
     results: Option<Vec<SnapshotResult>>,
+    reads: Option<(u64, u64)>,
     next: usize,
 }
 
 /// The node's methods.
 /// EXPLAIN shows the Row Filter as the range's node does (the same place in `custom_exprs`).
 pub(super) static METHODS: ExecMethods<RangeAggScan> =
-    node::methods(c"gsnap range aggregate", Some(super::range_scan::explain));
+    node::methods(c"gsnap range aggregate", Some(explain));
+
+/// EXPLAIN: the Row Filter, and once run (ANALYZE) how the pages were read.
+#[pg_guard]
+unsafe extern "C-unwind" fn explain(
+    css: *mut pg_sys::CustomScanState,
+    ancestors: *mut pg_sys::List,
+    es: *mut pg_sys::ExplainState,
+) {
+    // SAFETY: PostgreSQL's own arguments, for our node.
+    unsafe { super::range_scan::explain(css, ancestors, es) };
+    // SAFETY: as above: the state of a RangeAggScan.
+    if let Some(reads) = unsafe { node::node_of::<RangeAggScan>(css) }.and_then(|s| s.reads) {
+        // SAFETY: EXPLAIN's state.
+        unsafe { super::range_scan::explain_reads(es, reads) };
+    }
+}
 
 impl ScanNode for RangeAggScan {
     unsafe fn begin(
@@ -79,6 +98,7 @@ impl ScanNode for RangeAggScan {
                 table,
                 aggregates,
                 results: None,
+                reads: None,
                 next: 0,
             }
         }
@@ -200,6 +220,7 @@ impl RangeAggScan {
             // SAFETY: the per-tuple memory of the evaluations above.
             unsafe { pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory) };
         }
+        self.reads = Some(cursor.reads());
         let mut out = Vec::new();
         let mut count = 0i64;
         let mut running: Vec<(i64, i128)> = vec![(0, 0); self.aggregates.len()];

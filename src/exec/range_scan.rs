@@ -105,6 +105,11 @@ unsafe extern "C-unwind" fn explain_range(
     };
     // SAFETY: EXPLAIN's state.
     unsafe { node::explain_partitions(es, scan.partitions, "over the range") };
+    if let Some(Cursor::Versions(cursors, _)) = &scan.cursor {
+        let reads = cursors.iter().map(VersionsCursor::reads);
+        // SAFETY: EXPLAIN's state.
+        unsafe { explain_reads(es, reads.fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))) };
+    }
     let rel = scan.table.rel();
     // SAFETY: our node, and its open table.
     let Some(keys) = (unsafe { key_conditions(css, rel.as_ptr(), scan.table.kind) }) else {
@@ -118,6 +123,17 @@ unsafe extern "C-unwind" fn explain_range(
     let read = read.map(|n| format!("{n} page images read"));
     // SAFETY: EXPLAIN's state; in its transaction.
     unsafe { node::explain_key_map(es, &keys, rel.oid(), scan.key_map, read) };
+}
+
+/// EXPLAIN ANALYZE of a node reading versions: how many page images it read whole and how
+/// many from their deltas (this process's part of a parallel scan).
+///
+/// # Safety
+/// `es` is EXPLAIN's state.
+pub(super) unsafe fn explain_reads(es: *mut pg_sys::ExplainState, (images, deltas): (u64, u64)) {
+    let text = format!("{images} images, {deltas} from deltas");
+    // SAFETY: the caller's promise.
+    unsafe { node::explain_property(es, "Pages Read", &text) };
 }
 
 /// The node's Row Filter conditions that fix the table's key, if they do (`keymap.rs`).

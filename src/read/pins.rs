@@ -121,6 +121,21 @@ impl<K: Copy> ImageBatches<K> {
         }
     }
 
+    /// Puts `groups` (each: loads pinned together) back at the front of the queue, in this
+    /// order, before everything queued.
+    pub fn requeue_front(&mut self, groups: &[Vec<(K, u64)>]) {
+        for group in groups.iter().rev() {
+            for (i, &(key, image)) in group.iter().enumerate().rev() {
+                self.queued.push_front((key, image, i == 0));
+            }
+        }
+    }
+
+    /// Images per batch (unless one group is bigger).
+    pub fn per_batch(&self) -> usize {
+        self.per_batch
+    }
+
     /// Images queued and not pinned yet.
     pub fn queued(&self) -> usize {
         self.queued.len()

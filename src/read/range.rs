@@ -19,7 +19,7 @@ use super::asof::{key_blocks, KeyMapUse};
 use super::decode::Decoder;
 use super::pages::{parallel_step, view_tuples};
 use super::partitioned;
-use super::pins::{images_per_batch, GroupPins, ImageBatches, PinnedBatch};
+use super::pins::{GroupPins, ImageBatches, PinnedBatch};
 use super::table::{self, TableAtSnapshot};
 use crate::error::{corrupt, corrupt_index, error};
 use crate::ffi::memcx::OwnedContext;
@@ -128,7 +128,7 @@ impl Blocks {
 
 /// Decoders by row type (the row type can change between snapshots), allocated in the
 /// cursor's long-lived context.
-struct Decoders {
+pub(super) struct Decoders {
     snap: u64,
     relid: pg_sys::Oid,
     row_desc: pg_sys::TupleDesc,
@@ -143,6 +143,40 @@ struct Decoders {
 }
 
 impl Decoders {
+    /// The `rec` datum (of the table's current row type) of tuple `lp` of `block`, decoded
+    /// with decoder `decoder`, formed in `cx`.
+    pub(super) fn form(
+        &mut self,
+        decoder: usize,
+        cx: &OwnedContext,
+        block: u32,
+        lp: u16,
+        bytes: &[u8],
+    ) -> pg_sys::Datum {
+        let Decoders {
+            list,
+            projections,
+            values: out_values,
+            nulls: out_nulls,
+            row_desc,
+            ..
+        } = self;
+        let projection = &projections[decoder];
+        let decoder = &mut list[decoder];
+        cx.run(|| {
+            let (values, nulls) = decoder.decode_tuple(block, lp, bytes);
+            let (values, nulls) = match projection {
+                Some(p) => {
+                    partitioned::project(p, values, nulls, out_values, out_nulls);
+                    (out_values.as_slice(), out_nulls.as_slice())
+                }
+                None => (values, nulls),
+            };
+            // SAFETY: the values match the table's current row type.
+            unsafe { form_record(*row_desc, values, nulls) }
+        })
+    }
+
     /// The index in `list` of the decoder of `t`'s row type (made on first use, in `cx`).
     fn index_of(&mut self, t: &TableAtSnapshot, cx: &OwnedContext) -> usize {
         if let Some(&i) = self.by_row_type.get(&t.row_type_bytes) {
@@ -175,37 +209,35 @@ impl Decoders {
 /// What the cursor keeps of a row version: its `rec` datum (in the block's context) and
 /// whether the caller's filter keeps it.
 #[derive(Clone, Copy)]
-struct Kept {
-    rec: pg_sys::Datum,
-    keep: bool,
+pub(super) struct Kept {
+    pub rec: pg_sys::Datum,
+    pub keep: bool,
 }
 
-/// A row version as the cursor hands it out, valid until its next call.
-pub struct Version<'a> {
-    /// The snapshots of the current image that hold it (ascending).
-    pub snaps: &'a [u64],
-    /// Their positions among the range's snapshots that hold the table (consecutive
-    /// positions: no such snapshot between them).
-    pub positions: &'a [usize],
-    /// The row, of the table's current row type.
-    pub rec: pg_sys::Datum,
-    /// Where it is: the table's incarnation (segment) and block.
-    pub block: (usize, u32),
-    /// The image it was read from (a number that grows from image to image).
-    pub image: u64,
-    /// Its line pointer.
-    pub lp: u16,
-    /// True if the block's previous image held the same version (same line pointer, same
-    /// bytes) and the cursor handed it out from there too.
-    pub continued: bool,
-    /// True if the block's next image can continue it (its versions are matched with this
-    /// image's); false when the image's snapshots have several row types.
-    pub continuable: bool,
+/// What the cursor loads for one run of the index (`runs[run]`): its image, or when reading
+/// versions (`super::versions`) its delta from the run before it in the same block. Loads
+/// queued together (one group, pinned in one batch) begin with `group_start`.
+#[derive(Clone, Copy)]
+pub(super) struct Load {
+    pub run: usize,
+    pub delta: bool,
+    pub group_start: bool,
+}
+
+impl Load {
+    /// A run's image, alone in its group.
+    fn image(run: usize) -> Load {
+        Load {
+            run,
+            delta: false,
+            group_start: true,
+        }
+    }
 }
 
 /// The snapshots of the current image that hold its block, grouped by row type: (snapshot
 /// ids, their positions, the decoder of their row type).
-type Holders = Vec<(Vec<u64>, Vec<usize>, usize)>;
+pub(super) type Holders = Vec<(Vec<u64>, Vec<usize>, usize)>;
 
 /// Reads a table at every readable snapshot of `from..=to`, one row version at a time, each
 /// with the run of snapshots that hold it.
@@ -215,7 +247,7 @@ pub struct RangeCursor {
     /// Segments of `snaps` in which the table has one incarnation; the one whose runs are
     /// loaded, numbered from 1 (0: none yet), and its snapshots.
     segments: Vec<Range<usize>>,
-    loaded_segment: usize,
+    pub(super) loaded_segment: usize,
     segment: Range<usize>,
     /// The blocks of the segments to read, and blocks taken but not queued yet (of a later
     /// segment than the one loaded).
@@ -224,24 +256,24 @@ pub struct RangeCursor {
     /// Of a lookup by key: the only blocks to read, per segment (sorted; `keymap.rs`).
     only: Option<Vec<Vec<u32>>>,
     /// The current segment's runs (block, image, snapshots sharing it), and their images.
-    runs: Vec<ImageRun>,
-    images: ImageBatches<usize>,
-    batch: Option<PinnedBatch<usize>>,
-    at: usize,
+    pub(super) runs: Vec<ImageRun>,
+    pub(super) images: ImageBatches<Load>,
+    pub(super) batch: Option<PinnedBatch<Load>>,
+    pub(super) at: usize,
     /// The current image: its run, its tuples (line pointer, offset, length) and holders.
     run: Option<ImageRun>,
-    tuples: Vec<(u16, usize, usize)>,
-    holders: Holders,
+    pub(super) tuples: Vec<(u16, usize, usize)>,
+    pub(super) holders: Holders,
     holder: usize,
     next_tuple: usize,
     /// Versions of the block's previous image (when comparable), and whether the current
     /// image is matched with them; the (segment, block, decoder) they belong to.
     matcher: ImageMatcher<Kept>,
     matching: bool,
-    /// Images begun so far (numbers the current one).
-    image: u64,
+    /// Images (and deltas) begun so far (numbers the current one).
+    pub(super) image: u64,
     versions_of: Option<(usize, u32, usize)>,
-    decoders: Decoders,
+    pub(super) decoders: Decoders,
     /// The decoder of each snapshot's row type (by position in `snaps`).
     decoder_of: Vec<usize>,
     /// Reading a partition: the readable snapshots of the range (positions are among them,
@@ -251,7 +283,9 @@ pub struct RangeCursor {
     /// Decoders live in `_long`; rows and what decoding allocates in `block_cx`, reset when
     /// the cursor moves to another block.
     _long: OwnedContext,
-    block_cx: OwnedContext,
+    pub(super) block_cx: OwnedContext,
+    /// Reading versions (`super::versions`): the fold of the block being read.
+    pub(super) folding: Option<Box<super::versions::Folding>>,
 }
 
 impl RangeCursor {
@@ -380,18 +414,8 @@ impl RangeCursor {
             all: None,
             _long: long,
             block_cx: OwnedContext::new("gsnap range block"),
+            folding: None,
         }
-    }
-
-    /// The next row version (a `rec` datum of the table's current row type) and the
-    /// snapshots that hold it, valid until the next call; None at the end. `keep(rec, snap)`
-    /// is asked once per row version: versions it refuses are skipped for every snapshot
-    /// that holds them.
-    pub fn next_row(
-        &mut self,
-        keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
-    ) -> Option<(&[u64], pg_sys::Datum)> {
-        self.next_version(keep).map(|v| (v.snaps, v.rec))
     }
 
     /// Reads only the blocks this participant of a parallel scan takes from `shared` (call
@@ -462,12 +486,14 @@ impl RangeCursor {
         }
     }
 
-    /// [`RangeCursor::next_row`], with where the version is and whether it continues one
-    /// this cursor handed out for the block's previous image.
-    pub fn next_version(
+    /// The next row version (a `rec` datum of the table's current row type) and the
+    /// snapshots that hold it, valid until the next call; None at the end. `keep(rec, snap)`
+    /// is asked once per row version: versions it refuses are skipped for every snapshot
+    /// that holds them.
+    pub fn next_row(
         &mut self,
         keep: &mut dyn FnMut(pg_sys::Datum, u64) -> bool,
-    ) -> Option<Version<'_>> {
+    ) -> Option<(&[u64], pg_sys::Datum)> {
         loop {
             if self.holder < self.holders.len() {
                 let page = self
@@ -488,28 +514,9 @@ impl RangeCursor {
                     };
                     let kept = known.unwrap_or_else(|| {
                         let (snaps, _, decoder) = &self.holders[self.holder];
-                        let Decoders {
-                            list,
-                            projections,
-                            values: out_values,
-                            nulls: out_nulls,
-                            row_desc,
-                            ..
-                        } = &mut self.decoders;
-                        let projection = &projections[*decoder];
-                        let decoder = &mut list[*decoder];
-                        let rec = self.block_cx.run(|| {
-                            let (values, nulls) = decoder.decode_tuple(run.block, lp, bytes);
-                            let (values, nulls) = match projection {
-                                Some(p) => {
-                                    partitioned::project(p, values, nulls, out_values, out_nulls);
-                                    (out_values.as_slice(), out_nulls.as_slice())
-                                }
-                                None => (values, nulls),
-                            };
-                            // SAFETY: the values match the table's current row type.
-                            unsafe { form_record(*row_desc, values, nulls) }
-                        });
+                        let rec =
+                            self.decoders
+                                .form(*decoder, &self.block_cx, run.block, lp, bytes);
                         Kept {
                             rec,
                             keep: keep(rec, snaps[0]),
@@ -519,16 +526,7 @@ impl RangeCursor {
                         self.matcher.keep(lp, bytes, kept);
                     }
                     if kept.keep {
-                        return Some(Version {
-                            snaps: &self.holders[self.holder].0,
-                            positions: &self.holders[self.holder].1,
-                            rec: kept.rec,
-                            block: (self.loaded_segment, run.block),
-                            image: self.image,
-                            lp,
-                            continued: known.is_some(),
-                            continuable: self.matching,
-                        });
+                        return Some((&self.holders[self.holder].0, kept.rec));
                     }
                 }
                 if self.matching {
@@ -546,26 +544,49 @@ impl RangeCursor {
 
     /// Moves to the next image of the range that some snapshot holds; false at the end.
     fn next_image(&mut self) -> bool {
+        while self.next_load() {
+            let (load, bytes) = self
+                .batch
+                .as_ref()
+                .expect("a load is pinned")
+                .get(self.at - 1);
+            let run = self.runs[load.run];
+            view_tuples(bytes, run.block, &mut self.tuples);
+            self.begin_image(run);
+            if !self.holders.is_empty() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Moves to the next load (the batch's entry `at - 1`), pinning the next batch when the
+    /// one read is done; false at the end.
+    pub(super) fn next_load(&mut self) -> bool {
         loop {
-            let in_batch = matches!(&self.batch, Some(b) if self.at < b.len());
-            if in_batch {
-                self.at += 1;
-                let (run_index, bytes) = self.batch.as_ref().expect("checked").get(self.at - 1);
-                let run = self.runs[run_index];
-                view_tuples(bytes, run.block, &mut self.tuples);
-                self.begin_image(run);
-                if !self.holders.is_empty() {
+            if let Some(batch) = &self.batch {
+                let end = match &self.folding {
+                    Some(f) => f.end_of(batch),
+                    None => batch.len(),
+                };
+                if self.at < end {
+                    self.at += 1;
                     return true;
                 }
-                continue;
+                if self.folding.is_some() {
+                    self.requeue_rest();
+                }
             }
             // Unpin the batch read; keep the next batch and the one after it queued, so the
             // latter is prefetched.
             self.batch = None;
-            while self.images.queued() < 2 * images_per_batch() && self.queue_taken() {}
+            while self.images.queued() < 2 * self.images.per_batch() && self.queue_taken() {}
             if let Some(batch) = self.images.next_batch() {
                 self.batch = Some(batch);
                 self.at = 0;
+                if self.folding.is_some() {
+                    self.check_deltas();
+                }
                 continue;
             }
             if self.taken.is_none() {
@@ -590,8 +611,12 @@ impl RangeCursor {
         }
         let first = self.runs.partition_point(|r| r.block < blocks.start);
         let end = self.runs.partition_point(|r| r.block < blocks.end);
-        for i in first..end {
-            self.images.push(i, self.runs[i].image.0);
+        if self.folding.as_ref().is_some_and(|f| f.asks_deltas()) {
+            self.queue_with_deltas(first..end);
+        } else {
+            for i in first..end {
+                self.images.push(Load::image(i), self.runs[i].image.0);
+            }
         }
         true
     }
@@ -601,28 +626,9 @@ impl RangeCursor {
     fn begin_image(&mut self, run: ImageRun) {
         self.run = Some(run);
         self.image += 1;
-        // The snapshots of this run that hold the block (it may be beyond a snapshot's size,
-        // after the table shrank), grouped by row type.
-        self.holders.clear();
-        let holding: Vec<usize> = self
-            .segment
-            .clone()
-            .filter(|&i| {
-                let (s, t) = &self.snaps[i];
-                *s >= run.first.0 && *s <= run.last.0 && run.block < t.nblocks
-            })
-            .collect();
-        for same in holding.chunk_by(|&a, &b| self.decoder_of[a] == self.decoder_of[b]) {
-            let positions = match &self.all {
-                Some((_, at)) => same.iter().map(|&i| at[i]).collect(),
-                None => same.to_vec(),
-            };
-            self.holders.push((
-                same.iter().map(|&i| self.snaps[i].0).collect(),
-                positions,
-                self.decoder_of[same[0]],
-            ));
-        }
+        let mut holders = std::mem::take(&mut self.holders);
+        self.holders_of(run, &mut holders);
+        self.holders = holders;
         self.holder = 0;
         self.next_tuple = 0;
         let same_block = self
@@ -643,6 +649,29 @@ impl RangeCursor {
         if self.matching && self.tuples.is_empty() {
             // An empty image: the block's next image has no version in common with it.
             self.matcher.end_image();
+        }
+    }
+
+    /// The snapshots of the loaded segment that hold `run`'s block with its image (it may be
+    /// beyond a snapshot's size, after the table shrank), grouped by row type, into `out`.
+    pub(super) fn holders_of(&self, run: ImageRun, out: &mut Holders) {
+        out.clear();
+        let held = &self.snaps[self.segment.clone()];
+        let from = self.segment.start + held.partition_point(|(s, _)| *s < run.first.0);
+        let to = self.segment.start + held.partition_point(|(s, _)| *s <= run.last.0);
+        let holding: Vec<usize> = (from..to)
+            .filter(|&i| run.block < self.snaps[i].1.nblocks)
+            .collect();
+        for same in holding.chunk_by(|&a, &b| self.decoder_of[a] == self.decoder_of[b]) {
+            let positions = match &self.all {
+                Some((_, at)) => same.iter().map(|&i| at[i]).collect(),
+                None => same.to_vec(),
+            };
+            out.push((
+                same.iter().map(|&i| self.snaps[i].0).collect(),
+                positions,
+                self.decoder_of[same[0]],
+            ));
         }
     }
 

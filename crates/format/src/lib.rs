@@ -23,6 +23,7 @@ pub mod delta;
 pub mod diff;
 pub mod heap;
 pub mod rowtype;
+pub mod runs;
 pub mod versions;
 pub mod view;
 

@@ -6,7 +6,8 @@
 //! the same row version: same place, same contents, so the same decoded row. The range
 //! cursor uses that to decode and filter each version once ([`VersionMatcher`]), and
 //! `gsnap_versions` (every distinct row version of a range once, with the run of snapshots
-//! holding it) is [`version_runs`]: a version that leaves the block and comes back is two
+//! holding it) is [`version_runs`] (the model; `crate::runs::BlockRuns` folds them as a
+//! stream, from images or deltas): a version that leaves the block and comes back is two
 //! versions, as is one whose bytes changed and changed back.
 //!
 //! Invariants: a tuple is matched only with a previous tuple at the same line pointer and
@@ -270,8 +271,8 @@ pub fn version_runs<'t>(images: &[HeldImage<'_, 't>]) -> Vec<VersionRun<'t>> {
     done
 }
 
-/// A run of a row version being folded by [`RunFolder`]: its line pointer, the positions of
-/// its first and last snapshots, and the caller's value (the decoded row).
+/// A run of a row version folded by [`crate::runs::BlockRuns`]: its line pointer, the
+/// positions of its first and last snapshots, and the caller's value (the decoded row).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Run<T> {
     /// Line pointer.
@@ -282,112 +283,6 @@ pub struct Run<T> {
     pub last: usize,
     /// What the caller keeps per version.
     pub value: T,
-}
-
-/// [`version_runs`] for a reader that streams: it folds the row versions of one block, handed
-/// out image after image (each with the positions of the snapshots holding it, and whether it
-/// is the version at its line pointer in the previous image handed out), into runs of
-/// consecutive positions. Runs that can no longer grow are [`RunFolder::done`] as soon as that
-/// is known: when an image after the next one begins, or at the block's end.
-///
-/// Invariants: a run only grows by the version that continues it, and only by the position
-/// after its last; each line pointer has at most one run open to continuation.
-#[derive(Debug, Clone)]
-pub struct RunFolder<T> {
-    image: Option<u64>,
-    /// Runs of the previous image open to continuation, and of the current one, by line
-    /// pointer.
-    open: std::collections::HashMap<u16, Run<T>>,
-    now: std::collections::HashMap<u16, Run<T>>,
-    done: Vec<Run<T>>,
-}
-
-impl<T> Default for RunFolder<T> {
-    fn default() -> Self {
-        RunFolder {
-            image: None,
-            open: Default::default(),
-            now: Default::default(),
-            done: Vec::new(),
-        }
-    }
-}
-
-impl<T: Clone> RunFolder<T> {
-    /// A folder at the start of a block.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds a version of image `image` (images of the block are numbered in increasing order)
-    /// at line pointer `lp`, held by the snapshots at `positions` (increasing). `continued`:
-    /// it is the version at `lp` of the image handed out before this one. `continuable`: the
-    /// next image may continue it. `value` makes the run's value when a new run starts.
-    pub fn add(
-        &mut self,
-        image: u64,
-        lp: u16,
-        positions: &[usize],
-        continued: bool,
-        continuable: bool,
-        value: impl FnOnce() -> T,
-    ) {
-        if self.image != Some(image) {
-            // A new image: what the image before the previous one left open has ended.
-            self.done.extend(self.open.drain().map(|(_, r)| r));
-            std::mem::swap(&mut self.open, &mut self.now);
-            self.image = Some(image);
-        }
-        let mut current = if continued {
-            self.open.remove(&lp)
-        } else {
-            None
-        };
-        let mut value = Some(value);
-        for &at in positions {
-            match &mut current {
-                Some(run) if run.last.checked_add(1) == Some(at) => run.last = at,
-                _ => {
-                    let value = match current.take() {
-                        Some(run) => {
-                            let v = run.value.clone();
-                            self.done.push(run);
-                            v
-                        }
-                        None => match value.take() {
-                            Some(make) => make(),
-                            None => unreachable!("a run started without one before"),
-                        },
-                    };
-                    current = Some(Run {
-                        lp,
-                        first: at,
-                        last: at,
-                        value,
-                    });
-                }
-            }
-        }
-        if let Some(run) = current {
-            if continuable {
-                self.now.insert(lp, run);
-            } else {
-                self.done.push(run);
-            }
-        }
-    }
-
-    /// The block ends: every run is done.
-    pub fn end_block(&mut self) {
-        self.done.extend(self.open.drain().map(|(_, r)| r));
-        self.done.extend(self.now.drain().map(|(_, r)| r));
-        self.image = None;
-    }
-
-    /// The runs that ended, for the caller to take.
-    pub fn done(&mut self) -> &mut Vec<Run<T>> {
-        &mut self.done
-    }
 }
 
 impl RowVersion for VersionRun<'_> {
@@ -497,28 +392,6 @@ mod tests {
         assert_eq!(version_runs(&[]), vec![]);
     }
 
-    #[test]
-    fn folder_ends_runs_of_images_read_with_several_row_types() {
-        let mut f = RunFolder::new();
-        f.add(1, 1, &[0, 1], false, true, || "a");
-        // image 2 holds snapshots of two row types: its versions are not matched
-        f.add(2, 1, &[2], false, false, || "a'");
-        f.add(2, 1, &[3], false, false, || "a''");
-        assert_eq!(f.done().len(), 2, "image 2's runs end with it");
-        f.add(3, 1, &[4], false, true, || "b");
-        f.end_block();
-        let mut runs: Vec<_> = f
-            .done()
-            .drain(..)
-            .map(|r| (r.first, r.last, r.value))
-            .collect();
-        runs.sort();
-        assert_eq!(
-            runs,
-            vec![(0, 1, "a"), (2, 2, "a'"), (3, 3, "a''"), (4, 4, "b")]
-        );
-    }
-
     /// An image's tuples as owned (line pointer, bytes) pairs.
     type Image = Vec<(u16, Vec<u8>)>;
 
@@ -593,49 +466,6 @@ mod tests {
             // at one line pointer.
             let runs = version_runs(&held);
             prop_assert!(runs.windows(2).all(|w| (w[0].first, w[0].lp) < (w[1].first, w[1].lp)));
-        }
-
-        /// The streaming fold gives the runs of `version_runs`, when the images are handed
-        /// out as the range cursor does: an image the index shares between snapshots on both
-        /// sides of a gap (the block beyond the table's end in between) comes once, with
-        /// positions that are not consecutive, and a version is "continued" when the image
-        /// handed out before held it at the same line pointer, adjacent or not.
-        #[test]
-        fn folded_runs_equal_version_runs(block in arb_block(), bridge in proptest::collection::vec(any::<bool>(), 10)) {
-            let images: Vec<Option<Vec<ViewTuple<'_>>>> = block.iter().map(|i| i.as_ref().map(|ts| {
-                ts.iter().map(|(lp, b)| t(*lp, b)).collect()
-            })).collect();
-            let mut held = Vec::new();
-            let mut handed: Vec<(Vec<usize>, &Vec<ViewTuple<'_>>)> = Vec::new();
-            for (p, image) in images.iter().enumerate() {
-                let Some(tuples) = image else { continue };
-                held.push(HeldImage { first: p, last: p, tuples });
-                match handed.last_mut() {
-                    Some((positions, last)) if *last == tuples
-                        && (positions.last() == Some(&(p - 1)) || bridge[p]) => positions.push(p),
-                    _ => handed.push((vec![p], tuples)),
-                }
-            }
-            let mut want: Vec<(u16, Vec<u8>, usize, usize)> = version_runs(&held)
-                .into_iter()
-                .map(|v| (v.lp, v.bytes.to_vec(), v.first, v.last))
-                .collect();
-            let mut folder = RunFolder::new();
-            let mut previous: &[ViewTuple<'_>] = &[];
-            for (image, (positions, tuples)) in handed.iter().enumerate() {
-                let before: Vec<Owned<()>> = previous.iter().map(|t| Owned { lp: t.lp, bytes: t.bytes.to_vec(), value: () }).collect();
-                for (t, m) in tuples.iter().zip(match_image(&before, tuples)) {
-                    folder.add(image as u64, t.lp, positions, m.is_some(), true, || t.bytes.to_vec());
-                }
-                previous = tuples;
-            }
-            folder.end_block();
-            let mut got: Vec<(u16, Vec<u8>, usize, usize)> = folder.done().drain(..)
-                .map(|r| (r.lp, r.value, r.first, r.last))
-                .collect();
-            want.sort();
-            got.sort();
-            prop_assert_eq!(got, want);
         }
 
         /// The buffer-backed matcher answers as the per-tuple one does, image after image.
