@@ -1,7 +1,7 @@
 """Lookups by key AS OF a snapshot (issue 9, point 3): the key map.
 
 Differential: a random workload (inserts, HOT and non-HOT updates, primary key changes,
-deletes and re-inserts of the same keys, VACUUM, VACUUM FULL, TRUNCATE) with a snapshot after
+deletes and re-inserts of the same keys, VACUUM, VACUUM FULL, CLUSTER, TRUNCATE) with a snapshot after
 every step. For every snapshot and a sample of keys (present, deleted, never present), the
 lookup through the key map (`WHERE id = k`, `IN (...)`, a parameter of a prepared statement)
 must return exactly what a filtered full scan of the same snapshot returns (`WHERE id + 0 =
@@ -82,12 +82,22 @@ def test_lookups_by_key_equal_a_filtered_scan_at_every_snapshot(cluster):
                 conn.execute("VACUUM acct")
             elif op == 5 and step < 7:
                 conn.execute("VACUUM FULL acct")
+            elif op == 5:
+                conn.execute("CLUSTER acct USING acct_pkey")
             else:
                 ids = [max(live) + 1 + i for i in range(30)]
                 conn.execute("INSERT INTO acct SELECT g, %s, 'new' FROM unnest(%s::int[]) g",
                              (gen, ids))
                 live |= set(ids)
             snaps.append(snapshot(conn))
+        # TRUNCATE (a new incarnation, empty at its first snapshot), then some keys come back
+        conn.execute("TRUNCATE acct")
+        snaps.append(snapshot(conn))
+        back = rng.sample(sorted(live), 500)
+        gen += 1
+        conn.execute("INSERT INTO acct SELECT g, %s, 'after truncate' FROM unnest(%s::int[]) g", (gen, back))
+        live = set(back)
+        snaps.append(snapshot(conn))
         conn.execute("SELECT gsnap_snapshot(true)")
         ever = sorted(set(r[0] for s in snaps for r in conn.execute(
             "SELECT id FROM gsnap_asof(NULL::acct, %s)", (s,)).fetchall()))
