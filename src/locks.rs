@@ -25,3 +25,15 @@ pub fn holds_access_exclusive(relid: u32) -> bool {
     // SAFETY: a lookup in this backend's local lock table.
     unsafe { pg_sys::LockHeldByMe(&tag, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE) }
 }
+
+/// True if this transaction holds any lock on relation `relid`. When the worker cannot take
+/// ACCESS SHARE on a table this transaction has locked, another session's ACCESS EXCLUSIVE
+/// request is queued behind that lock (a conditional request waits for no one queued ahead
+/// of it): a declaration would wait for that session, which waits for this transaction.
+pub fn holds_any(relid: u32) -> bool {
+    let tag = relation_locktag(relid);
+    (pg_sys::AccessShareLock..=pg_sys::AccessExclusiveLock).any(|mode| {
+        // SAFETY: a lookup in this backend's local lock table.
+        unsafe { pg_sys::LockHeldByMe(&tag, mode as pg_sys::LOCKMODE) }
+    })
+}

@@ -12,6 +12,8 @@ generated and identity columns, and bad input.
 """
 
 import random
+import threading
+import time
 from collections import Counter
 
 import psycopg
@@ -98,6 +100,92 @@ def test_restore_returns_exactly_the_snapshot_rows_and_rolls_back(conn, keyed):
             assert inserted == sum((want - live).values())
         # Restoring again changes nothing.
         assert restore(conn, f"'{t}', {snap}") == (0, 0, 0)
+
+
+def test_a_restore_that_may_take_a_snapshot_reads_only_what_changed(cluster, conn):
+    """A keyed table restored by a role that may take snapshots, in a READ COMMITTED
+    transaction that has written nothing yet, when few of its pages changed, takes a snapshot
+    of the table as it is (an undo point, named in a NOTICE) and diffs the two snapshots
+    (pages changed only) instead of the whole table; otherwise the whole table is compared.
+    Both give the same rows and counts, with and without a condition."""
+    rng = random.Random(33)
+    conn.execute("CREATE TABLE rfast (id int PRIMARY KEY, v int, pad text) USING gsnap")
+    # 3,000 rows on about 30 pages; the random changes below touch ids up to 300 and a few
+    # new ones: few pages
+    conn.execute("INSERT INTO rfast SELECT g, g % 7, 'p' || g || repeat('-', 60) FROM generate_series(1, 300) g")
+    conn.execute("INSERT INTO rfast SELECT g, 0, repeat('-', 60) FROM generate_series(10001, 12700) g")
+    conn.execute("CREATE TABLE rfast_other (x int)")
+    conn.execute("CREATE ROLE rfast_user LOGIN")
+    conn.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON rfast TO rfast_user")
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+    for condition in ["", ", 'id % 3 = 0 OR v = 2'"]:
+        snap = snapshot(conn)
+        want_all = rows(conn, f"SELECT id, v, pad FROM gsnap_asof(NULL::rfast, {snap})")
+        scramble(conn, "rfast", rng, True, 150)
+        live = rows(conn, "SELECT id, v, pad FROM rfast")
+        results = {}
+        # the whole table compared: after a write in the transaction, under REPEATABLE READ,
+        # and by a role that may not take snapshots
+        for how in ["written", "repeatable read", "no snapshot privilege"]:
+            notices.clear()
+            if how == "no snapshot privilege":
+                with cluster.connect(user="rfast_user") as r:
+                    r.execute("BEGIN")
+                    got = restore(r, f"'rfast', {snap}{condition}")
+                    after = rows(r, "SELECT id, v, pad FROM rfast")
+                    r.execute("ROLLBACK")
+            else:
+                conn.execute("BEGIN" if how == "written" else "BEGIN ISOLATION LEVEL REPEATABLE READ")
+                if how == "written":
+                    conn.execute("INSERT INTO rfast_other VALUES (1)")
+                else:
+                    conn.execute("LOCK TABLE rfast IN EXCLUSIVE MODE")
+                got = restore(conn, f"'rfast', {snap}{condition}")
+                after = rows(conn, "SELECT id, v, pad FROM rfast")
+                conn.execute("ROLLBACK")
+            assert not any("took snapshot" in n for n in notices), (how, notices)
+            results[how] = (got, after)
+        assert rows(conn, "SELECT id, v, pad FROM rfast") == live
+        # the diff of two snapshots
+        notices.clear()
+        before = conn.execute("SELECT max(snap_id) FROM gsnap_snapshots()").fetchone()[0]
+        conn.execute("BEGIN")
+        got = restore(conn, f"'rfast', {snap}{condition}")
+        after = rows(conn, "SELECT id, v, pad FROM rfast")
+        conn.execute("COMMIT")
+        taken = [n for n in notices if "took snapshot" in n]
+        assert len(taken) == 1, notices
+        now = conn.execute("SELECT max(snap_id) FROM gsnap_snapshots()").fetchone()[0]
+        assert now == before + 1 and f"took snapshot {now} " in taken[0], taken
+        for how, r in results.items():
+            assert (got, after) == r, (how, condition)
+        if not condition:
+            assert after == want_all
+        # the snapshot it took is the table before the restore: restoring it undoes the restore
+        assert rows(conn, f"SELECT id, v, pad FROM gsnap_asof(NULL::rfast, {now})") == live
+        restore(conn, f"'rfast', {now}")
+        assert rows(conn, "SELECT id, v, pad FROM rfast") == live
+    # most pages changed since the snapshot: the whole table is compared (cheaper than the
+    # diff of two snapshots that read every page and look every row up)
+    snap = snapshot(conn)
+    want = rows(conn, f"SELECT id, v, pad FROM gsnap_asof(NULL::rfast, {snap})")
+    conn.execute("UPDATE rfast SET v = v + 1")
+    notices.clear()
+    assert restore(conn, f"'rfast', {snap}")[1] == sum(want.values())
+    assert not any("took snapshot" in n for n in notices), notices
+    assert rows(conn, "SELECT id, v, pad FROM rfast") == want
+    # a column added since the snapshot (without a rewrite: the pages do not change) reads as
+    # NULL at the snapshot: the diff of two snapshots would not see it, the whole table is
+    # compared, and every row gets NULL there
+    snap = snapshot(conn)
+    conn.execute("ALTER TABLE rfast ADD COLUMN w int DEFAULT 5")
+    conn.execute("UPDATE rfast SET v = v + 1 WHERE id = 1")
+    notices.clear()
+    restore(conn, f"'rfast', {snap}")
+    assert any("took snapshot" in n and "compared the whole table" in n for n in notices), notices
+    assert conn.execute("SELECT count(*) FROM rfast WHERE w IS NOT NULL").fetchone()[0] == 0
+    assert rows(conn, "SELECT id, v, pad FROM rfast") == want
 
 
 def test_a_condition_restores_only_the_rows_it_matches(conn):
@@ -260,6 +348,45 @@ def test_writers_wait_for_the_restore_and_repeatable_read_needs_the_lock_first(c
         assert a.execute("SELECT * FROM gsnap_restore('rw', %s)", (snap,)).fetchone() == (0, 20, 0)
         a.commit()
     assert conn.execute("SELECT sum(v) FROM rw").fetchone()[0] == 0
+
+
+def test_a_snapshot_is_not_awaited_behind_a_session_this_transaction_blocks(cluster, conn):
+    """A declaration (gsnap_snapshot(), or the snapshot a restore takes) waits for ACCESS
+    SHARE on every gsnap table. If another session is queued for ACCESS EXCLUSIVE on a table
+    this transaction has locked, the worker waits for that session, which waits for this
+    transaction: an ERROR (55P03) at once, not a wait that only a timeout would end."""
+    conn.execute("CREATE TABLE rq (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("INSERT INTO rq SELECT g, 0 FROM generate_series(1, 5000) g")  # many pages
+    snap = snapshot(conn)
+    conn.execute("UPDATE rq SET v = 1 WHERE id <= 20")  # a few: a restore takes a snapshot
+    for call in ["SELECT gsnap_snapshot()", f"SELECT * FROM gsnap_restore('rq', {snap})"]:
+        with cluster.connect(autocommit=False) as a, cluster.connect(autocommit=True) as b:
+            a.execute("SET statement_timeout = '20s'")
+            a.execute("SELECT count(*) FROM rq")  # ACCESS SHARE until the transaction ends
+            done = threading.Event()
+
+            def alter():
+                b.execute("SET lock_timeout = '30s'")
+                b.execute("ALTER TABLE rq ADD COLUMN w int")  # queued behind a's lock
+                b.execute("ALTER TABLE rq DROP COLUMN w")
+                done.set()
+
+            waiter = threading.Thread(target=alter)
+            waiter.start()
+            deadline = time.time() + 10
+            while not conn.execute("SELECT count(*) FROM pg_locks WHERE relation = 'rq'::regclass"
+                                   " AND NOT granted").fetchone()[0]:
+                assert time.time() < deadline
+                time.sleep(0.05)
+            t0 = time.time()
+            with pytest.raises(psycopg.errors.LockNotAvailable, match="behind a lock this transaction holds"):
+                a.execute(call)
+            assert time.time() - t0 < 10, call
+            a.rollback()
+            waiter.join(10)
+            assert done.is_set()
+    # with the other session gone, the restore goes through
+    assert restore(conn, f"'rq', {snap}") == (0, 20, 0)
 
 
 def test_identity_and_generated_columns_are_restored(conn):

@@ -7,8 +7,9 @@
             after 0.5%, 5% and 50% of its rows were updated since (spread over the table),
             against the hand-written restore `DELETE FROM t; INSERT INTO t SELECT * FROM
             gsnap_asof(NULL::t, s)`. Each is timed inside a transaction that is then rolled
-            back (and the table vacuumed), alternately, so both start from the same table;
-            the restore's result is checked against the snapshot once per fraction.
+            back (the table vacuumed, then a snapshot taken as a periodic schedule would),
+            alternately, so both start from the same table; the restore's result is checked
+            against the snapshot once per fraction, and which diff it ran is recorded.
 2. undrop   gsnap_undrop() of a dropped table of --undrop-mb MB (pgbench_accounts' width, a
             primary key and one more index) against CREATE TABLE ... USING gsnap AS SELECT
             from the same snapshot (gsnap_asof_dropped: the same reader), alone and followed
@@ -42,8 +43,10 @@ class Bench(BenchBase):
             "min_wal_size = 1GB", "checkpoint_timeout = 30min", "autovacuum = off"])
 
 
-def timed(conn, statements: list[str]) -> float:
-    """Seconds the statements take inside a transaction that is then rolled back."""
+def timed(conn, statements: list[str], snapshot_after: bool = False) -> float:
+    """Seconds the statements take inside a transaction that is then rolled back (and the
+    table vacuumed; with `snapshot_after`, a snapshot taken then, as a periodic schedule
+    would take one, so that the next round's span holds only the rows it changed)."""
     conn.execute("BEGIN")
     t = time.perf_counter()
     for s in statements:
@@ -51,6 +54,8 @@ def timed(conn, statements: list[str]) -> float:
     took = time.perf_counter() - t
     conn.execute("ROLLBACK")
     conn.execute("VACUUM t")
+    if snapshot_after:
+        conn.execute("SELECT gsnap_snapshot()")
     return took
 
 
@@ -68,6 +73,9 @@ def bench_restore(b: Bench) -> None:
     ours = f"SELECT * FROM gsnap_restore('t', {snap})"
     theirs = ["DELETE FROM t", f"INSERT INTO t SELECT * FROM gsnap_asof(NULL::t, {snap})"]
     rows, res = [], {}
+    # which way each gsnap_restore went: the diff of two snapshots says so in a NOTICE
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
     for fraction, step in FRACTIONS:
         conn.execute(f"UPDATE t SET v = v + 1 WHERE id % {step} = 0")
         conn.execute("VACUUM t")
@@ -80,25 +88,32 @@ def bench_restore(b: Bench) -> None:
             pair = [("gsnap_restore", [ours]), ("handwritten", theirs)]
             if r % 2:
                 pair.reverse()
-            took = {name: timed(conn, stmts) for name, stmts in pair}
+            took = {}
+            for name, stmts in pair:
+                notices.clear()
+                took[name] = timed(conn, stmts, snapshot_after=True)
+                if name == "gsnap_restore":
+                    how = "two snapshots" if any("took snapshot" in n for n in notices) else "whole table"
             rows.append({"fraction": fraction, "round": r, "restore_s": took["gsnap_restore"],
                          "handwritten_s": took["handwritten"],
-                         "ratio": took["gsnap_restore"] / took["handwritten"]})
+                         "ratio": took["gsnap_restore"] / took["handwritten"], "restore_diff": how})
         mine = [x for x in rows if x["fraction"] == fraction]
         res[str(fraction)] = {
             "rows_changed": a.rows // step,
             "restore_s": statistics.median(x["restore_s"] for x in mine),
             "handwritten_s": statistics.median(x["handwritten_s"] for x in mine),
             "ratio": statistics.median(x["ratio"] for x in mine),
+            "restore_diff": sorted({x["restore_diff"] for x in mine}),
         }
         log(f"   {fraction:.1%} changed: gsnap_restore {res[str(fraction)]['restore_s']:.2f} s, handwritten "
-            f"{res[str(fraction)]['handwritten_s']:.2f} s: ratio {res[str(fraction)]['ratio']:.3f}")
+            f"{res[str(fraction)]['handwritten_s']:.2f} s: ratio {res[str(fraction)]['ratio']:.3f} "
+            f"(diff: {', '.join(res[str(fraction)]['restore_diff'])})")
         conn.execute(ours)  # back to the snapshot for the next fraction
     write_csv(b.out / "restore.csv", rows)
     b.summary["restore"] = {"rows": a.rows, "by_fraction": res}
-    log(md_table(["changed", "gsnap_restore (s)", "DELETE + INSERT (s)", "ratio"],
-                 [[f"{float(f):.1%}", f"{v['restore_s']:.2f}", f"{v['handwritten_s']:.2f}", f"{v['ratio']:.3f}"]
-                  for f, v in res.items()]))
+    log(md_table(["changed", "gsnap_restore (s)", "DELETE + INSERT (s)", "ratio", "restore's diff"],
+                 [[f"{float(f):.1%}", f"{v['restore_s']:.2f}", f"{v['handwritten_s']:.2f}", f"{v['ratio']:.3f}",
+                   ", ".join(v["restore_diff"])] for f, v in res.items()]))
     conn.close()
     b.drop(c)
 

@@ -200,6 +200,29 @@ pub unsafe fn diff_rows(
     reads
 }
 
+/// The blocks of table `relid` that have another image at the newest snapshot holding it
+/// than at snapshot `a`, in block order, from the index alone (no image is read); None unless
+/// `a` holds the table in the same incarnation as the newest.
+pub fn blocks_changed_since(relid: pg_sys::Oid, a: u64) -> Option<Vec<u32>> {
+    let ta = table::held_by(a, relid)?;
+    let (b, tb) = table::in_range(relid, a, i64::MAX as u64).pop()?;
+    if ta.rel != tb.rel {
+        return None;
+    }
+    let (pins_a, pins_b) = (GroupPins::pin(a, a, false), GroupPins::pin(b, b, false));
+    let pages = changed_pages((a, Some(&ta), &pins_a), (b, Some(&tb), &pins_b));
+    Some(pages.into_iter().map(|p| p.block).collect())
+}
+
+/// True if snapshots `a` and `b` both hold table `relid` in one incarnation, with the same
+/// row type and recorded definition.
+pub fn same_definition(relid: pg_sys::Oid, a: u64, b: u64) -> bool {
+    match (table::held_by(a, relid), table::held_by(b, relid)) {
+        (Some(ta), Some(tb)) => ta.rel == tb.rel && ta.row_type_bytes == tb.row_type_bytes,
+        _ => false,
+    }
+}
+
 /// The ERROR of a diff of two snapshots neither of which holds the table.
 fn neither(relid: pg_sys::Oid, a: u64, b: u64) -> ! {
     error(

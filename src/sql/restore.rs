@@ -13,7 +13,13 @@
 //!    REPEATABLE READ or SERIALIZABLE the transaction's snapshot is older than the lock unless
 //!    the lock came first, and rows committed in between would be missed: refused unless the
 //!    transaction already holds the lock;
-//! 3. the diff, one statement into a temporary table: rows matched by the primary key (same
+//! 3. the diff, one statement into a temporary table. When the table has a primary key and
+//!    the restore may take a snapshot (see [`may_take_snapshot`]: READ COMMITTED, nothing written
+//!    yet in the transaction, EXECUTE on gsnap_snapshot), it takes one of the table as it is
+//!    now (with the lock held, no one can change it in between) and the diff is
+//!    `gsnap_diff` from the snapshot to that one, which reads only the pages that changed
+//!    (from their page deltas); only the live rows it names are looked up, by key. Otherwise
+//!    the whole snapshot is compared with the whole table: rows matched by the primary key (same
 //!    key, other content: an UPDATE, which keeps the row's identity for the foreign keys that
 //!    reference it), or, without a primary key, by their whole content as a multiset
 //!    (duplicates count). Contents are compared byte for byte (the record image operator
@@ -262,21 +268,66 @@ fn restore_in_place(
     triggers: bool,
 ) -> Counts {
     require_privileges(table.relid);
+    // Whether a snapshot may be taken is decided before the lock (which assigns the
+    // transaction an id); it is taken after.
+    let may_snapshot = may_take_snapshot(client, table, snap);
     lock(client, table);
     let diff = format!(
         "pg_temp.gsnap_restore_{}",
         DIFFS.fetch_add(1, Ordering::Relaxed)
     );
-    let query = if table.has_key() {
-        diff_by_key(table, filter.as_deref())
-    } else {
-        diff_by_content(table, filter.as_deref())
+    let taken =
+        may_snapshot.then(|| super::snapshots::declare(true, false, None, None).0 .0 as i64);
+    // The diff of two snapshots compares pages: it only stands for the comparison of rows if
+    // the table's columns (and definition) are those of the snapshot restored (a column
+    // added since reads as NULL at the snapshot, on pages that did not change).
+    let now = taken
+        .filter(|&now| crate::read::diff::same_definition(table.relid, snap as u64, now as u64));
+    if let Some(taken) = taken {
+        let how = match now {
+            Some(_) => format!("read only the rows that changed since snapshot {snap}"),
+            None => {
+                format!("compared the whole table (its definition changed since snapshot {snap})")
+            }
+        };
+        pgrx::notice!(
+            "gsnap_restore took snapshot {taken} of {} as it was before the restore, and {how}",
+            table.name
+        );
+    }
+    let query = match now {
+        Some(_) => diff_since(table, filter.as_deref()),
+        None if table.has_key() => diff_by_key(table, filter.as_deref()),
+        None => diff_by_content(table, filter.as_deref()),
     };
+    let mut args = vec![snap.into()];
+    args.extend(now.map(Into::into));
     spi(client.update(
         &format!("CREATE TEMP TABLE {diff} ON COMMIT DROP AS {query}"),
         None,
-        &[snap.into()],
+        &args,
     ));
+    if let Some(now) = now {
+        let lost: i64 = spi(client
+            .select(
+                &format!("SELECT count(*) FROM {diff} WHERE op = 'x'"),
+                Some(1),
+                &[],
+            )
+            .and_then(|t| t.first().get_one()))
+        .unwrap_or_default();
+        if lost > 0 {
+            error(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                format!(
+                    "gsnap_restore of {}: {lost} rows of snapshot {now} are not in the table",
+                    table.name
+                ),
+            )
+            .detail("The snapshot taken for the restore should hold exactly the table's rows.")
+            .raise();
+        }
+    }
     // Statistics of the rows to change, so the statements below join them by hash with a
     // TID scan of the table: without them the planner guesses a handful of rows and loops,
     // checking each row against the whole TID array (quadratic: minutes at 1M rows).
@@ -373,6 +424,114 @@ fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
          l.tid, l.toid, o.r FROM o FULL JOIN l ON {} \
          WHERE (coalesce(o.m, false) OR coalesce(l.m, false)) \
          AND (l.tid IS NULL OR o.here IS NULL OR NOT o.r OPERATOR(pg_catalog.*=) l.r)",
+        on.join(" AND ")
+    )
+}
+
+/// Whether the restore may take a snapshot of the table as it is once locked, to diff against
+/// (a diff that reads only the pages changed since the snapshot restored): the table has a primary key and is
+/// not partitioned (its rows are looked up by key); the transaction is READ COMMITTED and has
+/// written nothing yet (the snapshot holds committed rows: with the EXCLUSIVE lock held, those
+/// are exactly the rows the restore's statements see); the caller may take snapshots
+/// (EXECUTE on gsnap_snapshot, which a restore must not grant by the back door); and the
+/// transaction holds no ACCESS EXCLUSIVE lock on a gsnap table (a declaration would wait for
+/// it to end); and few of the table's pages changed since `snap` ([`few_pages_changed`]).
+/// If not, the whole snapshot is compared with the whole table.
+fn may_take_snapshot(client: &SpiClient<'_>, table: &Table, snap: i64) -> bool {
+    // SAFETY: reads of the session's isolation level and transaction state.
+    let (read_committed, written) = unsafe {
+        (
+            pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32,
+            pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId,
+        )
+    };
+    if table.partitioned || !table.has_key() || !read_committed || written {
+        return false;
+    }
+    let allowed: bool = spi(client
+        .select(
+            "SELECT coalesce(bool_and(has_function_privilege(p.oid, 'EXECUTE')), false) \
+             FROM pg_proc p JOIN pg_extension e ON e.extname = 'gsnap' \
+             AND p.pronamespace = e.extnamespace WHERE p.proname = 'gsnap_snapshot'",
+            Some(1),
+            &[],
+        )
+        .and_then(|t| t.first().get_one()))
+    .unwrap_or(false);
+    if !allowed {
+        return false;
+    }
+    let gsnap_tables: Vec<i64> = spi(client.select(
+        "SELECT c.oid::int8 FROM pg_class c JOIN pg_am a ON a.oid = c.relam \
+         WHERE a.amname = 'gsnap'",
+        None,
+        &[],
+    ))
+    .map(|row| spi(row.get::<i64>(1)).unwrap_or_default())
+    .collect();
+    if gsnap_tables
+        .iter()
+        .any(|&relid| crate::locks::holds_access_exclusive(relid as u32))
+    {
+        return false;
+    }
+    few_pages_changed(table.relid, snap)
+}
+
+/// True if fewer than half of the table's pages changed since snapshot `snap`, as far as
+/// the index (up to the newest snapshot) and the pages written since that snapshot say: a
+/// diff of two snapshots reads the changed pages (both images of a page that changed much),
+/// and the live rows it names are looked up one by one, so past that the comparison of the
+/// whole snapshot with the whole table is cheaper. An estimate: a page written since may not
+/// have changed (a rolled-back write); the span a capture is storing now is not counted.
+fn few_pages_changed(relid: pg_sys::Oid, snap: i64) -> bool {
+    // None: the snapshot does not hold the table (the full comparison raises the usual
+    // ERROR) or the table was rewritten since.
+    let Some(captured) = crate::read::diff::blocks_changed_since(relid, snap as u64) else {
+        return false;
+    };
+    let (written, full) = crate::shmem::dirty_sets().current_for(relid.to_u32());
+    // SAFETY: the table is open and locked by the caller's statements; its size now.
+    let nblocks =
+        OpenRelation::open(relid, pg_sys::AccessShareLock as i32).map_or(0, |rel| unsafe {
+            pg_sys::RelationGetNumberOfBlocksInFork(rel.as_ptr(), pg_sys::ForkNumber::MAIN_FORKNUM)
+        });
+    let mut changed = captured;
+    changed.extend(written);
+    changed.sort_unstable();
+    changed.dedup();
+    !full && 2 * changed.len() < nblocks as usize
+}
+
+/// The rows to change as [`diff_by_key`] finds them, from the diff of snapshot `$1` with
+/// snapshot `$2`, the table as it is now ([`may_take_snapshot`]): the rows the diff removed are
+/// the snapshot's rows to put back, the rows it added are live rows, looked up by key (an
+/// index scan each) for their `tid`. A row the diff added that the table lacks is `op` 'x'
+/// (the caller refuses to go on: the snapshot and the table would disagree).
+fn diff_since(table: &Table, filter: Option<&str>) -> String {
+    let (t, m) = (&table.name, filter.unwrap_or("true"));
+    let key: Vec<&Column> = table.columns.iter().filter(|c| c.key).collect();
+    let lookup: Vec<String> = key
+        .iter()
+        .map(|c| format!("y.{0} = (n.gsnap_n).{0}", c.name))
+        .collect();
+    let on: Vec<String> = key
+        .iter()
+        .map(|c| format!("(o.r).{0} = (l.gsnap_n).{0}", c.name))
+        .collect();
+    format!(
+        "WITH d AS MATERIALIZED (SELECT change, rec FROM gsnap_diff(NULL::{t}, $1, $2)), \
+         s AS (SELECT (d.rec).* FROM d WHERE d.change = 'removed'), \
+         o AS (SELECT s::{t} AS r, true AS here, {m} AS m FROM s), \
+         n AS (SELECT d.rec AS gsnap_n FROM d WHERE d.change = 'added'), \
+         l AS (SELECT n.gsnap_n, x.r, x.tid, x.toid, x.m FROM n LEFT JOIN LATERAL \
+         (SELECT y AS r, y.ctid AS tid, y.tableoid AS toid, {m} AS m FROM ONLY {t} y \
+         WHERE {}) x ON true) \
+         SELECT op, tid, toid, r FROM (SELECT CASE WHEN l.gsnap_n IS NOT NULL AND l.tid IS NULL \
+         THEN 'x' WHEN l.tid IS NULL THEN 'i' WHEN o.here IS NULL THEN 'd' ELSE 'u' END AS op, \
+         l.tid, l.toid, o.r, coalesce(o.m, false) OR coalesce(l.m, false) AS m \
+         FROM o FULL JOIN l ON {}) c WHERE op = 'x' OR m",
+        lookup.join(" AND "),
         on.join(" AND ")
     )
 }

@@ -46,7 +46,7 @@ fn gsnap_snapshot(
 /// or LOCK TABLE in progress; if that lock is held by the calling transaction itself, the
 /// wait could only end with the transaction, so it is refused at once. Returns the snapshot
 /// and, with `export`, the name of its exported MVCC snapshot.
-fn declare(
+pub(super) fn declare(
     wait: bool,
     export: bool,
     label: Option<String>,
@@ -78,6 +78,22 @@ fn declare(
                 "Call gsnap_snapshot() before that command, or in another transaction \
                  (after this one commits).",
             )
+            .raise();
+        }
+        if relid != 0 && crate::locks::holds_any(relid) {
+            let table = relation_name(pg_sys::Oid::from(relid));
+            error(
+                PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+                format!(
+                    "a snapshot cannot be declared while another session waits for an ACCESS \
+                     EXCLUSIVE lock on table {table} behind a lock this transaction holds"
+                ),
+            )
+            .detail(
+                "Declaring a snapshot takes an ACCESS SHARE lock on every gsnap table; it waits \
+                 for the session queued for that table, which waits for this transaction.",
+            )
+            .hint("Retry once that session's command (TRUNCATE, ALTER TABLE, ...) is done.")
             .raise();
         }
     });
