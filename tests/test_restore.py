@@ -385,6 +385,16 @@ def test_a_snapshot_is_not_awaited_behind_a_session_this_transaction_blocks(clus
             a.rollback()
             waiter.join(10)
             assert done.is_set()
+            # nothing is left behind: the worker says no declaration waits for the table (a
+            # value left there would make the next declaration of a transaction holding a
+            # lock on it give up), and one goes through
+            deadline = time.time() + 10
+            while conn.execute("SELECT waiting_for_table FROM gsnap_progress()").fetchone()[0] is not None:
+                assert time.time() < deadline, "waiting_for_table left behind"
+                time.sleep(0.1)
+            a.execute("SELECT count(*) FROM rq")
+            assert a.execute("SELECT gsnap_snapshot()").fetchone()[0] > snap
+            a.rollback()
     # with the other session gone, the restore goes through
     assert restore(conn, f"'rq', {snap}") == (0, 20, 0)
 

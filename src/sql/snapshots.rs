@@ -60,7 +60,13 @@ pub(super) fn declare(
     };
     let reply = ipc::call_watching(request, &mut || {
         let relid = shmem::progress().read().waiting_for;
-        if relid != 0 && crate::locks::holds_access_exclusive(relid) {
+        let blocked_by_us = relid != 0 && crate::locks::holds_any(relid);
+        if blocked_by_us {
+            // This request gives up: the worker sets the table again if a declaration still
+            // waits for it (a value left behind would make another session give up too).
+            shmem::progress().set_waiting_for(0);
+        }
+        if blocked_by_us && crate::locks::holds_access_exclusive(relid) {
             let table = relation_name(pg_sys::Oid::from(relid));
             error(
                 PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
@@ -80,7 +86,7 @@ pub(super) fn declare(
             )
             .raise();
         }
-        if relid != 0 && crate::locks::holds_any(relid) {
+        if blocked_by_us {
             let table = relation_name(pg_sys::Oid::from(relid));
             error(
                 PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,

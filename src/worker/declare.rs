@@ -193,6 +193,8 @@ impl Worker {
             _ => true,
         });
         if self.pending.is_empty() {
+            // No declaration waits (its requesters gave up): none waits for a table either.
+            shmem::progress().set_waiting_for(0);
             return;
         }
         let Some(store) = self.store.clone() else {
