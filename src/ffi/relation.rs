@@ -100,6 +100,12 @@ impl OpenRelation {
         unsafe { &*(*self.0).rd_rel }
     }
 
+    /// The relation's size now, in blocks of its main fork.
+    pub fn nblocks(&self) -> u32 {
+        // SAFETY: the open relation's storage, whose size this reads.
+        unsafe { pg_sys::RelationGetNumberOfBlocksInFork(self.0, pg_sys::ForkNumber::MAIN_FORKNUM) }
+    }
+
     /// Leaves the relation to the transaction's resource owner (after an ERROR).
     pub fn forget(self) {
         std::mem::forget(self);

@@ -109,6 +109,17 @@ impl RangeCursor {
         }));
     }
 
+    /// What the worker is asked for to load `load`: its run's image id, with
+    /// [`DELTA_OF`] for its delta.
+    fn id_of(&self, load: Load) -> u64 {
+        let image = self.runs[load.run].image.0;
+        if load.delta {
+            DELTA_OF | image
+        } else {
+            image
+        }
+    }
+
     /// Queues the loads of `runs[range]` (whole blocks) in groups of one block's runs: the
     /// first as an image, the next ones as deltas where one can apply.
     pub(super) fn queue_with_deltas(&mut self, range: Range<usize>) {
@@ -126,13 +137,12 @@ impl RangeCursor {
                     let now = shape(&holders);
                     let delta = matches!((before, now),
                         (Some((_, last, d0)), Some((first, _, d1))) if d0 == d1 && last + 1 == first);
-                    let image = self.runs[run].image.0;
                     let load = Load {
                         run,
                         delta,
                         group_start: run == start,
                     };
-                    group.push((load, if delta { DELTA_OF | image } else { image }));
+                    group.push((load, self.id_of(load)));
                     before = now;
                 }
                 self.images.push_group(&group);
@@ -194,12 +204,10 @@ impl RangeCursor {
                 groups.push(Vec::new());
             }
             load.delta &= !folding.unusable[j];
-            let image = self.runs[load.run].image.0;
-            let id = if load.delta { DELTA_OF | image } else { image };
             groups
                 .last_mut()
                 .expect("a batch begins a group")
-                .push((load, id));
+                .push((load, self.id_of(load)));
         }
         self.images.requeue_front(&groups);
         self.folding.as_mut().expect("reading versions").cut = None;

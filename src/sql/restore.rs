@@ -461,17 +461,11 @@ fn may_take_snapshot(client: &SpiClient<'_>, table: &Table, snap: i64) -> bool {
     if !allowed {
         return false;
     }
-    let gsnap_tables: Vec<i64> = spi(client.select(
-        "SELECT c.oid::int8 FROM pg_class c JOIN pg_am a ON a.oid = c.relam \
-         WHERE a.amname = 'gsnap'",
-        None,
-        &[],
-    ))
-    .map(|row| spi(row.get::<i64>(1)).unwrap_or_default())
-    .collect();
+    // SAFETY: in the caller's transaction; the tables a declaration locks.
+    let gsnap_tables = unsafe { crate::worker::catalog::gsnap_tables() };
     if gsnap_tables
         .iter()
-        .any(|&relid| crate::locks::holds_access_exclusive(relid as u32))
+        .any(|&relid| crate::locks::holds_access_exclusive(relid))
     {
         return false;
     }
@@ -491,11 +485,8 @@ fn few_pages_changed(relid: pg_sys::Oid, snap: i64) -> bool {
         return false;
     };
     let (written, full) = crate::shmem::dirty_sets().current_for(relid.to_u32());
-    // SAFETY: the table is open and locked by the caller's statements; its size now.
     let nblocks =
-        OpenRelation::open(relid, pg_sys::AccessShareLock as i32).map_or(0, |rel| unsafe {
-            pg_sys::RelationGetNumberOfBlocksInFork(rel.as_ptr(), pg_sys::ForkNumber::MAIN_FORKNUM)
-        });
+        OpenRelation::open(relid, pg_sys::AccessShareLock as i32).map_or(0, |r| r.nblocks());
     let mut changed = captured;
     changed.extend(written);
     changed.sort_unstable();

@@ -78,10 +78,7 @@ pub unsafe fn table_info(relid: u32) -> Option<TableInfo> {
     let rel = OpenRelation::open(pg_sys::Oid::from(relid), pg_sys::NoLock as i32)?;
     let class = rel.class();
     let name = qualified_name(rel.oid())?;
-    // SAFETY: the open relation's storage, whose size this reads.
-    let nblocks = unsafe {
-        pg_sys::RelationGetNumberOfBlocksInFork(rel.as_ptr(), pg_sys::ForkNumber::MAIN_FORKNUM)
-    };
+    let nblocks = rel.nblocks();
     // SAFETY: the open relation's file identity.
     let relfilenode = unsafe { (*rel.as_ptr()).rd_node.relNode.to_u32() };
     // SAFETY: the open relation's descriptor; in a transaction.

@@ -8,7 +8,7 @@
 
 mod background;
 mod capture;
-mod catalog;
+pub(crate) mod catalog;
 mod declare;
 mod definition;
 mod disturbance;
