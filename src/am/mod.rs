@@ -10,8 +10,11 @@
 //! entries point at it for the life of the process, so it must never be palloc'd.
 
 mod heap_scans;
+pub mod load;
 mod rewrites;
 mod writes;
+
+pub(crate) use writes::tid_block;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -33,6 +36,16 @@ pub(crate) fn heap_routine() -> &'static pg_sys::TableAmRoutine {
     // SAFETY: GetHeapamTableAmRoutine returns a pointer to heap's static routine, valid for
     // the life of the process.
     unsafe { &*pg_sys::GetHeapamTableAmRoutine() }
+}
+
+/// True if `rel` (an open relation) is a gsnap table: its pages are heap's, its writes are
+/// recorded.
+///
+/// # Safety
+/// `rel` is an open relation.
+pub(crate) unsafe fn is_gsnap(rel: pg_sys::Relation) -> bool {
+    // SAFETY: the caller's promise.
+    std::ptr::eq(unsafe { (*rel).rd_tableam }, gsnap_routine())
 }
 
 fn gsnap_routine() -> &'static pg_sys::TableAmRoutine {

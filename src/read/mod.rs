@@ -13,6 +13,7 @@
 
 pub mod asof;
 mod decode;
+pub use decode::current_columns;
 pub mod diff;
 mod pages;
 pub mod partitioned;

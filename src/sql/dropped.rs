@@ -15,17 +15,22 @@
 //! LEVEL SECURITY is readable only by superusers and BYPASSRLS roles (its policies are not
 //! recorded, and they applied to its owner).
 
+use crate::am::load::PageLoad;
 use crate::error::{error, null_argument};
 use crate::ffi::catalog::{quote_ident, string_from};
 use crate::ffi::fcinfo::Call;
 use crate::ffi::list;
-use crate::ffi::relation::relation_kind;
+use crate::ffi::relation::{relation_kind, OpenRelation};
+use crate::ffi::tuple;
 use crate::ipc;
+use crate::read::asof::{AsofRows, Row};
+use crate::read::current_columns;
 use crate::read::recorded::{self, RecordedRows, TableAtSnapshot};
 use crate::sql::access::require_gsnap_database;
 use crate::sql::asof::resolve_time;
 use crate::sql::snapshot_argument;
 use crate::v1_function_info;
+use gsnap_format::columns::in_place;
 use gsnap_format::definition::{recreation, Names, Recreation};
 use gsnap_format::rowtype::{Attribute, RowType};
 use gsnap_format::FormatError;
@@ -401,16 +406,29 @@ fn undrop(table_name: Option<&str>, snap: u64, new_name: Option<&str>) -> i64 {
         } else {
             ""
         };
-        let load = format!(
-            "INSERT INTO {target} ({cols}) {overriding}SELECT {cols} FROM \
-             gsnap_asof_dropped($1, $2::bigint) AS t({defs})",
-            cols = r.insert_columns,
-            defs = r.row_columns
-        );
-        let loaded =
-            spi(client.update(&load, None, &[t.name.as_str().into(), (snap as i64).into()])).len()
-                as i64;
-        pgrx::notice!("gsnap_undrop: loaded {loaded} rows into {target} as of snapshot {snap}");
+        let loaded = match load_pages(client, &t, &target) {
+            Some((rows, pages)) => {
+                pgrx::notice!(
+                    "gsnap_undrop: loaded {rows} rows into {target} as of snapshot {snap} \
+                     ({pages} pages copied whole)"
+                );
+                rows as i64
+            }
+            None => {
+                let load = format!(
+                    "INSERT INTO {target} ({cols}) {overriding}SELECT {cols} FROM \
+                     gsnap_asof_dropped($1, $2::bigint) AS t({defs})",
+                    cols = r.insert_columns,
+                    defs = r.row_columns
+                );
+                let args = [t.name.as_str().into(), (snap as i64).into()];
+                let loaded = spi(client.update(&load, None, &args)).len() as i64;
+                pgrx::notice!(
+                    "gsnap_undrop: loaded {loaded} rows into {target} as of snapshot {snap}"
+                );
+                loaded
+            }
+        };
         for statement in &r.after {
             spi(client.update(statement, None, &[]));
         }
@@ -433,6 +451,55 @@ fn undrop(table_name: Option<&str>, snap: u64, new_name: Option<&str>) -> i64 {
         }
         loaded
     })
+}
+
+/// Loads the rows of `t` into the table `target` just created for them page by page
+/// (`am::load`): the rows and the pages written whole. None, and nothing loaded, unless
+/// the new table is a gsnap table whose row type is the one recorded as stored (the same
+/// attributes, types and typmods; none dropped, none with a missing value) without a stored
+/// generated column (which INSERT computes again): then the rows go through INSERT. Either
+/// way no constraint is checked while loading (the INSERT's values already have the columns'
+/// types, domains included; constraints are added after).
+fn load_pages(client: &SpiClient<'_>, t: &Recorded, target: &str) -> Option<(u64, u64)> {
+    let relid: pg_sys::Oid = spi(client
+        .select("SELECT $1::regclass::oid", Some(1), &[target.into()])
+        .and_then(|r| r.first().get_one()))?;
+    let rel = OpenRelation::open(relid, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE)?;
+    let desc = rel.descriptor();
+    // SAFETY: the relation is open (its descriptor valid while it is).
+    let current = unsafe { current_columns(desc) };
+    // SAFETY: the relation is open; type lookups by OID.
+    let usable = unsafe { crate::am::is_gsnap(rel.as_ptr()) }
+        && rel.class().relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char
+        && t.row_type().attributes.len() == current.len()
+        && in_place(t.row_type(), &current)
+        // SAFETY: as above.
+        && unsafe { (*desc).constr.is_null() || !(*(*desc).constr).has_generated_stored };
+    if !usable {
+        return None;
+    }
+    let table = recorded::at(t.snap, t.relid);
+    // SAFETY: in a transaction; `desc` is the new table's, valid while it is open; the
+    // row type is the recorded one (checked above), so stored tuples come as they are.
+    let mut rows =
+        unsafe { AsofRows::open_at(pg_sys::Oid::from(t.relid), desc, t.snap, table, true) };
+    let mut load = PageLoad::new(&rel);
+    while let Some(row) = rows.next() {
+        match row {
+            Row::Tuple { bytes, .. } => load.copy(bytes),
+            Row::Values {
+                values,
+                nulls,
+                scratch,
+                ..
+            } => scratch.run(|| {
+                // SAFETY: the values are a row of the new table's row type (the recorded
+                // one); the tuple is formed in the reader's scratch context.
+                unsafe { load.insert(tuple::form(desc, values, nulls)) }
+            }),
+        }
+    }
+    Some(load.finish())
 }
 
 /// Raises an ERROR if `target` is taken, or its schema does not exist, with what to do.

@@ -123,6 +123,31 @@ pub fn normalize(tuple: &mut [u8]) -> Result<(), FormatError> {
     Ok(())
 }
 
+/// `t_infomask`: no transaction deleted or locked the tuple (`HEAP_XMAX_INVALID`).
+pub const HEAP_XMAX_INVALID: u16 = 0x0800;
+
+/// Makes a stored tuple one that transaction `xid`, command `cid`, inserted at `(block, lp)`
+/// of a new relation, as `heap_insert` leaves it: [`normalize`]d (no hint bits, no update
+/// chain), then `t_xmin = xid`, `t_xmax = 0` with [`HEAP_XMAX_INVALID`], `t_cid = cid` and
+/// `t_ctid` pointing at itself. Contents and layout bits are left alone.
+pub fn stamp_inserted(
+    tuple: &mut [u8],
+    xid: u32,
+    cid: u32,
+    (block, lp): (u32, u16),
+) -> Result<(), FormatError> {
+    normalize(tuple)?;
+    tuple[0..4].copy_from_slice(&xid.to_le_bytes());
+    tuple[8..12].copy_from_slice(&cid.to_le_bytes());
+    // ItemPointerData: the block as two 16-bit halves (high first), then the line pointer.
+    tuple[12..14].copy_from_slice(&((block >> 16) as u16).to_le_bytes());
+    tuple[14..16].copy_from_slice(&(block as u16).to_le_bytes());
+    tuple[16..18].copy_from_slice(&lp.to_le_bytes());
+    let m = u16_at(tuple, INFOMASK_AT) | HEAP_XMAX_INVALID;
+    tuple[INFOMASK_AT..INFOMASK_AT + 2].copy_from_slice(&m.to_le_bytes());
+    Ok(())
+}
+
 /// True if [`normalize`] would leave the tuple unchanged (every tuple of a view is).
 pub fn is_normalized(tuple: &[u8]) -> bool {
     fixed_header(tuple).is_ok_and(|h| {
@@ -269,6 +294,32 @@ mod tests {
         let mut e = t.clone();
         e[INFOMASK_AT] |= HEAP_HASEXTERNAL as u8;
         assert!(has_external(&e));
+    }
+
+    #[test]
+    fn stamp_inserted_makes_a_fresh_insert_of_the_same_contents() {
+        let mut t = page_tuple();
+        stamp_inserted(&mut t, 0xA0B0C0D, 3, (0x0002_0005, 17)).unwrap();
+        assert_eq!(&t[0..4], &0xA0B0C0Du32.to_le_bytes()); // xmin
+        assert_eq!(&t[4..8], &[0; 4]); // xmax
+        assert_eq!(&t[8..12], &3u32.to_le_bytes()); // cid
+        assert_eq!(&t[12..18], &[2, 0, 5, 0, 17, 0]); // ctid (0x20005, 17): high half first
+        assert_eq!(
+            infomask2(&t),
+            Ok(3),
+            "HOT bits cleared, attribute count kept"
+        );
+        assert_eq!(
+            infomask(&t),
+            Ok(HEAP_XMAX_INVALID | HEAP_HASNULL | HEAP_HASVARWIDTH),
+            "visibility hints cleared, layout bits kept"
+        );
+        assert_eq!(
+            &t[HOFF_AT..],
+            &page_tuple()[HOFF_AT..],
+            "contents untouched"
+        );
+        assert!(stamp_inserted(&mut [0u8; 22], 1, 0, (0, 1)).is_err());
     }
 
     #[test]
