@@ -479,3 +479,36 @@ def test_odd_arguments_give_rows_or_a_clean_error(cluster, conn):
     assert conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0] == started
     assert outcomes["rows"] >= 3, outcomes
     assert conn.execute("SELECT count(*) FROM ro WHERE v = 'changed'").fetchone()[0] == 20
+
+
+def test_the_restore_leaves_the_callers_planner_settings(conn):
+    """The restore changes rows by TID in a nested loop over its diff, with hash and merge
+    joins off for that one statement: the caller's settings are back after it, and after an
+    ERROR raised inside it (rolled back to a savepoint)."""
+    conn.execute("CREATE TABLE rset (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("INSERT INTO rset SELECT g, g FROM generate_series(1, 500) g")
+    snap = snapshot(conn)
+    conn.execute("UPDATE rset SET v = -v WHERE id % 2 = 0")
+
+    def settings() -> tuple:
+        return conn.execute("SELECT current_setting('enable_hashjoin'), "
+                            "current_setting('enable_mergejoin')").fetchone()
+
+    for value in ["off", "on"]:
+        conn.execute(f"SET enable_hashjoin = {value}")
+        conn.execute("BEGIN")
+        assert restore(conn, f"'rset', {snap}") == (0, 250, 0)
+        assert settings() == (value, "on")
+        assert conn.execute("SELECT count(*) FROM rset WHERE v < 0").fetchone()[0] == 0
+        conn.execute("ROLLBACK")
+    conn.execute("CREATE FUNCTION rset_no() RETURNS trigger LANGUAGE plpgsql "
+                 "AS $$BEGIN RAISE EXCEPTION 'no updates of rset'; END$$")
+    conn.execute("CREATE TRIGGER rset_no BEFORE UPDATE ON rset FOR EACH ROW EXECUTE FUNCTION rset_no()")
+    conn.execute("BEGIN")
+    conn.execute("SAVEPOINT a")
+    with pytest.raises(psycopg.errors.RaiseException):
+        restore(conn, f"'rset', {snap}, triggers => true")
+    conn.execute("ROLLBACK TO a")
+    assert settings() == ("on", "on")
+    conn.execute("ROLLBACK")
+    assert settings() == ("on", "on")

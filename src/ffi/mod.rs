@@ -17,6 +17,7 @@ pub mod memcx;
 pub mod node;
 pub mod regclass;
 pub mod relation;
+pub mod settings;
 pub mod tuple;
 
 /// What `#[pg_guard]` on an `extern` block expands to call (it names `crate::ffi`, pgrx's own

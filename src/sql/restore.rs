@@ -302,8 +302,14 @@ fn restore_in_place(
     };
     let mut args = vec![snap.into()];
     args.extend(now.map(Into::into));
+    // In the table's physical order (partition, then TID): the DELETE and UPDATE below then
+    // visit its pages and their index entries in order. In the join's hash order each change
+    // touched a random page and index leaf: a million updates took twice as long.
     spi(client.update(
-        &format!("CREATE TEMP TABLE {diff} ON COMMIT DROP AS {query}"),
+        &format!(
+            "CREATE TEMP TABLE {diff} ON COMMIT DROP AS \
+             SELECT * FROM ({query}) AS q ORDER BY q.toid, q.tid"
+        ),
         None,
         &args,
     ));
@@ -367,18 +373,33 @@ fn restore_in_place(
         .filter(|c| !c.generated && !c.key)
         .collect();
     let mut updated = 0;
-    if !set.is_empty() {
-        let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
-        let values: Vec<String> = set.iter().map(|c| format!("(d.r).{}", c.name)).collect();
+    let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
+    let values: Vec<String> = set.iter().map(|c| format!("(d.r).{}", c.name)).collect();
+    let assign = format!("({}) = ROW({})", names.join(", "), values.join(", "));
+    if set.is_empty() {
+        // Every column is in the key or generated: a row is the same or another key.
+    } else if !table.partitioned {
+        // Each row to change is fetched by its TID, in the diff's order (the table's): a
+        // nested loop over the diff with a TID scan of the table inside, which the planner
+        // would not pick by cost (it hashes the diff's TIDs, and changes rows in the hash's
+        // order, batch after batch: 1.5 times as long for a million rows).
+        let update = format!(
+            "UPDATE ONLY {t} x SET {assign} FROM {diff} d WHERE d.op = 'u' AND x.ctid = d.tid"
+        );
+        updated = crate::ffi::settings::with_settings(
+            &[(c"enable_hashjoin", c"off"), (c"enable_mergejoin", c"off")],
+            || spi(client.update(&update, None, &[])).len() as i64,
+        );
+    } else {
+        // A partition's TID scan inside a nested loop would be one per partition and row:
+        // the TIDs of each partition are hashed instead.
         for toid in partitions(client, "u") {
             updated += spi(client.update(
                 &format!(
-                    "UPDATE {only} {t} x SET ({}) = ROW({}) FROM {diff} d \
+                    "UPDATE {t} x SET {assign} FROM {diff} d \
                      WHERE d.op = 'u' AND x.ctid = d.tid AND d.toid = $1::oid \
                      AND x.tableoid = $1::oid AND x.ctid = ANY(ARRAY(\
-                     SELECT tid FROM {diff} WHERE op = 'u' AND toid = $1::oid))",
-                    names.join(", "),
-                    values.join(", ")
+                     SELECT tid FROM {diff} WHERE op = 'u' AND toid = $1::oid))"
                 ),
                 None,
                 &[toid.into()],
