@@ -72,6 +72,11 @@ def diff(conn, table: str, a: int, b: int) -> list:
     return sorted(conn.execute(q).fetchall())
 
 
+def placed(conn, table: str) -> set:
+    """Where each live row of `table` is: (ctid, id)."""
+    return set(conn.execute(f"SELECT ctid::text, id FROM {table}").fetchall())
+
+
 def reads(conn, table: str, a: int, b: int) -> tuple[int, int]:
     """EXPLAIN ANALYZE's changed pages of the diff, and how many were read from deltas."""
     plan = "\n".join(r[0] for r in conn.execute(
@@ -123,6 +128,7 @@ def test_diffs_equal_the_difference_of_the_snapshots(cluster):
         conn.execute("INSERT INTO dt SELECT g, 0, repeat('x', 150), NULL, g FROM "
                      "generate_series(1, 4000) g")
         snaps, what = [snapshot(conn)], []
+        where = [placed(conn, "dt")]
         for step in range(18):
             if step == 9:
                 conn.execute("ALTER TABLE dt DROP COLUMN gone")
@@ -133,10 +139,19 @@ def test_diffs_equal_the_difference_of_the_snapshots(cluster):
             else:
                 what.append(workload_step(conn, rng, step, step + 1))
             snaps.append(snapshot(conn))
+            where.append(placed(conn, "dt"))
         from_deltas = 0
         for i in range(1, len(snaps)):
             a, b = snaps[i - 1], snaps[i]
             assert diff(conn, "dt", a, b) == truth(conn, "dt", a, b), (what[i - 1], a, b)
+            # gsnap_diff_at: the same rows, each at the TID it had at its snapshot
+            at = conn.execute(f"SELECT change, rec::text, at::text, (rec).id "
+                              f"FROM gsnap_diff_at(NULL::dt, {a}, {b})").fetchall()
+            assert sorted((c, r) for c, r, _, _ in at) == diff(conn, "dt", a, b)
+            for change, side in (("added", where[i]), ("removed", where[i - 1])):
+                mine = {(t, k) for c, _, t, k in at if c == change}
+                assert mine <= side and len(mine) == sum(c == change for c, *_ in at), \
+                    (what[i - 1], change, sorted(mine - side)[:5])
             pages, deltas = reads(conn, "dt", a, b)
             if what[i - 1] in ("hot", "one", "toast"):
                 # small changes of pages both snapshots hold: every page from its delta

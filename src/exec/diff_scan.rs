@@ -102,7 +102,7 @@ impl ScanNode for DiffScan {
             // SAFETY: the table's current row type, copied at begin; the rows' datums are
             // made in the node's memory, which lives until a rescan or the node's end.
             let reads = self.memory.run(|| unsafe {
-                diff_rows(relid, a, b, desc, &mut |change, rec| {
+                diff_rows(relid, a, b, desc, &mut |change, rec, _| {
                     rows.push((change, rec))
                 })
             });

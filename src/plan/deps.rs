@@ -45,6 +45,8 @@ pub enum Reader {
     Range,
     /// `gsnap_diff(anyelement, bigint, bigint)`.
     Diff,
+    /// `gsnap_diff_at(anyelement, bigint, bigint)`: a function scan (no custom scan).
+    DiffAt,
     /// `gsnap_versions(anyelement, bigint, bigint)`.
     Versions,
 }
@@ -104,6 +106,10 @@ pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
         (
             crate::sql::diff::gsnap_diff as *const () as usize,
             Reader::Diff,
+        ),
+        (
+            crate::sql::diff::gsnap_diff_at as *const () as usize,
+            Reader::DiffAt,
         ),
         (
             crate::sql::versions::gsnap_versions as *const () as usize,

@@ -64,8 +64,8 @@ fn rec_bytes(rec: &pg_sys::Datum) -> &[u8] {
 }
 
 /// The hashes and identities (formed bytes) of `rows`.
-fn identities(rows: &[(u64, pg_sys::Datum)]) -> Vec<(u64, &[u8])> {
-    rows.iter().map(|(h, rec)| (*h, rec_bytes(rec))).collect()
+fn identities(rows: &[Changed]) -> Vec<(u64, &[u8])> {
+    rows.iter().map(|c| (c.hash, rec_bytes(&c.rec))).collect()
 }
 
 /// The pages whose image differs between the two sides (block, before, after).
@@ -119,8 +119,10 @@ fn changed_pages(
     pages
 }
 
-/// Calls `emit(change, rec)` for each row that differs between snapshots `a` and `b` (added
-/// rows first, then removed ones), and says how the changed pages were read. A snapshot that does not hold the table has no rows of
+/// Calls `emit(change, rec, at)` for each row that differs between snapshots `a` and `b`
+/// (added rows first, then removed ones; `at` is the row's block and line pointer at its
+/// snapshot, b for an added row, a for a removed one, in its partition for a partitioned
+/// table), and says how the changed pages were read. A snapshot that does not hold the table has no rows of
 /// it; neither holding it is an ERROR. A partitioned table's rows are those of the
 /// partitions it had at each snapshot (`super::partitioned`): partitions in both are
 /// compared page by page, a partition in one only counts all its rows; a row that moved
@@ -133,7 +135,7 @@ pub unsafe fn diff_rows(
     a: u64,
     b: u64,
     row_desc: pg_sys::TupleDesc,
-    emit: &mut dyn FnMut(Change, pg_sys::Datum),
+    emit: &mut dyn FnMut(Change, pg_sys::Datum, (u32, u16)),
 ) -> DiffReads {
     let mut rows = Collected::default();
     let mut reads = DiffReads::default();
@@ -192,10 +194,10 @@ pub unsafe fn diff_rows(
     let (added, removed) = (&rows.added, &rows.removed);
     let net = cancel_moves_hashed(&identities(removed), &identities(added));
     for i in net.added {
-        emit(Change::Added, added[i].1);
+        emit(Change::Added, added[i].rec, added[i].at);
     }
     for i in net.removed {
-        emit(Change::Removed, removed[i].1);
+        emit(Change::Removed, removed[i].rec, removed[i].at);
     }
     reads
 }
@@ -355,13 +357,20 @@ fn push_images(
     }
 }
 
-/// The changed rows of a diff, each with the hash of its identity (its formed bytes) for
-/// `cancel_moves_hashed`.
+/// A changed row: the hash of its identity (its formed bytes) for `cancel_moves_hashed`, the
+/// row, and its block and line pointer at its snapshot.
+struct Changed {
+    hash: u64,
+    rec: pg_sys::Datum,
+    at: (u32, u16),
+}
+
+/// The changed rows of a diff.
 #[derive(Default)]
 struct Collected {
     hasher: KeyHasher,
-    added: Vec<(u64, pg_sys::Datum)>,
-    removed: Vec<(u64, pg_sys::Datum)>,
+    added: Vec<Changed>,
+    removed: Vec<Changed>,
 }
 
 /// The changed rows of one table being collected: each changed tuple is decoded by its
@@ -397,7 +406,11 @@ impl Rows<'_> {
         let rec = unsafe { form_record(self.row_desc, v, n) };
         // Hashed for cancel_moves while its bytes are in the CPU's cache.
         let c = &mut *self.collected;
-        let row = (c.hasher.hash(rec_bytes(&rec)), rec);
+        let row = Changed {
+            hash: c.hasher.hash(rec_bytes(&rec)),
+            rec,
+            at: (block, t.lp),
+        };
         if change == Change::Added {
             c.added.push(row);
         } else {

@@ -17,8 +17,9 @@
 //!    the restore may take a snapshot (see [`may_take_snapshot`]: READ COMMITTED, nothing written
 //!    yet in the transaction, EXECUTE on gsnap_snapshot), it takes one of the table as it is
 //!    now (with the lock held, no one can change it in between) and the diff is
-//!    `gsnap_diff` from the snapshot to that one, which reads only the pages that changed
-//!    (from their page deltas); only the live rows it names are looked up, by key. Otherwise
+//!    `gsnap_diff_at` from the snapshot to that one, which reads only the pages that changed
+//!    (from their page deltas); only the live rows it names are fetched, by the TID the new
+//!    snapshot gives them. Otherwise
 //!    the whole snapshot is compared with the whole table: rows matched by the primary key (same
 //!    key, other content: an UPDATE, which keeps the row's identity for the foreign keys that
 //!    reference it), or, without a primary key, by their whole content as a multiset
@@ -450,23 +451,28 @@ fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
 }
 
 /// Whether the restore may take a snapshot of the table as it is once locked, to diff against
-/// (a diff that reads only the pages changed since the snapshot restored): the table has a primary key and is
-/// not partitioned (its rows are looked up by key); the transaction is READ COMMITTED and has
-/// written nothing yet (the snapshot holds committed rows: with the EXCLUSIVE lock held, those
-/// are exactly the rows the restore's statements see); the caller may take snapshots
-/// (EXECUTE on gsnap_snapshot, which a restore must not grant by the back door); and the
-/// transaction holds no ACCESS EXCLUSIVE lock on a gsnap table (a declaration would wait for
-/// it to end); and few of the table's pages changed since `snap` ([`few_pages_changed`]).
-/// If not, the whole snapshot is compared with the whole table.
+/// (a diff that reads only the pages changed since the snapshot restored): the table has a
+/// primary key and is not partitioned (the rows are matched by key, fetched by TID); no
+/// row-level security applies to the caller (the diff is read by a function scan, which
+/// cannot apply policies); the transaction is READ COMMITTED and has written nothing yet (the
+/// snapshot holds committed rows: with the EXCLUSIVE lock held, those are exactly the rows the
+/// restore's statements see); the caller may take snapshots (EXECUTE on gsnap_snapshot, which
+/// a restore must not grant by the back door); the transaction holds no ACCESS EXCLUSIVE lock
+/// on a gsnap table (a declaration would wait for it to end); and fewer than half of the
+/// table's pages changed since `snap` ([`few_pages_changed`]). If not, the whole snapshot is
+/// compared with the whole table.
 fn may_take_snapshot(client: &SpiClient<'_>, table: &Table, snap: i64) -> bool {
-    // SAFETY: reads of the session's isolation level and transaction state.
-    let (read_committed, written) = unsafe {
+    // SAFETY: reads of the session's isolation level and transaction state, and of whether
+    // row-level security applies to the current user (a catalog lookup by OID).
+    let (read_committed, written, rls) = unsafe {
         (
             pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32,
             pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId,
+            pg_sys::check_enable_rls(table.relid, pg_sys::InvalidOid, true)
+                == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32,
         )
     };
-    if table.partitioned || !table.has_key() || !read_committed || written {
+    if table.partitioned || !table.has_key() || !read_committed || written || rls {
         return false;
     }
     let allowed: bool = spi(client
@@ -494,11 +500,15 @@ fn may_take_snapshot(client: &SpiClient<'_>, table: &Table, snap: i64) -> bool {
 }
 
 /// True if fewer than half of the table's pages changed since snapshot `snap`, as far as
-/// the index (up to the newest snapshot) and the pages written since that snapshot say: a
-/// diff of two snapshots reads the changed pages (both images of a page that changed much),
-/// and the live rows it names are looked up one by one, so past that the comparison of the
-/// whole snapshot with the whole table is cheaper. An estimate: a page written since may not
-/// have changed (a rolled-back write); the span a capture is storing now is not counted.
+/// the index (up to the newest snapshot) and the pages written since that snapshot say, and
+/// nothing rewrote the table since. A diff of two snapshots reads the changed pages (both
+/// images of a page that changed much) and pairs the rows it removed and added by key in
+/// SQL: measured on 2M rows, 2.6 times cheaper than comparing the whole snapshot with the
+/// whole table when 5% of the rows changed on every page, 1.5 times dearer when half of them
+/// did. The pages say how far a change spread, not how many rows it changed; fewer than half
+/// of them changed is the side where the diff is sure to win. An estimate: a page written
+/// since may not have changed (a rolled-back write); the span a capture is storing now is not
+/// counted.
 fn few_pages_changed(relid: pg_sys::Oid, snap: i64) -> bool {
     // None: the snapshot does not hold the table (the full comparison raises the usual
     // ERROR) or the table was rewritten since.
@@ -517,9 +527,11 @@ fn few_pages_changed(relid: pg_sys::Oid, snap: i64) -> bool {
 
 /// The rows to change as [`diff_by_key`] finds them, from the diff of snapshot `$1` with
 /// snapshot `$2`, the table as it is now ([`may_take_snapshot`]): the rows the diff removed are
-/// the snapshot's rows to put back, the rows it added are live rows, looked up by key (an
-/// index scan each) for their `tid`. A row the diff added that the table lacks is `op` 'x'
-/// (the caller refuses to go on: the snapshot and the table would disagree).
+/// the snapshot's rows to put back, the rows it added are live rows, fetched by the TID they
+/// have in snapshot `$2` (`gsnap_diff_at`), which is their TID now: the snapshot was taken
+/// under the restore's lock, and nothing moves a row without a stronger one. A row the diff
+/// added that the table lacks at that TID, with that key, is `op` 'x' (the caller refuses to
+/// go on: the snapshot and the table would disagree).
 fn diff_since(table: &Table, filter: Option<&str>) -> String {
     let (t, m) = (&table.name, filter.unwrap_or("true"));
     let key: Vec<&Column> = table.columns.iter().filter(|c| c.key).collect();
@@ -532,13 +544,13 @@ fn diff_since(table: &Table, filter: Option<&str>) -> String {
         .map(|c| format!("(o.r).{0} = (l.gsnap_n).{0}", c.name))
         .collect();
     format!(
-        "WITH d AS MATERIALIZED (SELECT change, rec FROM gsnap_diff(NULL::{t}, $1, $2)), \
+        "WITH d AS MATERIALIZED (SELECT change, rec, at FROM gsnap_diff_at(NULL::{t}, $1, $2)), \
          s AS (SELECT (d.rec).* FROM d WHERE d.change = 'removed'), \
          o AS (SELECT s::{t} AS r, true AS here, {m} AS m FROM s), \
-         n AS (SELECT d.rec AS gsnap_n FROM d WHERE d.change = 'added'), \
+         n AS (SELECT d.rec AS gsnap_n, d.at AS gsnap_at FROM d WHERE d.change = 'added'), \
          l AS (SELECT n.gsnap_n, x.r, x.tid, x.toid, x.m FROM n LEFT JOIN LATERAL \
          (SELECT y AS r, y.ctid AS tid, y.tableoid AS toid, {m} AS m FROM ONLY {t} y \
-         WHERE {}) x ON true) \
+         WHERE y.ctid = n.gsnap_at AND {}) x ON true) \
          SELECT op, tid, toid, r FROM (SELECT CASE WHEN l.gsnap_n IS NOT NULL AND l.tid IS NULL \
          THEN 'x' WHEN l.tid IS NULL THEN 'i' WHEN o.here IS NULL THEN 'd' ELSE 'u' END AS op, \
          l.tid, l.toid, o.r, coalesce(o.m, false) OR coalesce(l.m, false) AS m \
