@@ -19,6 +19,7 @@ import random
 import re
 import time
 
+import psycopg
 import pytest
 
 from cluster import gsnap_cluster
@@ -70,6 +71,23 @@ def truth(conn, table: str, a: int, b: int) -> list:
 def diff(conn, table: str, a: int, b: int) -> list:
     q = f"SELECT change, rec::text FROM gsnap_diff(NULL::{table}, {a}, {b})"
     return sorted(conn.execute(q).fetchall())
+
+
+def by_key(conn, table: str, a: int, b: int) -> list:
+    q = (f"SELECT change, coalesce((old).id, (new).id), old::text, new::text "
+         f"FROM gsnap_diff_by_key(NULL::{table}, {a}, {b})")
+    return sorted(conn.execute(q).fetchall(), key=repr)
+
+
+def by_key_truth(conn, table: str, a: int, b: int) -> list:
+    """The AS OF scans at a and b matched by id: updated (other contents), removed, added."""
+    q = f"""
+        SELECT CASE WHEN o.id IS NULL THEN 'added' WHEN n.id IS NULL THEN 'removed'
+               ELSE 'updated' END, coalesce(o.id, n.id),
+               CASE WHEN o.id IS NOT NULL THEN o::text END, CASE WHEN n.id IS NOT NULL THEN n::text END
+        FROM gsnap_asof(NULL::{table}, {a}) o FULL JOIN gsnap_asof(NULL::{table}, {b}) n USING (id)
+        WHERE o.id IS NULL OR n.id IS NULL OR o::text <> n::text"""
+    return sorted(conn.execute(q).fetchall(), key=repr)
 
 
 def placed(conn, table: str) -> set:
@@ -152,6 +170,13 @@ def test_diffs_equal_the_difference_of_the_snapshots(cluster):
                 mine = {(t, k) for c, _, t, k in at if c == change}
                 assert mine <= side and len(mine) == sum(c == change for c, *_ in at), \
                     (what[i - 1], change, sorted(mine - side)[:5])
+            # gsnap_diff_by_key: the same rows matched by id, each key once
+            assert by_key(conn, "dt", a, b) == by_key_truth(conn, "dt", a, b), (what[i - 1], a, b)
+            keyed = conn.execute(f"SELECT change, at::text, coalesce((new).id, (old).id) "
+                                 f"FROM gsnap_diff_by_key(NULL::dt, {a}, {b})").fetchall()
+            for change, side in (("updated", where[i]), ("added", where[i]), ("removed", where[i - 1])):
+                mine = {(t, k) for c, t, k in keyed if c == change}
+                assert mine <= side, (what[i - 1], change, sorted(mine - side)[:5])
             pages, deltas = reads(conn, "dt", a, b)
             if what[i - 1] in ("hot", "one", "toast"):
                 # small changes of pages both snapshots hold: every page from its delta
@@ -312,3 +337,23 @@ def test_versions_and_per_snapshot_aggregates_read_deltas(cluster):
         wait_reclaimed(conn, dropped)
         check(a, b, 2)
         check(snaps[9], snaps[13], 0.5)
+
+
+def test_diff_by_key_needs_a_primary_key_and_matches_composite_keys(cluster):
+    with cluster.connect() as conn:
+        conn.execute("CREATE TABLE nokey (id int, v int) USING gsnap")
+        conn.execute("CREATE TABLE ck (a text COLLATE \"C\", b int, v int, PRIMARY KEY (a, b)) USING gsnap")
+        conn.execute("INSERT INTO nokey SELECT g, g FROM generate_series(1, 10) g")
+        conn.execute("INSERT INTO ck SELECT 'k' || (g % 7), g, 0 FROM generate_series(1, 300) g")
+        a = snapshot(conn)
+        conn.execute("UPDATE ck SET v = 1 WHERE b % 10 = 0")
+        conn.execute("DELETE FROM ck WHERE b % 25 = 0")
+        conn.execute("INSERT INTO ck VALUES ('new', 1, 5), ('k1', 1000, 5)")
+        b = snapshot(conn)
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            conn.execute(f"SELECT * FROM gsnap_diff_by_key(NULL::nokey, {a}, {b})")
+        got = sorted(conn.execute(f"SELECT change, coalesce((old).a, (new).a), coalesce((old).b, (new).b) "
+                                  f"FROM gsnap_diff_by_key(NULL::ck, {a}, {b})").fetchall())
+        updated = [("updated", f"k{g % 7}", g) for g in range(1, 301) if g % 10 == 0 and g % 25 != 0]
+        removed = [("removed", f"k{g % 7}", g) for g in range(1, 301) if g % 25 == 0]
+        assert got == sorted(updated + removed + [("added", "new", 1), ("added", "k1", 1000)])

@@ -105,6 +105,8 @@ READERS = {
     "diff_fn": ("SELECT d.change, (d.rec).* FROM gsnap_diff(NULL::{t}, {a}, {b}) WITH ORDINALITY d",
                 ("s1", "s2")),
     "diff_at": ("SELECT d.change, d.at, (d.rec).* FROM gsnap_diff_at(NULL::{t}, {a}, {b}) d", ("s1", "s2")),
+    "diff_by_key": ("SELECT d.change, d.at, (d.old).*, (d.new).* FROM gsnap_diff_by_key(NULL::{t}, {a}, {b}) d",
+                    ("s1", "s2")),
     "fn_select": ("SELECT gsnap_asof(NULL::{t}, {a})", ("s1",)),
     "fn_lateral": ("SELECT r.* FROM (VALUES ({a}::bigint), ({b}::bigint)) v(s),"
                    " LATERAL gsnap_asof(NULL::{t}, v.s) r", ("s1", "s2")),

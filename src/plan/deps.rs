@@ -47,6 +47,8 @@ pub enum Reader {
     Diff,
     /// `gsnap_diff_at(anyelement, bigint, bigint)`: a function scan (no custom scan).
     DiffAt,
+    /// `gsnap_diff_by_key(anyelement, bigint, bigint)`: a function scan (no custom scan).
+    DiffByKey,
     /// `gsnap_versions(anyelement, bigint, bigint)`.
     Versions,
 }
@@ -110,6 +112,10 @@ pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
         (
             crate::sql::diff::gsnap_diff_at as *const () as usize,
             Reader::DiffAt,
+        ),
+        (
+            crate::sql::diff::gsnap_diff_by_key as *const () as usize,
+            Reader::DiffByKey,
         ),
         (
             crate::sql::versions::gsnap_versions as *const () as usize,

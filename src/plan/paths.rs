@@ -37,7 +37,7 @@ fn scan_kind(funcid: pg_sys::Oid) -> Option<ScanKind> {
         Reader::Range => Some(ScanKind::Range),
         Reader::Versions => Some(ScanKind::Versions),
         Reader::Diff => Some(ScanKind::Diff),
-        Reader::DiffAt => None,
+        Reader::DiffAt | Reader::DiffByKey => None,
     }
 }
 

@@ -12,6 +12,7 @@
 //! `gsnap_format`; the walks over page tables are `gsnap_core`.
 
 pub mod asof;
+pub mod by_key;
 mod decode;
 pub use decode::current_columns;
 pub mod diff;
