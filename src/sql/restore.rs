@@ -391,8 +391,8 @@ fn restore_in_place(
         // nested loop over the diff with a TID scan of the table inside, which the planner
         // would not pick by cost (it hashes the diff's TIDs, and changes rows in the hash's
         // order, batch after batch: 1.5 times as long for a million rows).
-        // TIDs from a snapshot the restore took: the key is checked too (require_changed
-        // then counts the rows). TIDs from the live scan of the whole comparison need not be.
+        // TIDs from a snapshot the restore took: the key is checked too (and require_changed
+        // counts the rows). TIDs from the live scan of the whole comparison need not be.
         let same_key: String = match now {
             Some(_) => table
                 .columns
@@ -427,9 +427,7 @@ fn restore_in_place(
             .len() as i64;
         }
     }
-    if now.is_some() {
-        require_changed(client, table, &diff, (deleted, updated));
-    }
+    require_changed(client, table, &diff, (deleted, updated));
     let columns = table.written(|c| c.to_string());
     let values = table.written(|c| format!("(d.r).{c}"));
     let inserted = spi(client.update(
@@ -554,11 +552,13 @@ fn few_pages_changed(relid: pg_sys::Oid, snap: i64) -> bool {
     2 * changed.len() < nblocks as usize
 }
 
-/// Raises an ERROR unless the DELETE and UPDATE of a restore from a snapshot it took changed
-/// as many rows as its diff named (`deleted`, `updated`): the TIDs come from that snapshot,
-/// taken under the restore's lock, and must name exactly the live rows (the UPDATE checks
-/// their key too). A foreign key's ON DELETE action on the table itself, deleting a row the
-/// restore was to update, is the one way they can disagree.
+/// Raises an ERROR unless the DELETE and UPDATE of a restore changed as many rows as its
+/// diff named (`deleted`, `updated`): the TIDs come from the live scan, or from the snapshot
+/// the restore took under its lock, and name exactly the live rows (the UPDATE checks their
+/// key too when they come from a snapshot). What can make them disagree is a foreign key of
+/// the table on itself whose ON DELETE action (CASCADE, SET NULL, SET DEFAULT) changed a row
+/// the restore was to update, once the DELETE removed its parent: the table would not end as
+/// the snapshot had it.
 fn require_changed(
     client: &SpiClient<'_>,
     table: &Table,
@@ -579,16 +579,21 @@ fn require_changed(
     );
     if want != (deleted, updated) {
         error(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            PgSqlErrorCode::ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION,
             format!(
-                "gsnap_restore of {}: {} rows deleted and {} updated, where the snapshot it took \
-                 named {} and {}",
+                "gsnap_restore of {}: {} rows deleted and {} updated, where its diff named {} \
+                 and {}",
                 table.name, deleted, updated, want.0, want.1
             ),
         )
         .detail(
-            "The rows to change were not all where the snapshot taken under the restore's lock \
-             has them (a foreign key's ON DELETE action on the table itself can delete one).",
+            "Rows the restore was to update were changed or deleted by an action its own \
+             DELETE triggered, such as a foreign key of the table on itself with ON DELETE \
+             CASCADE: the table would not end as the snapshot had it.",
+        )
+        .hint(
+            "Restore with that foreign key's action out of the way (restore the rows it would \
+             remove first, with a condition), or restore into a new table with into_table.",
         )
         .raise();
     }
