@@ -34,6 +34,20 @@ pub unsafe extern "C-unwind" fn gsnap_diff_at(fcinfo: pg_sys::FunctionCallInfo) 
     unsafe { diff(fcinfo, "gsnap_diff_at", true) }
 }
 
+/// A call of the diff function `name`: the call, the table it reads (checked and locked as
+/// every reader's) and its two snapshots.
+///
+/// # Safety
+/// `fcinfo` is the call info of `name`, whose arguments are (anyelement, bigint, bigint).
+unsafe fn diff_call(fcinfo: pg_sys::FunctionCallInfo, name: &str) -> (Call, pg_sys::Oid, u64, u64) {
+    // SAFETY: the caller's promise.
+    let call = unsafe { Call::new(fcinfo) };
+    let relid = reader_table(call, name);
+    let a = snapshot_argument(call, 1, &format!("the first snapshot of {name}"));
+    let b = snapshot_argument(call, 2, &format!("the second snapshot of {name}"));
+    (call, relid, a, b)
+}
+
 /// A call of `name`: the rows of the diff into the call's result set, `(change, rec)` and,
 /// `with_tid`, the row's TID at its snapshot.
 ///
@@ -41,10 +55,7 @@ pub unsafe extern "C-unwind" fn gsnap_diff_at(fcinfo: pg_sys::FunctionCallInfo) 
 /// `fcinfo` is the call info of `name`, whose result columns are those.
 unsafe fn diff(fcinfo: pg_sys::FunctionCallInfo, name: &str, with_tid: bool) -> pg_sys::Datum {
     // SAFETY: the caller's promise.
-    let call = unsafe { Call::new(fcinfo) };
-    let relid = reader_table(call, name);
-    let a = snapshot_argument(call, 1, &format!("the first snapshot of {name}"));
-    let b = snapshot_argument(call, 2, &format!("the second snapshot of {name}"));
+    let (call, relid, a, b) = unsafe { diff_call(fcinfo, name) };
     let result = call.materialize();
     let label = |text: &str| text.into_datum().expect("text is not NULL");
     let (added, removed) = (label("added"), label("removed"));
@@ -76,12 +87,9 @@ v1_function_info!(pg_finfo_gsnap_diff_by_key);
 pub unsafe extern "C-unwind" fn gsnap_diff_by_key(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
-    // SAFETY: PostgreSQL calls this with the call info of this function.
-    let call = unsafe { Call::new(fcinfo) };
     let name = "gsnap_diff_by_key";
-    let relid = reader_table(call, name);
-    let a = snapshot_argument(call, 1, "the first snapshot of gsnap_diff_by_key");
-    let b = snapshot_argument(call, 2, "the second snapshot of gsnap_diff_by_key");
+    // SAFETY: PostgreSQL calls this with the call info of this function.
+    let (call, relid, a, b) = unsafe { diff_call(fcinfo, name) };
     let rel = OpenRelation::open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
         .expect("reader_table locked the table");
     let key = require_key(&rel, name);

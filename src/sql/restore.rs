@@ -272,12 +272,14 @@ fn restore_in_place(
     require_privileges(table.relid);
     // Whether a snapshot may be taken is decided before the lock (which assigns the
     // transaction an id); it is taken after.
-    // Without a condition, a table whose key can be hashed is diffed by key in one pass
-    // (`gsnap_diff_by_key`); with one, the rows it matches are found in SQL.
-    let by_key = filter.is_none()
+    let may_snapshot = may_take_snapshot(client, table, snap);
+    // The diff of two snapshots, without a condition, of a table whose key can be hashed is
+    // matched by key in one pass (`gsnap_diff_by_key`); with one, the rows it matches are
+    // found in SQL.
+    let by_key = may_snapshot
+        && filter.is_none()
         && OpenRelation::open(table.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
             .is_some_and(|r| Key::of(&r).is_some());
-    let may_snapshot = may_take_snapshot(client, table, snap);
     lock(client, table);
     let diff = format!(
         "pg_temp.gsnap_restore_{}",
