@@ -516,6 +516,67 @@ def test_odd_arguments_give_rows_or_a_clean_error(cluster, conn):
     assert conn.execute("SELECT count(*) FROM ro WHERE v = 'changed'").fetchone()[0] == 20
 
 
+def test_a_key_added_since_the_snapshot_is_checked_against_its_rows(conn):
+    """The whole comparison finds the live rows to delete with an anti join, skipped when the
+    counts say there are none and the table had the same primary key at the snapshot (its
+    rows then had distinct keys). A key added or changed since: the anti join always runs,
+    and a snapshot holding rows with equal keys (which the table could not hold again) is
+    refused with 23505, the table unchanged."""
+    conn.execute("CREATE TABLE rdup (id int, v text) USING gsnap")
+    conn.execute("INSERT INTO rdup SELECT g, 'v' || g FROM generate_series(1, 40) g")
+    conn.execute("INSERT INTO rdup VALUES (7, 'again')")
+    dup = snapshot(conn)
+    conn.execute("DELETE FROM rdup WHERE v = 'again'")
+    unique = snapshot(conn)
+    conn.execute("ALTER TABLE rdup ADD PRIMARY KEY (id)")
+    conn.execute("UPDATE rdup SET v = 'changed' WHERE id % 4 = 0")
+    conn.execute("DELETE FROM rdup WHERE id IN (3, 30)")
+    conn.execute("INSERT INTO rdup VALUES (100, 'new'), (101, 'new')")
+    live = rows(conn, "SELECT * FROM rdup")
+    # The live rows without a key at the snapshot (100 and 101) number one more than the
+    # counts say (the snapshot's two rows with key 7 match one live row), as many, one fewer.
+    for extra in ["", "DELETE FROM rdup WHERE id = 101", "DELETE FROM rdup WHERE id > 99"]:
+        conn.execute("BEGIN")
+        if extra:
+            conn.execute(extra)
+        with pytest.raises(psycopg.errors.UniqueViolation) as e:
+            restore(conn, f"'rdup', {dup}")
+        assert "equal primary keys" in str(e.value)
+        conn.execute("ROLLBACK")
+    assert rows(conn, "SELECT * FROM rdup") == live
+    # Distinct keys at the snapshot, the key added since: restored exactly.
+    assert restore(conn, f"'rdup', {unique}") == (2, 10, 2)
+    assert rows(conn, "SELECT * FROM rdup") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rdup, {unique})")
+    # The same key since the snapshot, under another name now: restored exactly too.
+    keyed = snapshot(conn)
+    conn.execute("ALTER TABLE rdup RENAME COLUMN id TO ident")
+    conn.execute("UPDATE rdup SET v = 'again' WHERE ident % 5 = 0")
+    conn.execute("DELETE FROM rdup WHERE ident = 11")
+    conn.execute("INSERT INTO rdup VALUES (200, 'new')")
+    assert restore(conn, f"'rdup', {keyed}") == (1, 8, 1)
+    assert rows(conn, "SELECT * FROM rdup") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rdup, {keyed})")
+
+
+def test_columns_named_like_the_diffs_own_columns_are_restored(conn):
+    """The diff's temporary table has three columns of its own beside the table's; a table
+    with columns of those names (and of the names they had before) is restored exactly."""
+    conn.execute("CREATE TABLE rnames (gsnap_op int PRIMARY KEY, gsnap_tid text, gsnap_toid int, "
+                 "gsnap__op int, op text, tid tid, toid oid, r int) USING gsnap")
+    conn.execute("INSERT INTO rnames SELECT g, 't' || g, g, g, 'o', '(0,1)', 1, g "
+                 "FROM generate_series(1, 50) g")
+    snap = snapshot(conn)
+    conn.execute("UPDATE rnames SET gsnap_tid = 'x', r = -r WHERE gsnap_op % 3 = 0")
+    conn.execute("DELETE FROM rnames WHERE gsnap_op > 45")
+    conn.execute("INSERT INTO rnames (gsnap_op, op) VALUES (99, 'new')")
+    want = rows(conn, f"SELECT * FROM gsnap_asof(NULL::rnames, {snap})")
+    assert restore(conn, f"'rnames', {snap}, condition => 'gsnap_op > 0'") == (1, 15, 5)
+    assert rows(conn, "SELECT * FROM rnames") == want
+    conn.execute("UPDATE rnames SET op = 'again' WHERE gsnap_op < 20")
+    conn.execute("DELETE FROM rnames WHERE gsnap_op = 1")
+    assert restore(conn, f"'rnames', {snap}") == (0, 18, 1)
+    assert rows(conn, "SELECT * FROM rnames") == want
+
+
 def test_the_restore_leaves_the_callers_planner_settings(conn):
     """The restore changes rows by TID in a nested loop over its diff, with hash and merge
     joins off for that one statement: the caller's settings are back after it, and after an
@@ -527,15 +588,27 @@ def test_the_restore_leaves_the_callers_planner_settings(conn):
 
     def settings() -> tuple:
         return conn.execute("SELECT current_setting('enable_hashjoin'), "
-                            "current_setting('enable_mergejoin')").fetchone()
+                            "current_setting('enable_mergejoin'), current_setting('work_mem'), "
+                            "current_setting('jit')").fetchone()
 
+    conn.execute("SET work_mem = '1MB'")
+    conn.execute("SET jit = on")
     for value in ["off", "on"]:
         conn.execute(f"SET enable_hashjoin = {value}")
         conn.execute("BEGIN")
         assert restore(conn, f"'rset', {snap}") == (0, 250, 0)
-        assert settings() == (value, "on")
+        assert settings() == (value, "on", "1MB", "on")
         assert conn.execute("SELECT count(*) FROM rset WHERE v < 0").fetchone()[0] == 0
         conn.execute("ROLLBACK")
+    # An ERROR while the diff is written (with work_mem raised for it), rolled back to a
+    # savepoint, leaves the settings too.
+    conn.execute("BEGIN")
+    conn.execute("SAVEPOINT a")
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        restore(conn, f"'rset', {snap}, condition => 'id / (id - id) = 1'")
+    conn.execute("ROLLBACK TO a")
+    assert settings() == ("on", "on", "1MB", "on")
+    conn.execute("ROLLBACK")
     conn.execute("CREATE FUNCTION rset_no() RETURNS trigger LANGUAGE plpgsql "
                  "AS $$BEGIN RAISE EXCEPTION 'no updates of rset'; END$$")
     conn.execute("CREATE TRIGGER rset_no BEFORE UPDATE ON rset FOR EACH ROW EXECUTE FUNCTION rset_no()")
@@ -544,9 +617,9 @@ def test_the_restore_leaves_the_callers_planner_settings(conn):
     with pytest.raises(psycopg.errors.RaiseException):
         restore(conn, f"'rset', {snap}, triggers => true")
     conn.execute("ROLLBACK TO a")
-    assert settings() == ("on", "on")
+    assert settings() == ("on", "on", "1MB", "on")
     conn.execute("ROLLBACK")
-    assert settings() == ("on", "on")
+    assert settings() == ("on", "on", "1MB", "on")
 
 
 def test_row_security_keeps_the_whole_comparison_under_the_policies(cluster, conn):

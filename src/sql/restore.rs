@@ -22,8 +22,11 @@
 //!    snapshot gives them. Otherwise
 //!    the whole snapshot is compared with the whole table: rows matched by the primary key (same
 //!    key, other content: an UPDATE, which keeps the row's identity for the foreign keys that
-//!    reference it), or, without a primary key, by their whole content as a multiset
-//!    (duplicates count). Contents are compared byte for byte (the record image operator
+//!    reference it; a left join of the snapshot's rows with the live ones, which PostgreSQL
+//!    runs in parallel, then an anti join for the live rows to delete unless counts show there
+//!    are none, see [`add_removed`]), or, without a primary key, by their whole content as a
+//!    multiset (duplicates count). The diff is written with the memory of a maintenance
+//!    operation (`work_mem` raised to `maintenance_work_mem` for that statement). Contents are compared byte for byte (the record image operator
 //!    `*=`, or `record_send` where a hash is needed), the way REFRESH MATERIALIZED VIEW
 //!    CONCURRENTLY compares rows by image;
 //! 4. DELETE, then UPDATE, then INSERT, each one statement by row identity (ctid: a TID scan
@@ -42,6 +45,7 @@ use crate::ffi::relation::{relation_kind, relation_name, OpenRelation};
 use crate::read::by_key::Key;
 use crate::sql::access::require_gsnap_database;
 use crate::sql::asof::resolve_time;
+use gsnap_format::definition::ConstraintKind;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::PgSqlErrorCode;
@@ -262,6 +266,87 @@ fn copy_into(
 /// transaction).
 static DIFFS: AtomicU64 = AtomicU64::new(0);
 
+/// The temporary table a restore's diff is written to: one row per row to change, `op` 'd'
+/// (delete the live row at `tid`), 'u' (update the live row at `tid` to the snapshot's
+/// values) or 'i' (insert the snapshot's values), in partition `toid`, then the snapshot's
+/// row in the table's own columns (NULL for 'd'). The three first columns' names are
+/// prefixed so that they are none of the table's.
+struct DiffTable {
+    name: String,
+    op: String,
+    tid: String,
+    toid: String,
+}
+
+impl DiffTable {
+    fn new(table: &Table) -> DiffTable {
+        let mut prefix = String::from("gsnap_");
+        while ["op", "tid", "toid"].iter().any(|n| {
+            table
+                .columns
+                .iter()
+                .any(|c| c.name == format!("{prefix}{n}"))
+        }) {
+            prefix.push('_');
+        }
+        DiffTable {
+            name: format!(
+                "pg_temp.gsnap_restore_{}",
+                DIFFS.fetch_add(1, Ordering::Relaxed)
+            ),
+            op: format!("{prefix}op"),
+            tid: format!("{prefix}tid"),
+            toid: format!("{prefix}toid"),
+        }
+    }
+
+    /// The columns of a diff query whose rows are (`op`, `tid`, `toid`, `r`), `r` a row of
+    /// the table's type: `r` spread into the table's columns (the subquery kept whole, so
+    /// that `r` is computed once per row).
+    fn spread(&self, query: &str) -> String {
+        format!(
+            "SELECT q.op AS {}, q.tid AS {}, q.toid AS {}, (q.r).* FROM ({query} OFFSET 0) q",
+            self.op, self.tid, self.toid
+        )
+    }
+}
+
+/// How many rows of each kind a diff names, per partition.
+struct Summary(Vec<(String, i64, i64)>);
+
+impl Summary {
+    fn read(client: &SpiClient<'_>, diff: &DiffTable) -> Summary {
+        let rows = spi(client.select(
+            &format!(
+                "SELECT {op}, coalesce({toid}::oid::int8, 0), count(*) FROM {t} GROUP BY 1, 2",
+                op = diff.op,
+                toid = diff.toid,
+                t = diff.name
+            ),
+            None,
+            &[],
+        ))
+        .map(|row| {
+            (
+                spi(row.get::<String>(1)).unwrap_or_default(),
+                spi(row.get::<i64>(2)).unwrap_or_default(),
+                spi(row.get::<i64>(3)).unwrap_or_default(),
+            )
+        })
+        .collect();
+        Summary(rows)
+    }
+
+    fn count(&self, op: &str) -> i64 {
+        self.0.iter().filter(|r| r.0 == op).map(|r| r.2).sum()
+    }
+
+    /// The partitions (OIDs) holding rows to `op` ('d' or 'u').
+    fn partitions(&self, op: &str) -> Vec<i64> {
+        self.0.iter().filter(|r| r.0 == op).map(|r| r.1).collect()
+    }
+}
+
 fn restore_in_place(
     client: &mut SpiClient<'_>,
     table: &Table,
@@ -281,10 +366,7 @@ fn restore_in_place(
         && OpenRelation::open(table.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
             .is_some_and(|r| Key::of(&r).is_some());
     lock(client, table);
-    let diff = format!(
-        "pg_temp.gsnap_restore_{}",
-        DIFFS.fetch_add(1, Ordering::Relaxed)
-    );
+    let diff = DiffTable::new(table);
     let taken =
         may_snapshot.then(|| super::snapshots::declare(true, false, None, None).0 .0 as i64);
     // The diff of two snapshots compares pages: it only stands for the comparison of rows if
@@ -304,34 +386,42 @@ fn restore_in_place(
             table.name
         );
     }
+    let whole_by_key = now.is_none() && filter.is_none() && table.has_key();
     let query = match now {
-        Some(_) if by_key => diff_keyed(table),
-        Some(_) => diff_since(table, filter.as_deref()),
-        None if table.has_key() => diff_by_key(table, filter.as_deref()),
-        None => diff_by_content(table, filter.as_deref()),
+        Some(_) if by_key => diff.spread(&diff_keyed(table)),
+        Some(_) => diff.spread(&diff_since(table, filter.as_deref())),
+        None if whole_by_key => diff_whole_by_key(table, &diff),
+        None if table.has_key() => {
+            diff.spread(&diff_by_key(table, filter.as_deref().unwrap_or("true")))
+        }
+        None => diff.spread(&diff_by_content(table, filter.as_deref())),
     };
     let mut args = vec![snap.into()];
     args.extend(now.map(Into::into));
     // In the table's physical order (partition, then TID): the DELETE and UPDATE below then
     // visit its pages and their index entries in order. In the join's hash order each change
     // touched a random page and index leaf: a million updates took twice as long.
-    spi(client.update(
-        &format!(
-            "CREATE TEMP TABLE {diff} ON COMMIT DROP AS \
-             SELECT * FROM ({query}) AS q ORDER BY q.toid, q.tid"
-        ),
-        None,
-        &args,
-    ));
+    let order = if table.partitioned {
+        format!("{}, {}", diff.toid, diff.tid)
+    } else {
+        diff.tid.clone()
+    };
+    maintenance_settings(|| {
+        spi(client.update(
+            &format!(
+                "CREATE TEMP TABLE {} ON COMMIT DROP AS {query} ORDER BY {order}",
+                diff.name
+            ),
+            None,
+            &args,
+        ))
+    });
+    let mut summary = Summary::read(client, &diff);
+    if whole_by_key && add_removed(client, table, snap, &diff, &summary) {
+        summary = Summary::read(client, &diff);
+    }
     if let Some(now) = now {
-        let lost: i64 = spi(client
-            .select(
-                &format!("SELECT count(*) FROM {diff} WHERE op = 'x'"),
-                Some(1),
-                &[],
-            )
-            .and_then(|t| t.first().get_one()))
-        .unwrap_or_default();
+        let lost = summary.count("x");
         if lost > 0 {
             error(
                 PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
@@ -344,33 +434,31 @@ fn restore_in_place(
             .raise();
         }
     }
-    // Statistics of the rows to change, so the statements below join them by hash with a
-    // TID scan of the table: without them the planner guesses a handful of rows and loops,
-    // checking each row against the whole TID array (quadratic: minutes at 1M rows).
-    spi(client.update(&format!("ANALYZE {diff}"), None, &[]));
+    let (t, only, d) = (&table.name, table.only(), &diff);
+    if table.partitioned {
+        // Statistics of the rows to change, so the UPDATE below joins them by hash with a
+        // TID scan of each partition: without them the planner guesses a handful of rows and
+        // loops, checking each row against the whole TID array (quadratic: minutes at 1M
+        // rows).
+        spi(client.update(&format!("ANALYZE {}", d.name), None, &[]));
+    }
     let disabled = if triggers {
         Vec::new()
     } else {
         disable_triggers(client, table)
     };
-    let (t, only) = (&table.name, table.only());
     // Rows are changed by identity, partition by partition (one for a table): a TID scan of
     // each reads only the rows that change.
-    let partitions = |client: &SpiClient<'_>, op: &str| -> Vec<i64> {
-        spi(client.select(
-            &format!("SELECT DISTINCT toid::oid::int8 FROM {diff} WHERE op = $1"),
-            None,
-            &[op.into()],
-        ))
-        .map(|row| spi(row.get::<i64>(1)).unwrap_or_default())
-        .collect()
-    };
     let mut deleted = 0;
-    for toid in partitions(client, "d") {
+    for toid in summary.partitions("d") {
         deleted += spi(client.update(
             &format!(
                 "DELETE FROM {only} {t} WHERE tableoid = $1::oid AND ctid = ANY(ARRAY(\
-                 SELECT tid FROM {diff} WHERE op = 'd' AND toid = $1::oid))"
+                 SELECT {tid} FROM {diff} WHERE {op} = 'd' AND {toid} = $1::oid))",
+                tid = d.tid,
+                diff = d.name,
+                op = d.op,
+                toid = d.toid
             ),
             None,
             &[toid.into()],
@@ -384,10 +472,11 @@ fn restore_in_place(
         .collect();
     let mut updated = 0;
     let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
-    let values: Vec<String> = set.iter().map(|c| format!("(d.r).{}", c.name)).collect();
+    let values: Vec<String> = set.iter().map(|c| format!("d.{}", c.name)).collect();
     let assign = format!("({}) = ROW({})", names.join(", "), values.join(", "));
-    if set.is_empty() {
-        // Every column is in the key or generated: a row is the same or another key.
+    if set.is_empty() || summary.count("u") == 0 {
+        // Nothing to update, or every column is in the key or generated: a row is the same
+        // or another key.
     } else if !table.partitioned {
         // Each row to change is fetched by its TID, in the diff's order (the table's): a
         // nested loop over the diff with a TID scan of the table inside, which the planner
@@ -400,28 +489,39 @@ fn restore_in_place(
                 .columns
                 .iter()
                 .filter(|c| c.key)
-                .map(|c| format!(" AND x.{0} = (d.r).{0}", c.name))
+                .map(|c| format!(" AND x.{0} = d.{0}", c.name))
                 .collect(),
             None => String::new(),
         };
         let update = format!(
             "UPDATE ONLY {t} x SET {assign} FROM {diff} d \
-             WHERE d.op = 'u' AND x.ctid = d.tid{same_key}"
+             WHERE d.{op} = 'u' AND x.ctid = d.{tid}{same_key}",
+            diff = d.name,
+            op = d.op,
+            tid = d.tid
         );
         updated = crate::ffi::settings::with_settings(
-            &[(c"enable_hashjoin", c"off"), (c"enable_mergejoin", c"off")],
+            &[
+                (c"enable_hashjoin", c"off"),
+                (c"enable_mergejoin", c"off"),
+                (c"jit", c"off"),
+            ],
             || spi(client.update(&update, None, &[])).len() as i64,
         );
     } else {
         // A partition's TID scan inside a nested loop would be one per partition and row:
         // the TIDs of each partition are hashed instead.
-        for toid in partitions(client, "u") {
+        for toid in summary.partitions("u") {
             updated += spi(client.update(
                 &format!(
                     "UPDATE {t} x SET {assign} FROM {diff} d \
-                     WHERE d.op = 'u' AND x.ctid = d.tid AND d.toid = $1::oid \
+                     WHERE d.{op} = 'u' AND x.ctid = d.{tid} AND d.{toid} = $1::oid \
                      AND x.tableoid = $1::oid AND x.ctid = ANY(ARRAY(\
-                     SELECT tid FROM {diff} WHERE op = 'u' AND toid = $1::oid))"
+                     SELECT {tid} FROM {diff} WHERE {op} = 'u' AND {toid} = $1::oid))",
+                    diff = d.name,
+                    op = d.op,
+                    tid = d.tid,
+                    toid = d.toid
                 ),
                 None,
                 &[toid.into()],
@@ -429,31 +529,57 @@ fn restore_in_place(
             .len() as i64;
         }
     }
-    require_changed(client, table, &diff, (deleted, updated));
-    let columns = table.written(|c| c.to_string());
-    let values = table.written(|c| format!("(d.r).{c}"));
-    let inserted = spi(client.update(
-        &format!(
-            "INSERT INTO {t} ({columns}) OVERRIDING SYSTEM VALUE \
-             SELECT {values} FROM {diff} d WHERE d.op = 'i'"
-        ),
-        None,
-        &[],
-    ))
-    .len() as i64;
+    require_changed(
+        table,
+        (summary.count("d"), summary.count("u")),
+        (deleted, updated),
+    );
+    let inserted = if summary.count("i") > 0 {
+        let columns = table.written(|c| c.to_string());
+        let values = table.written(|c| format!("d.{c}"));
+        spi(client.update(
+            &format!(
+                "INSERT INTO {t} ({columns}) OVERRIDING SYSTEM VALUE \
+                 SELECT {values} FROM {diff} d WHERE d.{op} = 'i'",
+                diff = d.name,
+                op = d.op
+            ),
+            None,
+            &[],
+        ))
+        .len() as i64
+    } else {
+        0
+    };
     enable_triggers(client, &disabled);
-    spi(client.update(&format!("DROP TABLE {diff}"), None, &[]));
+    spi(client.update(&format!("DROP TABLE {}", d.name), None, &[]));
     (deleted, updated, inserted)
+}
+
+/// Runs `f` (the statement writing a restore's diff) with the settings of a maintenance
+/// operation: `work_mem` as large as `maintenance_work_mem` (the hash join and sort of up to
+/// every row of the table, as CREATE INDEX sorts with that much), and no JIT compilation
+/// (the statement runs once; compiling it took longer than it saved).
+fn maintenance_settings<R>(f: impl FnOnce() -> R) -> R {
+    // Both in kB, as GetConfigOption prints integer settings (in their own unit).
+    let kb = |name: &std::ffi::CStr| -> i64 {
+        // SAFETY: reads a setting's current value, a C string PostgreSQL owns, copied here.
+        let v = unsafe {
+            std::ffi::CStr::from_ptr(pg_sys::GetConfigOption(name.as_ptr(), false, false))
+        };
+        v.to_str().ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let memory = kb(c"work_mem").max(kb(c"maintenance_work_mem"));
+    let memory = std::ffi::CString::new(memory.to_string()).unwrap_or_default();
+    crate::ffi::settings::with_settings(&[(c"work_mem", &memory), (c"jit", c"off")], f)
 }
 
 /// The rows to change, matched by primary key: `op` 'd' (a live row the snapshot lacks), 'u'
 /// (same key, other content) or 'i' (a snapshot row the table lacks), the live row's `tid`
-/// and the snapshot's row `r`. With a filter: the keys it matches in either.
-fn diff_by_key(table: &Table, filter: Option<&str>) -> String {
+/// and the snapshot's row `r`, for the keys condition `m` matches in either (without one, the
+/// whole table: [`diff_whole_by_key`]).
+fn diff_by_key(table: &Table, m: &str) -> String {
     let (t, only) = (&table.name, table.only());
-    let Some(m) = filter else {
-        return diff_whole_by_key(table);
-    };
     let on: Vec<String> = table
         .columns
         .iter()
@@ -561,24 +687,7 @@ fn few_pages_changed(relid: pg_sys::Oid, snap: i64) -> bool {
 /// the table on itself whose ON DELETE action (CASCADE, SET NULL, SET DEFAULT) changed a row
 /// the restore was to update, once the DELETE removed its parent: the table would not end as
 /// the snapshot had it.
-fn require_changed(
-    client: &SpiClient<'_>,
-    table: &Table,
-    diff: &str,
-    (deleted, updated): (i64, i64),
-) {
-    let row = spi(client.select(
-        &format!(
-            "SELECT count(*) FILTER (WHERE op = 'd'), count(*) FILTER (WHERE op = 'u') FROM {diff}"
-        ),
-        Some(1),
-        &[],
-    ))
-    .first();
-    let want: (i64, i64) = (
-        spi(row.get(1)).unwrap_or_default(),
-        spi(row.get(2)).unwrap_or_default(),
-    );
+fn require_changed(table: &Table, want: (i64, i64), (deleted, updated): (i64, i64)) {
     if want != (deleted, updated) {
         error(
             PgSqlErrorCode::ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION,
@@ -652,17 +761,17 @@ fn diff_since(table: &Table, filter: Option<&str>) -> String {
     )
 }
 
-/// [`diff_by_key`] of the whole table, written so that the snapshot's side is the AS OF custom
-/// scan (plain columns, no value computed on the outer join's nullable side, which would
-/// make it a function scan materializing every row): a key column is NULL only on the side
-/// a row is missing from (key columns are NOT NULL), and the snapshot's row is formed from
-/// its columns only where it is compared or returned.
-fn diff_whole_by_key(table: &Table) -> String {
+/// [`diff_by_key`] of the whole table, without the rows to delete ([`add_removed`]): each
+/// snapshot row joined to the live row with its key, 'u' if their contents differ, 'i' if
+/// there is none. A left join, which PostgreSQL 15 runs in parallel (a full join it cannot);
+/// the snapshot's side is the AS OF custom scan with plain columns, its row formed only where
+/// it is compared.
+fn diff_whole_by_key(table: &Table, diff: &DiffTable) -> String {
     let (t, only) = (&table.name, table.only());
-    let key: Vec<&Column> = table.columns.iter().filter(|c| c.key).collect();
-    let k0 = &key[0].name;
-    let on: Vec<String> = key
+    let on: Vec<String> = table
+        .columns
         .iter()
+        .filter(|c| c.key)
         .map(|c| format!("o.{0} = (l.r).{0}", c.name))
         .collect();
     let all: Vec<String> = table
@@ -670,15 +779,145 @@ fn diff_whole_by_key(table: &Table) -> String {
         .iter()
         .map(|c| format!("o.{}", c.name))
         .collect();
-    let row = format!("ROW({})::{t}", all.join(", "));
     format!(
-        "SELECT CASE WHEN l.tid IS NULL THEN 'i' WHEN o.{k0} IS NULL THEN 'd' ELSE 'u' END AS op, \
-         l.tid, l.toid, CASE WHEN o.{k0} IS NOT NULL THEN {row} END AS r \
-         FROM gsnap_asof(NULL::{t}, $1) o \
-         FULL JOIN (SELECT x AS r, x.ctid AS tid, x.tableoid AS toid FROM {only} {t} x) l ON {} \
-         WHERE l.tid IS NULL OR o.{k0} IS NULL OR NOT {row} OPERATOR(pg_catalog.*=) l.r",
-        on.join(" AND ")
+        "SELECT CASE WHEN l.tid IS NULL THEN 'i' ELSE 'u' END AS {op}, l.tid AS {tid}, \
+         l.toid AS {toid}, {columns} FROM gsnap_asof(NULL::{t}, $1) o \
+         LEFT JOIN (SELECT x AS r, x.ctid AS tid, x.tableoid AS toid FROM {only} {t} x) l ON {on} \
+         WHERE l.tid IS NULL OR NOT ROW({columns})::{t} OPERATOR(pg_catalog.*=) l.r",
+        op = diff.op,
+        tid = diff.tid,
+        toid = diff.toid,
+        columns = all.join(", "),
+        on = on.join(" AND ")
     )
+}
+
+/// Adds to the diff of [`diff_whole_by_key`] the live rows whose key the snapshot lacks ('d'),
+/// found by an anti join of the table with the snapshot (true if it found any); skipped when the counts say there
+/// are none: with keys unique at the snapshot, each of its rows matched at most one live row
+/// and each live row at most one of its rows, so the live rows without one are the live rows
+/// less the snapshot's rows with one (those not to insert). Keys are known unique at the
+/// snapshot if the table had the same primary key then ([`same_key_at`]); otherwise the anti
+/// join always runs, and finding another number of rows than the counts is an ERROR: the
+/// snapshot holds rows with equal keys, which the table cannot hold again.
+fn add_removed(
+    client: &mut SpiClient<'_>,
+    table: &Table,
+    snap: i64,
+    diff: &DiffTable,
+    summary: &Summary,
+) -> bool {
+    let (t, only) = (&table.name, table.only());
+    let row = spi(client.select(
+        &format!(
+            "SELECT (SELECT count(*) FROM {only} {t}), \
+             (SELECT count(*) FROM gsnap_asof(NULL::{t}, $1))"
+        ),
+        Some(1),
+        &[snap.into()],
+    ))
+    .first();
+    let (live, then): (i64, i64) = (
+        spi(row.get(1)).unwrap_or_default(),
+        spi(row.get(2)).unwrap_or_default(),
+    );
+    let missing = live - (then - summary.count("i"));
+    let unique = same_key_at(client, table, snap);
+    if unique && missing == 0 {
+        return false;
+    }
+    let on: Vec<String> = table
+        .columns
+        .iter()
+        .filter(|c| c.key)
+        .map(|c| format!("o.{0} = x.{0}", c.name))
+        .collect();
+    let found = maintenance_settings(|| {
+        spi(client.update(
+            &format!(
+                "INSERT INTO {diff} ({op}, {tid}, {toid}) SELECT 'd', x.ctid, x.tableoid \
+                 FROM {only} {t} x WHERE NOT EXISTS \
+                 (SELECT FROM gsnap_asof(NULL::{t}, $1) o WHERE {on})",
+                diff = diff.name,
+                op = diff.op,
+                tid = diff.tid,
+                toid = diff.toid,
+                on = on.join(" AND ")
+            ),
+            None,
+            &[snap.into()],
+        ))
+        .len() as i64
+    });
+    if found != missing {
+        error(
+            PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+            format!(
+                "gsnap_restore of {t}: snapshot {snap} holds rows with equal primary keys, \
+                 which the table cannot hold again"
+            ),
+        )
+        .detail(format!(
+            "Its {then} rows match {} of the table's {live} rows by key.",
+            live - found
+        ))
+        .hint(
+            "The primary key was added or changed after the snapshot. Read the snapshot's \
+             rows with gsnap_asof, or restore with a condition that selects rows of distinct \
+             keys.",
+        )
+        .raise();
+    }
+    found > 0
+}
+
+/// Whether the table had its primary key at snapshot `snap`, on the same columns: the
+/// snapshot recorded a primary key with the same definition, and each key column had the
+/// same name and attribute number then (so its rows, committed under that key, have
+/// distinct keys). False for a partitioned table (its definition is its partitions') and
+/// for a snapshot that recorded no definition.
+fn same_key_at(client: &SpiClient<'_>, table: &Table, snap: i64) -> bool {
+    if table.partitioned {
+        return false;
+    }
+    let at = crate::read::recorded::at(snap as u64, table.relid.to_u32());
+    let Some(definition) = &at.row_type.definition else {
+        return false;
+    };
+    let Some(key) = definition
+        .constraints
+        .iter()
+        .find(|c| c.kind == ConstraintKind::PrimaryKey)
+    else {
+        return false;
+    };
+    let oid = i64::from(table.relid.to_u32());
+    let now: Option<String> = spi(client
+        .select(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
+             WHERE conrelid = $1::oid AND contype = 'p'",
+            Some(1),
+            &[oid.into()],
+        )
+        .and_then(|r| r.first().get_one()));
+    if now.as_deref() != Some(key.definition.as_str()) {
+        return false;
+    }
+    spi(client.select(
+        "SELECT a.attnum, a.attname::text FROM pg_attribute a \
+         JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary \
+         WHERE a.attrelid = $1::oid AND a.attnum = ANY(i.indkey::int2[])",
+        None,
+        &[oid.into()],
+    ))
+    .all(|row| {
+        let attnum: i16 = spi(row.get(1)).unwrap_or_default();
+        let name: String = spi(row.get(2)).unwrap_or_default();
+        usize::try_from(attnum)
+            .ok()
+            .and_then(|n| at.row_type.attributes.get(n.checked_sub(1)?))
+            .is_some_and(|a| !a.dropped && a.name == name)
+    })
 }
 
 /// The rows to change, matched by content as multisets (the n-th copy of a row matches the
