@@ -666,10 +666,10 @@ fn same_storage_since(relid: pg_sys::Oid, snap: i64) -> Option<Vec<u32>> {
 
 /// True if fewer than half of the table's pages changed since snapshot `snap`
 /// ([`same_storage_since`]). A diff of two snapshots reads the changed pages and matches the
-/// rows it removed and added by key: measured on 2M rows, about 2.8 times cheaper than
+/// rows it removed and added by key: measured on 2M rows, about 2.3 times cheaper than
 /// comparing the whole snapshot with the whole table when 5% of the rows changed on every page
-/// (0.69 against 1.9 s), but 1.2 times dearer when half of them did (1M rows matched and
-/// written out, 7 against 5.8 s). The pages say how far a change spread, not how many rows it
+/// (0.69 against 1.6 s), but 1.4 times dearer when half of them did (1M rows matched and
+/// written out, about 7 against 4.9 s). The pages say how far a change spread, not how many rows it
 /// changed; fewer than half of them is the side where the diff is sure to win.
 fn few_pages_changed(relid: pg_sys::Oid, snap: i64) -> bool {
     let Some(changed) = same_storage_since(relid, snap) else {
