@@ -10,10 +10,9 @@
 use super::diff::diff_rows;
 use crate::error::error;
 use crate::ffi::relation::OpenRelation;
-use gsnap_format::diff::Change;
+use gsnap_format::diff::{pair_hashed, Change};
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
-use std::collections::HashMap;
 
 /// A row of the diff by key: what happened to the key from a to b.
 pub enum KeyedChange {
@@ -83,21 +82,32 @@ impl Key {
         Some(Key(columns))
     }
 
-    /// The key's values in row `rec` (a formed row of the table's type), None where NULL.
+    /// Appends the key's values in row `rec` (a formed row of row type `desc`) to `out`,
+    /// None where NULL. Read with `desc` itself: `GetAttributeByNum` looked the row type's
+    /// descriptor up in the type cache for every value (most of the pairing's cost).
     ///
     /// # Safety
-    /// `rec` is a composite datum of the table's current row type.
-    unsafe fn values(&self, rec: pg_sys::Datum) -> Vec<Option<pg_sys::Datum>> {
-        self.0
-            .iter()
-            .map(|c| {
-                let mut null = false;
-                // SAFETY: the caller's promise; an attribute of its row type.
-                let d =
-                    unsafe { pg_sys::GetAttributeByNum(rec.cast_mut_ptr(), c.attnum, &mut null) };
-                (!null).then_some(d)
-            })
-            .collect()
+    /// `rec` is a composite datum formed with `desc`, the table's current row type.
+    unsafe fn values_into(
+        &self,
+        rec: pg_sys::Datum,
+        desc: pg_sys::TupleDesc,
+        out: &mut Vec<Option<pg_sys::Datum>>,
+    ) {
+        let header = rec.cast_mut_ptr::<pg_sys::HeapTupleHeaderData>();
+        let mut tuple = pg_sys::HeapTupleData {
+            // SAFETY: a formed composite datum: a 4-byte varlena header holding its length.
+            t_len: unsafe { pgrx::varlena::varsize_any(header.cast()) } as u32,
+            t_self: pg_sys::ItemPointerData::default(),
+            t_tableOid: pg_sys::InvalidOid,
+            t_data: header,
+        };
+        for c in &self.0 {
+            let mut null = false;
+            // SAFETY: the caller's promise; an attribute of that row type.
+            let d = unsafe { pg_sys::heap_getattr(&mut tuple, c.attnum.into(), desc, &mut null) };
+            out.push((!null).then_some(d));
+        }
     }
 
     /// The hash of key values (NULLs hash alike; they never match, see [`Key::equal`]).
@@ -162,41 +172,46 @@ pub unsafe fn diff_by_key(
             }
         })
     };
-    // SAFETY: the rows are of the table's row type (formed by diff_rows with `row_desc`).
-    let added_keys: Vec<Vec<Option<pg_sys::Datum>>> = added
-        .iter()
-        .map(|(rec, _)| unsafe { key.values(*rec) })
-        .collect();
-    let mut by_hash: HashMap<u64, Vec<usize>> = HashMap::with_capacity(added.len());
-    for (i, k) in added_keys.iter().enumerate() {
-        // SAFETY: as above.
-        by_hash.entry(unsafe { key.hash(k) }).or_default().push(i);
-    }
-    let mut paired = vec![false; added.len()];
-    for &(old, old_at) in &removed {
-        // SAFETY: as above.
-        let k = unsafe { key.values(old) };
-        // SAFETY: as above.
-        let candidates = by_hash.get(&unsafe { key.hash(&k) });
-        let found = candidates.and_then(|c| {
-            c.iter().copied().find(|&i| {
-                // SAFETY: as above.
-                !paired[i] && unsafe { key.equal(&k, &added_keys[i]) }
+    // Each side's keys, `width` values per row in one vector, and their hashes.
+    let width = key.0.len();
+    let keys_of = |rows: &[(pg_sys::Datum, (u32, u16))]| {
+        let mut values = Vec::with_capacity(rows.len() * width);
+        let hashes: Vec<u64> = rows
+            .iter()
+            .map(|(rec, _)| {
+                let start = values.len();
+                // SAFETY: the rows are of the table's row type (formed by diff_rows with
+                // `row_desc`); the key's values and hash function.
+                unsafe {
+                    key.values_into(*rec, row_desc, &mut values);
+                    key.hash(&values[start..])
+                }
             })
+            .collect();
+        (values, hashes)
+    };
+    let (removed_keys, removed_hashes) = keys_of(&removed);
+    let (added_keys, added_hashes) = keys_of(&added);
+    let pairing = pair_hashed(&removed_hashes, &added_hashes, |r, a| {
+        let (x, y) = (r * width, a * width);
+        // SAFETY: as above; the key's equality.
+        unsafe { key.equal(&removed_keys[x..x + width], &added_keys[y..y + width]) }
+    });
+    for (r, a) in pairing.pairs {
+        let (new, at) = added[a];
+        emit(KeyedChange::Updated {
+            old: removed[r].0,
+            new,
+            at,
         });
-        match found {
-            Some(i) => {
-                paired[i] = true;
-                let (new, at) = added[i];
-                emit(KeyedChange::Updated { old, new, at });
-            }
-            None => emit(KeyedChange::Removed { old, at: old_at }),
-        }
     }
-    for (i, &(new, at)) in added.iter().enumerate() {
-        if !paired[i] {
-            emit(KeyedChange::Added { new, at });
-        }
+    for r in pairing.removed {
+        let (old, at) = removed[r];
+        emit(KeyedChange::Removed { old, at });
+    }
+    for a in pairing.added {
+        let (new, at) = added[a];
+        emit(KeyedChange::Added { new, at });
     }
 }
 

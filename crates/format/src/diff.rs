@@ -103,31 +103,58 @@ pub fn cancel_moves<K: Eq + Hash>(removed: &[K], added: &[K]) -> NetChanges {
 }
 
 /// [`cancel_moves`] of keys hashed by the caller (each `(hash, key)`, all hashed by one
-/// [`KeyHasher`]): the removed keys are sorted by hash, and each added key takes the first
-/// removed one not taken yet with the same hash and an equal key.
+/// [`KeyHasher`]): [`pair_hashed`] with the keys' equality.
 pub fn cancel_moves_hashed<K: Eq>(removed: &[(u64, K)], added: &[(u64, K)]) -> NetChanges {
-    let mut by_hash: Vec<(u64, usize)> = removed
-        .iter()
-        .enumerate()
-        .map(|(i, (h, _))| (*h, i))
-        .collect();
+    let hashes = |side: &[(u64, K)]| side.iter().map(|(h, _)| *h).collect::<Vec<u64>>();
+    let pairing = pair_hashed(&hashes(removed), &hashes(added), |r, a| {
+        removed[r].1 == added[a].1
+    });
+    NetChanges {
+        removed: pairing.removed,
+        added: pairing.added,
+    }
+}
+
+/// Removed and added rows paired: `pairs` of (removed, added) indices, in the order of the
+/// added rows, then the indices of the rows left on each side, ascending.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Pairing {
+    pub pairs: Vec<(usize, usize)>,
+    pub removed: Vec<usize>,
+    pub added: Vec<usize>,
+}
+
+/// Pairs rows by hash and an equality the caller decides (`equal(removed, added)`, by
+/// index; rows with different hashes are never compared): the removed rows are sorted by
+/// hash, and each added row, in order, takes the first removed one not taken yet with the
+/// same hash for which `equal` holds. Equal keys pair as multisets: a key removed r times
+/// and added a times makes `min(r, a)` pairs.
+pub fn pair_hashed(
+    removed: &[u64],
+    added: &[u64],
+    mut equal: impl FnMut(usize, usize) -> bool,
+) -> Pairing {
+    let mut by_hash: Vec<(u64, usize)> = removed.iter().copied().zip(0..).collect();
     by_hash.sort_unstable();
     let mut taken = vec![false; removed.len()];
-    let mut net = NetChanges::default();
-    for (i, (h, k)) in added.iter().enumerate() {
+    let mut pairing = Pairing::default();
+    for (a, h) in added.iter().enumerate() {
         let first = by_hash.partition_point(|&(x, _)| x < *h);
         let same = by_hash[first..]
             .iter()
             .take_while(|&&(x, _)| x == *h)
             .map(|&(_, r)| r)
-            .find(|&r| !taken[r] && removed[r].1 == *k);
+            .find(|&r| !taken[r] && equal(r, a));
         match same {
-            Some(r) => taken[r] = true,
-            None => net.added.push(i),
+            Some(r) => {
+                taken[r] = true;
+                pairing.pairs.push((r, a));
+            }
+            None => pairing.added.push(a),
         }
     }
-    net.removed = (0..removed.len()).filter(|&r| !taken[r]).collect();
-    net
+    pairing.removed = (0..removed.len()).filter(|&r| !taken[r]).collect();
+    pairing
 }
 
 #[cfg(test)]
@@ -178,6 +205,27 @@ mod tests {
             changes(&[t(1, b"x")], &[t(2, b"x")]),
             vec![(Change::Removed, 1), (Change::Added, 2)]
         );
+    }
+
+    #[test]
+    fn pairs_by_equality_among_equal_hashes() {
+        // Every row has the same hash: only `equal` tells them apart.
+        let removed = ["k1", "k2", "k1", "k3"];
+        let added = ["k2", "k1", "k4", "k1", "k1"];
+        let pairing = pair_hashed(&[7; 4], &[7; 5], |r, a| removed[r] == added[a]);
+        assert_eq!(
+            pairing,
+            Pairing {
+                pairs: vec![(1, 0), (0, 1), (2, 3)],
+                removed: vec![3],
+                added: vec![2, 4],
+            }
+        );
+        // Different hashes are never compared, even where `equal` would hold.
+        let pairing = pair_hashed(&[1, 2], &[3, 2], |_, _| true);
+        assert_eq!(pairing.pairs, vec![(1, 1)]);
+        assert_eq!((pairing.removed, pairing.added), (vec![0], vec![0]));
+        assert_eq!(pair_hashed(&[], &[], |_, _| true), Pairing::default());
     }
 
     #[test]
