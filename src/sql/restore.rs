@@ -474,9 +474,15 @@ fn restore_in_place(
     let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
     let values: Vec<String> = set.iter().map(|c| format!("d.{}", c.name)).collect();
     let assign = format!("({}) = ROW({})", names.join(", "), values.join(", "));
-    if set.is_empty() || summary.count("u") == 0 {
-        // Nothing to update, or every column is in the key or generated: a row is the same
-        // or another key.
+    // With every column in the key or generated, rows of one key can only differ in a
+    // generated column (one added since the snapshot reads as NULL there), which is computed
+    // again: nothing to update.
+    let to_update = if set.is_empty() {
+        0
+    } else {
+        summary.count("u")
+    };
+    if to_update == 0 {
     } else if !table.partitioned {
         // Each row to change is fetched by its TID, in the diff's order (the table's): a
         // nested loop over the diff with a TID scan of the table inside, which the planner
@@ -529,11 +535,7 @@ fn restore_in_place(
             .len() as i64;
         }
     }
-    require_changed(
-        table,
-        (summary.count("d"), summary.count("u")),
-        (deleted, updated),
-    );
+    require_changed(table, (summary.count("d"), to_update), (deleted, updated));
     let inserted = if summary.count("i") > 0 {
         let columns = table.written(|c| c.to_string());
         let values = table.written(|c| format!("d.{c}"));
