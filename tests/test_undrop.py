@@ -330,6 +330,9 @@ def test_each_snapshot_records_the_definition_the_table_had_then(cluster, conn):
         ("ALTER TABLE evolving ALTER v SET DEFAULT 'd'", "DEFAULT 'd'::text"),
         ("ALTER TABLE evolving ADD CONSTRAINT v_short CHECK (length(v) < 9)", "v_short CHECK"),
         ("ALTER TABLE evolving RENAME CONSTRAINT v_short TO v_shorter", "v_shorter CHECK"),
+        ("ALTER TABLE evolving SET (fillfactor = 60)", "WITH (fillfactor = '60')"),
+        # (a parameter of the TOAST table: ALTER TABLE invalidates the table too)
+        ("ALTER TABLE evolving SET (toast.autovacuum_enabled = false)", "toast.autovacuum_enabled = 'false'"),
         ("ALTER TABLE evolving ALTER v TYPE varchar(20)", "character varying(20)"),
         ("ALTER TABLE evolving RENAME TO evolved", "CREATE TABLE public.evolved"),
     ]
@@ -346,3 +349,23 @@ def test_each_snapshot_records_the_definition_the_table_had_then(cluster, conn):
     with cluster.connect(user="ud_next") as o:
         assert o.execute("SELECT count(*) FROM gsnap_asof_dropped('evolved', %s) AS t(id int, v varchar(20))",
                          (s,)).fetchone()[0] == 0
+
+
+def test_undrop_gives_the_table_its_storage_parameters_back(conn):
+    """Each snapshot records the table's storage parameters and its TOAST table's; the
+    undropped table has them again, and its pages are filled to its fillfactor."""
+    conn.execute("CREATE TABLE stored (id int PRIMARY KEY, note text) USING gsnap "
+                 "WITH (fillfactor = 50, autovacuum_enabled = false, toast.autovacuum_enabled = false)")
+    conn.execute("INSERT INTO stored SELECT g, repeat('n', 40) FROM generate_series(1, 3000) g")
+    size = conn.execute("SELECT pg_relation_size('stored')").fetchone()[0]
+    s = snapshot(conn)
+    conn.execute("DROP TABLE stored")
+    definition = conn.execute("SELECT gsnap_table_definition('stored', %s)", (s,)).fetchone()[0]
+    assert ("USING gsnap WITH (fillfactor = '50', autovacuum_enabled = 'false', "
+            "toast.autovacuum_enabled = 'false');") in definition
+    assert conn.execute("SELECT gsnap_undrop('stored', %s)", (s,)).fetchone()[0] == 3000
+    options = conn.execute("SELECT c.reloptions, t.reloptions FROM pg_class c "
+                           "JOIN pg_class t ON t.oid = c.reltoastrelid WHERE c.oid = 'stored'::regclass").fetchone()
+    assert options == (["fillfactor=50", "autovacuum_enabled=false"], ["autovacuum_enabled=false"])
+    # Half-filled pages, as the table had (at the default fillfactor they would be half as many).
+    assert abs(conn.execute("SELECT pg_relation_size('stored')").fetchone()[0] - size) <= 8192

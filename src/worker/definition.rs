@@ -1,7 +1,8 @@
 //! What the worker records at declaration, for each table, to recreate it after a DROP
 //! (`gsnap_format::definition`): defaults, generation expressions, identities, owned
 //! sequences and collations of the columns; primary key, unique, exclusion, check and
-//! foreign key constraints; other indexes; owner, persistence and row security flags; for a
+//! foreign key constraints; other indexes; owner, persistence and row security flags; storage
+//! parameters (the table's and its TOAST table's `reloptions`); for a
 //! partition, its ancestors, partition constraint and bound (what reading a partitioned
 //! table as of a snapshot needs, `read::partitioned`).
 //!
@@ -11,7 +12,8 @@
 //! Deparsing costs ~40 us a table, at every declaration: so definitions are cached per table
 //! (and qualified name) and dropped when PostgreSQL invalidates the relation cache entry of
 //! the table or of one of its indexes (every change of columns, defaults, constraints,
-//! indexes, owner or row security does), or all of them. The one change that sends no such
+//! indexes, owner, row security or storage parameters does, its TOAST table's included:
+//! `ALTER TABLE ... SET` rewrites the table's own `reloptions` too), or all of them. The one change that sends no such
 //! invalidation, `ALTER SEQUENCE ... OWNED BY` alone, is recorded at the table's next change.
 
 use crate::ffi::catalog::partitioning;
@@ -155,6 +157,59 @@ unsafe fn read_definition(
         indexes,
         // SAFETY: the caller's promise.
         partition: class.relispartition.then(|| unsafe { partition_of(rel) }),
+        // SAFETY: catalog lookups by OID, in the caller's transaction.
+        options: unsafe {
+            let mut options = reloptions(rel.oid(), "");
+            if class.reltoastrelid != pg_sys::InvalidOid {
+                options.extend(reloptions(class.reltoastrelid, "toast."));
+            }
+            options
+        },
+    }
+}
+
+/// The storage parameters of relation `relid` (`pg_class.reloptions`: `name=value` each),
+/// each prefixed with `prefix`.
+///
+/// # Safety
+/// In a transaction.
+unsafe fn reloptions(relid: pg_sys::Oid, prefix: &str) -> Vec<String> {
+    let cache = pg_sys::SysCacheIdentifier::RELOID as i32;
+    // SAFETY: a syscache lookup of the relation's pg_class row, released below; its
+    // reloptions a text[] without NULLs, split into the current memory context.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(relid));
+        if tuple.is_null() {
+            return Vec::new();
+        }
+        let mut isnull = false;
+        let d = pg_sys::SysCacheGetAttr(
+            cache,
+            tuple,
+            pg_sys::Anum_pg_class_reloptions as i16,
+            &mut isnull,
+        );
+        let mut options = Vec::new();
+        if !isnull {
+            let array = pg_sys::pg_detoast_datum(d.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+            let (mut elems, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+            pg_sys::deconstruct_array(
+                array,
+                pg_sys::TEXTOID,
+                -1,
+                false,
+                pg_sys::TYPALIGN_INT as std::ffi::c_char,
+                &mut elems,
+                &mut nulls,
+                &mut n,
+            );
+            for i in 0..n as usize {
+                let text = pg_sys::text_to_cstring((*elems.add(i)).cast_mut_ptr());
+                options.push(format!("{prefix}{}", string_from(text)));
+            }
+        }
+        pg_sys::ReleaseSysCache(tuple);
+        options
     }
 }
 

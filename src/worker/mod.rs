@@ -42,9 +42,11 @@ pub(crate) type Store = SnapshotStore<RocksBackend>;
 /// types, sealed group bodies). Bump it with any of their formats; an older store is then
 /// refused with a clear error instead of being misread. (The store's own records, the mapping
 /// log and group metadata included, are versioned by the store's format version.)
-/// Version 3: row types may carry the table's definition (row type format 2).
-const CONTENT_VERSION: u32 = 3;
-/// The oldest content version this gsnap reads (a store of version 2 is raised to 3).
+/// Version 3: row types may carry the table's definition (row type format 2). Version 4: a
+/// definition may end with the table's storage parameters (flagged; older ones read as
+/// having none).
+const CONTENT_VERSION: u32 = 4;
+/// The oldest content version this gsnap reads (a store of version 2 or 3 is raised to 4).
 const OLDEST_CONTENT_VERSION: u32 = 2;
 pub(crate) use catalog::{now_unix_us, UNIX_TO_PG_EPOCH_US};
 

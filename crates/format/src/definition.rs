@@ -6,7 +6,8 @@
 //! column's default (as PostgreSQL deparsed it), generation expression, identity, owned
 //! sequence (`serial`) and collation; the table's constraints (as `pg_get_constraintdef`
 //! printed them) and its other indexes (as `pg_get_indexdef` did, after `USING`); its owner,
-//! persistence and row security flags. It is encoded at the end of the row type record (row
+//! persistence and row security flags, and its storage parameters (`fillfactor`, the TOAST
+//! table's as `toast.*`; recorded since the flag [`HAS_OPTIONS`], at the end). It is encoded at the end of the row type record (row
 //! type format version 2), so it is stored once per distinct definition, like row types.
 //!
 //! [`recreation`] turns a recorded table into statements: `CREATE TABLE` with the columns
@@ -21,6 +22,8 @@ use crate::{put_long_string, put_string, FormatError, Reader};
 const UNLOGGED: u8 = 1;
 const ROW_SECURITY: u8 = 2;
 const FORCE_ROW_SECURITY: u8 = 4;
+/// Storage parameters follow the partition part (definitions recorded before have none).
+const HAS_OPTIONS: u8 = 8;
 
 const HAS_DEFAULT: u8 = 1;
 const GENERATED: u8 = 2;
@@ -146,6 +149,9 @@ pub struct TableDefinition {
     pub indexes: Vec<IndexDefinition>,
     /// Set for a partition.
     pub partition: Option<PartitionOf>,
+    /// Storage parameters as `pg_class.reloptions` holds them (`fillfactor=70`), those of
+    /// its TOAST table prefixed `toast.` (`toast.autovacuum_enabled=false`).
+    pub options: Vec<String>,
 }
 
 impl TableDefinition {
@@ -157,6 +163,11 @@ impl TableDefinition {
                 FORCE_ROW_SECURITY
             } else {
                 0
+            })
+            | (if self.options.is_empty() {
+                0
+            } else {
+                HAS_OPTIONS
             });
         out.push(flags);
         out.extend_from_slice(&self.owner.to_le_bytes());
@@ -209,6 +220,12 @@ impl TableDefinition {
             }
             put_long_string(out, &p.constraint);
             put_long_string(out, &p.bound);
+        }
+        if !self.options.is_empty() {
+            out.extend_from_slice(&(self.options.len() as u16).to_le_bytes());
+            for o in &self.options {
+                put_long_string(out, o);
+            }
         }
     }
 
@@ -309,8 +326,15 @@ impl TableDefinition {
                 bound: r.long_string()?,
             })
         };
+        let options = if flags & HAS_OPTIONS != 0 {
+            let n = r.u16()?;
+            (0..n).map(|_| r.long_string()).collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
+        };
         Ok(TableDefinition {
             partition,
+            options,
             owner,
             owner_name,
             unlogged: flags & UNLOGGED != 0,
@@ -349,6 +373,27 @@ pub struct Recreation {
     pub sequences: Vec<String>,
     /// What is not recreated, each a sentence for a NOTICE.
     pub notes: Vec<String>,
+}
+
+/// ` WITH (name = 'value', ...)` for the storage parameters `options` (`name=value` each,
+/// the name possibly prefixed `toast.`), or nothing.
+fn with_options(options: &[String], names: &impl Names) -> String {
+    let each: Vec<String> = options
+        .iter()
+        .filter_map(|o| {
+            let (name, value) = o.split_once('=')?;
+            let name = match name.split_once('.') {
+                Some((space, name)) => format!("{}.{}", names.ident(space), names.ident(name)),
+                None => names.ident(name),
+            };
+            Some(format!("{name} = '{}'", value.replace('\'', "''")))
+        })
+        .collect();
+    if each.is_empty() {
+        String::new()
+    } else {
+        format!(" WITH ({})", each.join(", "))
+    }
 }
 
 /// Recreates `rt` (a row type with its definition, or without one: then only the columns)
@@ -417,9 +462,10 @@ pub fn recreation(
         columns.push(column);
     }
     let create = format!(
-        "CREATE {}TABLE {target} ({}) USING gsnap",
+        "CREATE {}TABLE {target} ({}) USING gsnap{}",
         if def.unlogged { "UNLOGGED " } else { "" },
-        columns.join(", ")
+        columns.join(", "),
+        with_options(&def.options, names)
     );
     let mut after = Vec::new();
     let order = [
@@ -597,6 +643,11 @@ mod tests {
                     constraint: "({OPEXPR ...})".into(),
                     bound: "FOR VALUES FROM (1) TO (10)".into(),
                 }),
+                options: vec![
+                    "fillfactor=70".into(),
+                    "toast.autovacuum_enabled=false".into(),
+                    "Odd=it's".into(),
+                ],
             }),
         }
     }
@@ -623,6 +674,13 @@ mod tests {
             RowType::decode(&no_partition.encode()).unwrap(),
             no_partition
         );
+        // Without storage parameters, the bytes are those recorded before they were: no
+        // flag, nothing after the partition part.
+        let mut no_options = rt.clone();
+        no_options.definition.as_mut().unwrap().options.clear();
+        let old = no_options.encode();
+        assert_eq!(bytes.len() - old.len(), 2 + 3 * 4 + 13 + 30 + 8);
+        assert_eq!(RowType::decode(&old).unwrap(), no_options);
     }
 
     #[test]
@@ -632,7 +690,8 @@ mod tests {
             r.create,
             "CREATE TABLE public.t (id serial NOT NULL, \"Note\" text COLLATE \"C\" DEFAULT \
              'none'::text, total numeric GENERATED ALWAYS AS ((n * 2)) STORED, n bigint \
-             GENERATED ALWAYS AS IDENTITY) USING gsnap"
+             GENERATED ALWAYS AS IDENTITY) USING gsnap WITH (fillfactor = '70', \
+             toast.autovacuum_enabled = 'false', \"Odd\" = 'it''s')"
         );
         assert_eq!(
             r.row_columns,
