@@ -38,6 +38,14 @@ def restore(conn, call: str) -> tuple:
     return conn.execute(f"SELECT * FROM gsnap_restore({call})").fetchone()
 
 
+def restored(conn, table: str, snap: int) -> tuple:
+    """gsnap_restore of the whole table: its counts, once the table holds exactly the
+    snapshot's rows."""
+    counts = restore(conn, f"'{table}', {snap}")
+    assert rows(conn, f"SELECT * FROM {table}") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::{table}, {snap})")
+    return counts
+
+
 def big(rng: random.Random) -> str:
     return "".join(f"{rng.getrandbits(64):016x}" for _ in range(300))  # TOASTed, incompressible
 
@@ -270,8 +278,7 @@ def test_foreign_keys_are_checked_and_updates_keep_references(conn):
     with pytest.raises(psycopg.errors.ForeignKeyViolation):
         restore(conn, f"'rch', {snap}")
     assert restore(conn, f"'rp', {snap}") == (0, 0, 1)
-    assert restore(conn, f"'rch', {snap}") == (0, 0, 1)
-    assert rows(conn, "SELECT * FROM rch") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rch, {snap})")
+    assert restored(conn, "rch", snap) == (0, 0, 1)
 
 
 def test_a_restore_its_own_delete_cascades_into_is_refused(conn):
@@ -296,8 +303,7 @@ def test_a_restore_its_own_delete_cascades_into_is_refused(conn):
         assert rows(conn, "SELECT * FROM rself") == live, how
     # Without the cascade in the way (the child restored first), the restore goes through.
     assert restore(conn, f"'rself', {snap}, condition => 'id = 5'") == (0, 1, 0)
-    assert restore(conn, f"'rself', {snap}") == (1, 0, 0)
-    assert rows(conn, "SELECT * FROM rself") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rself, {snap})")
+    assert restored(conn, "rself", snap) == (1, 0, 0)
 
 
 def test_triggers_are_off_by_default_and_fire_on_request(cluster, conn):
@@ -442,8 +448,7 @@ def test_identity_and_generated_columns_are_restored(conn):
     conn.execute("DELETE FROM rg WHERE id <= 3")
     conn.execute("UPDATE rg SET v = 0 WHERE id = 4")
     conn.execute("INSERT INTO rg (v) VALUES (99)")
-    assert restore(conn, f"'rg', {snap}") == (1, 1, 3)
-    assert rows(conn, "SELECT * FROM rg") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rg, {snap})")
+    assert restored(conn, "rg", snap) == (1, 1, 3)
 
 
 def test_bad_input_is_refused_clearly(conn):
@@ -545,16 +550,14 @@ def test_a_key_added_since_the_snapshot_is_checked_against_its_rows(conn):
         conn.execute("ROLLBACK")
     assert rows(conn, "SELECT * FROM rdup") == live
     # Distinct keys at the snapshot, the key added since: restored exactly.
-    assert restore(conn, f"'rdup', {unique}") == (2, 10, 2)
-    assert rows(conn, "SELECT * FROM rdup") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rdup, {unique})")
+    assert restored(conn, "rdup", unique) == (2, 10, 2)
     # The same key since the snapshot, under another name now: restored exactly too.
     keyed = snapshot(conn)
     conn.execute("ALTER TABLE rdup RENAME COLUMN id TO ident")
     conn.execute("UPDATE rdup SET v = 'again' WHERE ident % 5 = 0")
     conn.execute("DELETE FROM rdup WHERE ident = 11")
     conn.execute("INSERT INTO rdup VALUES (200, 'new')")
-    assert restore(conn, f"'rdup', {keyed}") == (1, 8, 1)
-    assert rows(conn, "SELECT * FROM rdup") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rdup, {keyed})")
+    assert restored(conn, "rdup", keyed) == (1, 8, 1)
 
 
 def test_columns_named_like_the_diffs_own_columns_are_restored(conn):
