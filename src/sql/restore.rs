@@ -26,9 +26,9 @@
 //!    runs in parallel, then an anti join for the live rows to delete unless counts show there
 //!    are none, see [`add_removed`]), or, without a primary key, by their whole content as a
 //!    multiset (duplicates count). The diff is written with the memory of a maintenance
-//!    operation (`work_mem` raised to `maintenance_work_mem` for that statement). Contents are compared byte for byte (the record image operator
-//!    `*=`, or `record_send` where a hash is needed), the way REFRESH MATERIALIZED VIEW
-//!    CONCURRENTLY compares rows by image;
+//!    operation (`work_mem` raised to `maintenance_work_mem` for that statement). Contents
+//!    are compared byte for byte (the record image operator `*=`, or `record_send` where a
+//!    hash is needed), the way REFRESH MATERIALIZED VIEW CONCURRENTLY compares rows by image;
 //! 4. DELETE, then UPDATE, then INSERT, each one statement by row identity (ctid: a TID scan
 //!    reads only the rows that change), so that a unique value moving from one row to another
 //!    is free before it is taken again;
@@ -483,6 +483,7 @@ fn restore_in_place(
         summary.count("u")
     };
     if to_update == 0 {
+        // Nothing to update.
     } else if !table.partitioned {
         // Each row to change is fetched by its TID, in the diff's order (the table's): a
         // nested loop over the diff with a TID scan of the table inside, which the planner
@@ -671,8 +672,8 @@ fn same_storage_since(relid: pg_sys::Oid, snap: i64) -> Option<Vec<u32>> {
 /// rows it removed and added by key: measured on 2M rows, about 2.3 times cheaper than
 /// comparing the whole snapshot with the whole table when 5% of the rows changed on every page
 /// (0.69 against 1.6 s), but 1.4 times dearer when half of them did (1M rows matched and
-/// written out, about 7 against 4.9 s). The pages say how far a change spread, not how many rows it
-/// changed; fewer than half of them is the side where the diff is sure to win.
+/// written out, about 7 against 4.9 s). The pages say how far a change spread, not how many
+/// rows it changed; fewer than half of them is the side where the diff is sure to win.
 fn few_pages_changed(relid: pg_sys::Oid, snap: i64) -> bool {
     let Some(changed) = same_storage_since(relid, snap) else {
         return false;
@@ -795,13 +796,14 @@ fn diff_whole_by_key(table: &Table, diff: &DiffTable) -> String {
 }
 
 /// Adds to the diff of [`diff_whole_by_key`] the live rows whose key the snapshot lacks ('d'),
-/// found by an anti join of the table with the snapshot (true if it found any); skipped when the counts say there
-/// are none: with keys unique at the snapshot, each of its rows matched at most one live row
-/// and each live row at most one of its rows, so the live rows without one are the live rows
-/// less the snapshot's rows with one (those not to insert). Keys are known unique at the
-/// snapshot if the table had the same primary key then ([`same_key_at`]); otherwise the anti
-/// join always runs, and finding another number of rows than the counts is an ERROR: the
-/// snapshot holds rows with equal keys, which the table cannot hold again.
+/// found by an anti join of the table with the snapshot (true if it found any); skipped when
+/// the counts say there are none: with keys unique at the snapshot, each of its rows matched
+/// at most one live row and each live row at most one of its rows, so the live rows without
+/// one are the live rows less the snapshot's rows with one (those not to insert). Keys are
+/// known unique at the snapshot if the table had the same primary key then
+/// ([`same_key_at`]); otherwise the anti join always runs, and finding another number of rows
+/// than the counts is an ERROR: the snapshot holds rows with equal keys, which the table
+/// cannot hold again.
 fn add_removed(
     client: &mut SpiClient<'_>,
     table: &Table,

@@ -13,8 +13,9 @@
 //! (and qualified name) and dropped when PostgreSQL invalidates the relation cache entry of
 //! the table or of one of its indexes (every change of columns, defaults, constraints,
 //! indexes, owner, row security or storage parameters does, its TOAST table's included:
-//! `ALTER TABLE ... SET` rewrites the table's own `reloptions` too), or all of them. The one change that sends no such
-//! invalidation, `ALTER SEQUENCE ... OWNED BY` alone, is recorded at the table's next change.
+//! `ALTER TABLE ... SET` rewrites the table's own `reloptions` too), or all of them. The one
+//! change that sends no such invalidation, `ALTER SEQUENCE ... OWNED BY` alone, is recorded
+//! at the table's next change.
 
 use crate::ffi::catalog::partitioning;
 use crate::ffi::catalog::{quote_ident, string_from};

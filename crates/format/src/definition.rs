@@ -7,8 +7,9 @@
 //! sequence (`serial`) and collation; the table's constraints (as `pg_get_constraintdef`
 //! printed them) and its other indexes (as `pg_get_indexdef` did, after `USING`); its owner,
 //! persistence and row security flags, and its storage parameters (`fillfactor`, the TOAST
-//! table's as `toast.*`; recorded since the flag [`HAS_OPTIONS`], at the end). It is encoded at the end of the row type record (row
-//! type format version 2), so it is stored once per distinct definition, like row types.
+//! table's as `toast.*`; recorded since the flag [`HAS_OPTIONS`], at the end). It is encoded
+//! at the end of the row type record (row type format version 2), so it is stored once per
+//! distinct definition, like row types.
 //!
 //! [`recreation`] turns a recorded table into statements: `CREATE TABLE` with the columns
 //! (NOT NULL, defaults, identity, generated), the column list to read the old rows with, then
