@@ -224,6 +224,14 @@ class ServerWatch:
         log = self.log.since_mark()
         ident = self.identity()
         log = self.log.since_mark()
+        # After a crash the postmaster ends every process and starts them again; identity()
+        # may have read the old checkpointer before it was ended (it still answers while the
+        # postmaster handles the death): wait until the new one is up.
+        deadline = time.monotonic() + 90
+        while ident == self.ident and CRASH_LINE.search(log) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ident = self.identity()
+            log = self.log.since_mark()
         problems += crash_lines(log)
         if ident != self.ident:
             problems.append(f"the server restarted: (postmaster start, checkpointer pid) "
