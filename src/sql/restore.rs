@@ -183,6 +183,18 @@ impl Table {
         names.join(", ")
     }
 
+    /// A condition over the primary key's columns: `each` of every key column, joined by
+    /// `AND` (the equalities that match a row by key).
+    fn key_equal(&self, each: impl Fn(&str) -> String) -> String {
+        let terms: Vec<String> = self
+            .columns
+            .iter()
+            .filter(|c| c.key)
+            .map(|c| each(&c.name))
+            .collect();
+        terms.join(" AND ")
+    }
+
     fn has_key(&self) -> bool {
         self.columns.iter().any(|c| c.key)
     }
@@ -491,13 +503,8 @@ fn restore_in_place(
         // order, batch after batch: 1.5 times as long for a million rows).
         // TIDs from a snapshot the restore took: the key is checked too (and require_changed
         // counts the rows). TIDs from the live scan of the whole comparison need not be.
-        let same_key: String = match now {
-            Some(_) => table
-                .columns
-                .iter()
-                .filter(|c| c.key)
-                .map(|c| format!(" AND x.{0} = d.{0}", c.name))
-                .collect(),
+        let same_key = match now {
+            Some(_) => format!(" AND {}", table.key_equal(|c| format!("x.{c} = d.{c}"))),
             None => String::new(),
         };
         let update = format!(
@@ -583,12 +590,6 @@ fn maintenance_settings<R>(f: impl FnOnce() -> R) -> R {
 /// whole table: [`diff_whole_by_key`]).
 fn diff_by_key(table: &Table, m: &str) -> String {
     let (t, only) = (&table.name, table.only());
-    let on: Vec<String> = table
-        .columns
-        .iter()
-        .filter(|c| c.key)
-        .map(|c| format!("(o.r).{0} = (l.r).{0}", c.name))
-        .collect();
     format!(
         "WITH s AS (SELECT x.* FROM gsnap_asof(NULL::{t}, $1) x), \
          o AS (SELECT s::{t} AS r, true AS here, {m} AS m FROM s), \
@@ -597,7 +598,7 @@ fn diff_by_key(table: &Table, m: &str) -> String {
          l.tid, l.toid, o.r FROM o FULL JOIN l ON {} \
          WHERE (coalesce(o.m, false) OR coalesce(l.m, false)) \
          AND (l.tid IS NULL OR o.here IS NULL OR NOT o.r OPERATOR(pg_catalog.*=) l.r)",
-        on.join(" AND ")
+        table.key_equal(|c| format!("(o.r).{c} = (l.r).{c}"))
     )
 }
 
@@ -738,15 +739,6 @@ fn diff_keyed(table: &Table) -> String {
 /// go on: the snapshot and the table would disagree).
 fn diff_since(table: &Table, filter: Option<&str>) -> String {
     let (t, m) = (&table.name, filter.unwrap_or("true"));
-    let key: Vec<&Column> = table.columns.iter().filter(|c| c.key).collect();
-    let lookup: Vec<String> = key
-        .iter()
-        .map(|c| format!("y.{0} = (n.gsnap_n).{0}", c.name))
-        .collect();
-    let on: Vec<String> = key
-        .iter()
-        .map(|c| format!("(o.r).{0} = (l.gsnap_n).{0}", c.name))
-        .collect();
     format!(
         "WITH d AS MATERIALIZED (SELECT change, rec, at FROM gsnap_diff_at(NULL::{t}, $1, $2)), \
          s AS (SELECT (d.rec).* FROM d WHERE d.change = 'removed'), \
@@ -759,8 +751,8 @@ fn diff_since(table: &Table, filter: Option<&str>) -> String {
          THEN 'x' WHEN l.tid IS NULL THEN 'i' WHEN o.here IS NULL THEN 'd' ELSE 'u' END AS op, \
          l.tid, l.toid, o.r, coalesce(o.m, false) OR coalesce(l.m, false) AS m \
          FROM o FULL JOIN l ON {}) c WHERE op = 'x' OR m",
-        lookup.join(" AND "),
-        on.join(" AND ")
+        table.key_equal(|c| format!("y.{c} = (n.gsnap_n).{c}")),
+        table.key_equal(|c| format!("(o.r).{c} = (l.gsnap_n).{c}"))
     )
 }
 
@@ -771,12 +763,6 @@ fn diff_since(table: &Table, filter: Option<&str>) -> String {
 /// it is compared.
 fn diff_whole_by_key(table: &Table, diff: &DiffTable) -> String {
     let (t, only) = (&table.name, table.only());
-    let on: Vec<String> = table
-        .columns
-        .iter()
-        .filter(|c| c.key)
-        .map(|c| format!("o.{0} = (l.r).{0}", c.name))
-        .collect();
     let all: Vec<String> = table
         .columns
         .iter()
@@ -791,7 +777,7 @@ fn diff_whole_by_key(table: &Table, diff: &DiffTable) -> String {
         tid = diff.tid,
         toid = diff.toid,
         columns = all.join(", "),
-        on = on.join(" AND ")
+        on = table.key_equal(|c| format!("o.{c} = (l.r).{c}"))
     )
 }
 
@@ -826,16 +812,11 @@ fn add_removed(
         spi(row.get(2)).unwrap_or_default(),
     );
     let missing = live - (then - summary.count("i"));
-    let unique = same_key_at(client, table, snap);
-    if unique && missing == 0 {
+    // Whether the key was the table's at the snapshot matters only when the counts say there
+    // is nothing to delete (it asks the worker for the recorded definition).
+    if missing == 0 && same_key_at(client, table, snap) {
         return false;
     }
-    let on: Vec<String> = table
-        .columns
-        .iter()
-        .filter(|c| c.key)
-        .map(|c| format!("o.{0} = x.{0}", c.name))
-        .collect();
     let found = maintenance_settings(|| {
         spi(client.update(
             &format!(
@@ -846,7 +827,7 @@ fn add_removed(
                 op = diff.op,
                 tid = diff.tid,
                 toid = diff.toid,
-                on = on.join(" AND ")
+                on = table.key_equal(|c| format!("o.{c} = x.{c}"))
             ),
             None,
             &[snap.into()],
