@@ -175,23 +175,10 @@ unsafe fn read_definition(
 /// # Safety
 /// In a transaction.
 unsafe fn reloptions(relid: pg_sys::Oid, prefix: &str) -> Vec<String> {
-    let cache = pg_sys::SysCacheIdentifier::RELOID as i32;
-    // SAFETY: a syscache lookup of the relation's pg_class row, released below; its
-    // reloptions a text[] without NULLs, split into the current memory context.
+    // SAFETY: the caller's promise; reloptions is a text[] without NULLs, split into the
+    // current memory context.
     unsafe {
-        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(relid));
-        if tuple.is_null() {
-            return Vec::new();
-        }
-        let mut isnull = false;
-        let d = pg_sys::SysCacheGetAttr(
-            cache,
-            tuple,
-            pg_sys::Anum_pg_class_reloptions as i16,
-            &mut isnull,
-        );
-        let mut options = Vec::new();
-        if !isnull {
+        class_attribute(relid, pg_sys::Anum_pg_class_reloptions, |d| {
             let array = pg_sys::pg_detoast_datum(d.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
             let (mut elems, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
             pg_sys::deconstruct_array(
@@ -204,14 +191,15 @@ unsafe fn reloptions(relid: pg_sys::Oid, prefix: &str) -> Vec<String> {
                 &mut nulls,
                 &mut n,
             );
-            for i in 0..n as usize {
-                let text = pg_sys::text_to_cstring((*elems.add(i)).cast_mut_ptr());
-                options.push(format!("{prefix}{}", string_from(text)));
-            }
-        }
-        pg_sys::ReleaseSysCache(tuple);
-        options
+            (0..n as usize)
+                .map(|i| {
+                    let text = pg_sys::text_to_cstring((*elems.add(i)).cast_mut_ptr());
+                    format!("{prefix}{}", string_from(text))
+                })
+                .collect()
+        })
     }
+    .unwrap_or_default()
 }
 
 /// Where a partition is: its ancestors (with the attribute each of its columns has in
@@ -261,23 +249,9 @@ unsafe fn partition_of(rel: &OpenRelation) -> PartitionOf {
 
 /// `pg_get_expr(relpartbound, relid)`: the partition's bound as SQL.
 unsafe fn bound_of(relid: pg_sys::Oid) -> String {
-    let cache = pg_sys::SysCacheIdentifier::RELOID as i32;
-    // SAFETY: a syscache lookup of the relation's pg_class row, released below.
+    // SAFETY: the caller's promise; pg_get_expr of the partition's own bound.
     unsafe {
-        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(relid));
-        if tuple.is_null() {
-            return String::new();
-        }
-        let mut isnull = false;
-        let bound = pg_sys::SysCacheGetAttr(
-            cache,
-            tuple,
-            pg_sys::Anum_pg_class_relpartbound as i16,
-            &mut isnull,
-        );
-        let text = if isnull {
-            String::new()
-        } else {
+        class_attribute(relid, pg_sys::Anum_pg_class_relpartbound, |bound| {
             let function = pg_sys::fmgr_internal_function(c"pg_get_expr".as_ptr());
             let d = pg_sys::OidFunctionCall2Coll(
                 function,
@@ -286,9 +260,34 @@ unsafe fn bound_of(relid: pg_sys::Oid) -> String {
                 pg_sys::Datum::from(relid),
             );
             string_from(pg_sys::text_to_cstring(d.cast_mut_ptr()))
-        };
+        })
+    }
+    .unwrap_or_default()
+}
+
+/// `f` of attribute `attnum` of relation `relid`'s `pg_class` row, read through the catalog
+/// cache (None: no such relation, or the attribute is NULL).
+///
+/// # Safety
+/// In a transaction; `f` reads a value of that attribute's type.
+unsafe fn class_attribute<T>(
+    relid: pg_sys::Oid,
+    attnum: u32,
+    f: impl FnOnce(pg_sys::Datum) -> T,
+) -> Option<T> {
+    let cache = pg_sys::SysCacheIdentifier::RELOID as i32;
+    // SAFETY: a syscache lookup of the relation's pg_class row, released below, after `f`
+    // (the value may point into the cached row).
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(relid));
+        if tuple.is_null() {
+            return None;
+        }
+        let mut isnull = false;
+        let d = pg_sys::SysCacheGetAttr(cache, tuple, attnum as i16, &mut isnull);
+        let out = (!isnull).then(|| f(d));
         pg_sys::ReleaseSysCache(tuple);
-        text
+        out
     }
 }
 
