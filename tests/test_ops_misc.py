@@ -282,6 +282,34 @@ def test_reads_through_a_tiny_cache_with_and_without_image_verification(tiny_cac
         configure(conn, verify_images=None)
 
 
+def test_a_scan_finds_each_batch_loaded_while_it_read_the_one_before(tiny_cache):
+    """A serial AS OF scan asks the worker to load its next batch of images while it reads
+    the current one, and then pins that batch from the cache without asking again: of a
+    table of ~1150 pages read through batches of 32, only the first batch is missing when
+    pinned. (A scan whose batches were all cached made no request that collected its last
+    prefetch, so every other prefetch was skipped and half the batches were loaded while
+    the scan waited.) Each row costs the scan more than its image costs the worker, so
+    every prefetch is done before its batch is pinned."""
+    with tiny_cache.connect() as conn:
+        # Contents of their own (make_table's pages would share images with tc's).
+        conn.execute("CREATE TABLE pf_t (id int PRIMARY KEY, v int, pad text) USING gsnap")
+        conn.execute("INSERT INTO pf_t SELECT g, -g, repeat(md5((-g)::text), 6) "
+                     "FROM generate_series(1, 40000) g")
+        snap = val(conn, "SELECT gsnap_snapshot()")
+        pages = val(conn, "SELECT pg_relation_size('pf_t') / 8192")
+        conn.execute("SET max_parallel_workers_per_gather = 0")
+        stats = "SELECT image_hits, image_loads FROM gsnap_index_stats()"
+        hits, loads = conn.execute(stats).fetchone()
+        total = val(conn, f"SELECT sum(length(md5(r::text || md5(r::text)))) "
+                          f"FROM {asof('pf_t', snap)} r")
+        assert total == 40000 * 32
+        hits_after, loads_after = conn.execute(stats).fetchone()
+        assert loads_after - loads >= pages - 32, "the snapshot's images were not all loaded"
+        assert hits_after - hits >= pages - 64, (
+            f"{hits_after - hits} of {pages} images pinned from the cache")
+        conn.execute("RESET max_parallel_workers_per_gather")
+
+
 def test_signals_reaching_any_thread_of_the_worker_do_not_crash_it(tiny_cache):
     """A signal sent to the worker process may be delivered to any of its threads, RocksDB's
     included. Reloads (SIGHUP) fired at the worker while it captures and serves reads never

@@ -127,7 +127,14 @@ thread_local! {
 /// images are then loaded again, and the error raised, by the request that needs them) is
 /// dropped.
 pub fn prefetch(ids: &[ImageId]) {
-    if ids.is_empty() || PREFETCHING.get() {
+    if ids.is_empty() {
+        return;
+    }
+    let (slot, procno) = my_slot();
+    // A scan whose batches are all in the cache when it pins them makes no other request,
+    // so the previous prefetch is collected here (or this one is skipped while it runs):
+    // without this, every other batch of a scan was loaded while the backend waited.
+    if PREFETCHING.get() && !prefetch_done(slot) {
         return;
     }
     let ids = ids[..ids.len().min(MAX_IDS_PER_REQUEST)].to_vec();
@@ -135,7 +142,6 @@ pub fn prefetch(ids: &[ImageId]) {
     let bytes = request
         .encode()
         .expect("at most MAX_IDS_PER_REQUEST ids fit a message");
-    let (slot, procno) = my_slot();
     if slot.submit(|b| fill(b, request.kind(), &bytes, procno)) {
         PREFETCHING.set(true);
         set_latch_of(worker_procno());
@@ -146,20 +152,29 @@ pub fn prefetch(ids: &[ImageId]) {
 /// that exits answers it with an error, so the wait ends; it can be cancelled, and after
 /// a few seconds it is left to [`wait_until_idle`].
 fn finish_prefetch(slot: &RequestSlot) {
-    if !PREFETCHING.replace(false) {
+    if !PREFETCHING.get() {
         return;
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        if slot.answer().is_some() {
-            slot.release();
-            return;
-        }
-        if slot.is_idle() {
+        if prefetch_done(slot) {
             return;
         }
         wait_latch(Duration::from_millis(100));
     }
+    PREFETCHING.set(false);
+}
+
+/// True if this backend's prefetch is done (its answer, which pins nothing, is dropped and
+/// the slot freed), false while the worker still has it.
+fn prefetch_done(slot: &RequestSlot) -> bool {
+    if slot.answer().is_some() {
+        slot.release();
+    } else if !slot.is_idle() {
+        return false;
+    }
+    PREFETCHING.set(false);
+    true
 }
 
 /// Sends `request` and waits for the worker's answer: its reply, or the error it reported.
