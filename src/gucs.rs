@@ -27,6 +27,9 @@ pub static INDEX_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024)
 /// The store's block cache (RocksDB), in kB.
 pub static STORE_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(512 * 1024);
 
+/// The worker's cache of the key maps' open entries of recently captured blocks, in kB.
+pub static KEY_MAP_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+
 /// L_1*: the first index group's length budget (snapshots per group until queries tell).
 pub static GROUP_LENGTH: GucSetting<i32> = GucSetting::<i32>::new(20);
 
@@ -166,6 +169,19 @@ pub fn init() {
           compressed size of the captured tables plus about 40 bytes per row with a key.",
         &STORE_CACHE_SIZE,
         8 * 1024,
+        64 * 1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.key_map_cache_size",
+        c"Memory of the gsnap worker for the key map entries of the blocks recently captured.",
+        c"A capture compares the keys of every page it stores with those its block held at \
+          its last capture. With this cache it finds them in memory instead of reading them \
+          from the store: about 16 bytes per row with a key, plus 64 per block, of the pages \
+          changed between two snapshots. 0 turns it off.",
+        &KEY_MAP_CACHE_SIZE,
+        0,
         64 * 1024 * 1024,
         GucContext::Postmaster,
         GucFlags::UNIT_KB,

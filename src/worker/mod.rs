@@ -455,6 +455,7 @@ impl Worker {
             content_version: CONTENT_VERSION,
             oldest_content_version: OLDEST_CONTENT_VERSION,
             block_cache_bytes: Some(crate::gucs::STORE_CACHE_SIZE.get() as usize * 1024),
+            open_key_cache_bytes: crate::gucs::KEY_MAP_CACHE_SIZE.get() as usize * 1024,
             ..StoreOptions::new(sysid)
         };
         match Store::open_dir(std::path::Path::new(&dir), options) {

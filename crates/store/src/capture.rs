@@ -33,6 +33,7 @@ use crate::backend::{KvBackend, KvCursor, WriteBatch};
 use crate::error::{Result, StoreError};
 use crate::ids::{Fingerprint, ImageId, PageKey, Rank, RelId, SnapId, ToastId};
 use crate::keys::{self, Cf, Counter, DedupKind};
+use crate::openkeys::{self, OpenEntries};
 use crate::records::{self, CaptureStats, SnapshotDecl, SnapshotInfo, SnapshotState, ToastInfo};
 use crate::store::{SnapSummary, SnapshotStore};
 use gsnap_core::Mapping;
@@ -69,7 +70,12 @@ pub struct Capture<B: KvBackend> {
     key_maps: Vec<(RelId, Option<Vec<u8>>)>,
     /// Blocks' open key entries (hash, from) read ahead ([`Capture::prefetch_block_keys`]),
     /// taken by [`Capture::record_keys`].
-    prefetched: HashMap<PageKey, Vec<(u64, u64)>>,
+    prefetched: HashMap<PageKey, OpenEntries>,
+    /// The open key entries this capture leaves on the blocks it recorded, by (page, map),
+    /// given to the store's cache when the commit is written (`openkeys.rs`); at most
+    /// `recorded_bytes` of them (the cache's bound).
+    recorded: HashMap<(PageKey, SnapId), OpenEntries>,
+    recorded_bytes: usize,
     /// The new images given a delta.
     deltas: HashSet<ImageId>,
     failed: Option<StoreError>,
@@ -231,6 +237,8 @@ impl<B: KvBackend> SnapshotStore<B> {
             first_image_seq: marker.first_image_seq,
             key_maps: Vec::new(),
             prefetched: HashMap::new(),
+            recorded: HashMap::new(),
+            recorded_bytes: 0,
             deltas: HashSet::new(),
             failed: None,
             finished: false,
@@ -487,17 +495,22 @@ impl<B: KvBackend> Capture<B> {
         now.dedup();
         let before = match self.prefetched.remove(&page) {
             Some(held) => held,
-            None => {
-                let mut cursor = self.store.backend.cursor(Cf::Keys)?;
-                open_entries(cursor.as_mut(), page, map)?
-            }
+            None => match self.cached_open_entries(page, map) {
+                Some(held) => held,
+                None => {
+                    let mut cursor = self.store.backend.cursor(Cf::Keys)?;
+                    open_entries(cursor.as_mut(), page, map)?
+                }
+            },
         };
         let snap = self.info.id;
         let (rel, block) = (page.rel, page.block);
+        let mut after: OpenEntries = Vec::with_capacity(now.len());
         let (mut i, mut j) = (0, 0);
         while i < before.len() || j < now.len() {
             match (before.get(i).copied(), now.get(j).copied()) {
-                (Some((h, _)), Some(n)) if h == n => {
+                (Some((h, from)), Some(n)) if h == n => {
+                    after.push((h, from));
                     i += 1;
                     j += 1;
                 }
@@ -519,16 +532,35 @@ impl<B: KvBackend> Capture<B> {
                         &keys::open_key_key(rel, map, block, n),
                         &snap.0.to_be_bytes(),
                     );
+                    after.push((n, snap.0));
                     j += 1;
                 }
+            }
+        }
+        let cost = openkeys::cost(&after);
+        if self.recorded_bytes + cost <= self.store.open_keys().budget() {
+            self.recorded_bytes += cost;
+            if let Some(old) = self.recorded.insert((page, map), after) {
+                self.recorded_bytes -= openkeys::cost(&old);
             }
         }
         self.flush_if_full()
     }
 
+    /// The open entries of `page` under `map` as this capture left them, if it recorded the
+    /// page already, else as the last committed capture left them, if the store's cache
+    /// still has them (taken out of it: see `openkeys.rs`).
+    fn cached_open_entries(&mut self, page: PageKey, map: SnapId) -> Option<OpenEntries> {
+        if let Some(held) = self.recorded.get(&(page, map)) {
+            return Some(held.clone());
+        }
+        self.store.open_keys().take(page, map)
+    }
+
     /// Reads the open key entries of `pages` (each with its key map) ahead, with one cursor,
-    /// for the [`Capture::record_keys`] of each. A page is recorded once per capture, so
-    /// nothing read ahead goes stale.
+    /// for the [`Capture::record_keys`] of each; those the store's cache holds are taken
+    /// from it instead. A page is recorded once per capture, so nothing read ahead goes
+    /// stale.
     pub fn prefetch_block_keys(&mut self, pages: &[(PageKey, SnapId)]) -> Result<()> {
         self.usable()?;
         let mut wanted: Vec<(PageKey, SnapId)> = pages
@@ -538,9 +570,19 @@ impl<B: KvBackend> Capture<B> {
             .collect();
         wanted.sort_unstable_by_key(|&(p, m)| (p.rel, m, p.block));
         wanted.dedup();
-        let mut cursor = self.store.backend.cursor(Cf::Keys)?;
+        let store = self.store.clone();
+        let mut cursor = None;
         for (page, map) in wanted {
-            let held = open_entries(cursor.as_mut(), page, map)?;
+            let held = match self.cached_open_entries(page, map) {
+                Some(held) => held,
+                None => {
+                    let cursor = match &mut cursor {
+                        Some(c) => c,
+                        None => cursor.insert(store.backend.cursor(Cf::Keys)?),
+                    };
+                    open_entries(cursor.as_mut(), page, map)?
+                }
+            };
             self.prefetched.insert(page, held);
         }
         Ok(())
@@ -596,6 +638,7 @@ impl<B: KvBackend> Capture<B> {
             &records::encode_snapshot(&info),
         );
         self.batch.delete(Cf::Catalog, &keys::capturing_key(snap));
+        let remapped: Vec<RelId> = self.key_maps.iter().map(|(rel, _)| *rel).collect();
         for (rel, def) in std::mem::take(&mut self.key_maps) {
             let r = self.end_entries(rel);
             self.poison_on_error(r)?;
@@ -621,6 +664,13 @@ impl<B: KvBackend> Capture<B> {
             return Err(e);
         }
         self.finished = true;
+        {
+            let mut cache = self.store.open_keys();
+            for rel in remapped {
+                cache.forget_rel(rel);
+            }
+            cache.put_all(std::mem::take(&mut self.recorded));
+        }
         let mut cat = self.store.catalog_mut();
         cat.snaps.insert(
             snap,

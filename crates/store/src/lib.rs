@@ -51,6 +51,7 @@ mod keymap;
 pub mod keys;
 mod maplog;
 mod mem;
+mod openkeys;
 mod read;
 mod reclaim;
 mod records;

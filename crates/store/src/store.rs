@@ -25,6 +25,7 @@ use crate::error::{Result, StoreError};
 use crate::ids::SnapId;
 use crate::keys::{self, Cf, Counter};
 use crate::mem::MemBackend;
+use crate::openkeys::OpenKeyCache;
 use crate::records::{
     self, SnapshotDecl, SnapshotInfo, SnapshotState, StoreIdentity, FORMAT_VERSION,
 };
@@ -63,6 +64,9 @@ pub struct StoreOptions {
     /// RocksDB's block cache for [`SnapshotStore::open_dir`], in bytes (None: the backend's
     /// default, [`RocksConfig`]).
     pub block_cache_bytes: Option<usize>,
+    /// Memory for the open key entries of the blocks the last captures recorded, so that the
+    /// next capture does not read them from the store (`openkeys.rs`); 0: none kept.
+    pub open_key_cache_bytes: usize,
 }
 
 impl StoreOptions {
@@ -80,6 +84,7 @@ impl StoreOptions {
             oldest_content_version: 0,
             mapping_log: SkippyConfig::default(),
             block_cache_bytes: None,
+            open_key_cache_bytes: 64 << 20,
         }
     }
 }
@@ -158,6 +163,8 @@ pub struct StoreState<B: KvBackend> {
     pub(crate) verify_images: std::sync::atomic::AtomicBool,
     /// The mapping log rewrite begun last (`maplog.rs`; 0: none since the store was opened).
     pub(crate) log_rewrite: std::sync::atomic::AtomicU64,
+    /// The open key entries the last captures left on the blocks they recorded.
+    pub(crate) open_keys: Mutex<OpenKeyCache>,
 }
 
 impl SnapshotStore<RocksBackend> {
@@ -218,11 +225,12 @@ impl<B: KvBackend> SnapshotStore<B> {
         let store = SnapshotStore(Arc::new(StoreState {
             backend,
             identity,
-            options,
             ids: Mutex::new(ids),
             catalog: RwLock::new(catalog),
             verify_images: std::sync::atomic::AtomicBool::new(true),
             log_rewrite: std::sync::atomic::AtomicU64::new(0),
+            open_keys: Mutex::new(OpenKeyCache::new(options.open_key_cache_bytes)),
+            options,
         }));
         store.recover()?;
         Ok(store)
@@ -413,6 +421,26 @@ impl<B: KvBackend> SnapshotStore<B> {
 
     pub(crate) fn catalog_mut(&self) -> RwLockWriteGuard<'_, CatalogState> {
         self.catalog.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn open_keys(&self) -> MutexGuard<'_, OpenKeyCache> {
+        match self.open_keys.lock() {
+            Ok(cache) => cache,
+            Err(poisoned) => {
+                // A panic while it was being changed: what it holds cannot be trusted.
+                let mut cache = poisoned.into_inner();
+                *cache = OpenKeyCache::new(cache.budget());
+                self.open_keys.clear_poison();
+                cache
+            }
+        }
+    }
+
+    /// The cache of blocks' open key entries: (blocks held, bytes counted against
+    /// `StoreOptions::open_key_cache_bytes`, blocks a capture took from it since the store
+    /// was opened).
+    pub fn open_key_cache_stats(&self) -> (usize, usize, u64) {
+        self.open_keys().stats()
     }
 
     /// Allocates a snapshot, image or TOAST id. If the id is not yet covered by the persisted

@@ -136,3 +136,125 @@ fn entries_follow_keys_into_and_out_of_blocks() {
         0
     );
 }
+
+/// The store's cache of blocks' open key entries (`openkeys.rs`) never changes what a capture
+/// writes: three stores (a cache big enough for everything, one so small that it keeps
+/// dropping blocks, none) go through the same captures, committed, aborted, and failed part
+/// way with some of their batches written (an injected I/O error), with keys moving between
+/// blocks, pages recorded with and without reading ahead, and the map started again; after
+/// every capture their `keys` families are equal entry for entry, and the cached stores took
+/// blocks from their caches.
+#[test]
+fn the_open_key_cache_changes_nothing_a_capture_writes() {
+    let open = |cache: usize| {
+        let options = StoreOptions {
+            max_batch_bytes: 300,
+            open_key_cache_bytes: cache,
+            ..StoreOptions::new(7)
+        };
+        SnapshotStore::open(FaultyBackend::new(MemBackend::new()).unwrap(), options).unwrap()
+    };
+    let stores = [open(1 << 20), open(700), open(0)];
+    let setups: Vec<_> = stores.iter().map(|s| setup(s, 2, 8)).collect();
+    assert_eq!(
+        setups[0].0, setups[2].0,
+        "the same relation ids in every store"
+    );
+    let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut random = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let keys_family = |s: &SnapshotStore<FaultyBackend>| -> Vec<(Vec<u8>, Vec<u8>)> {
+        Scan::prefix(s.backend(), Cf::Keys, &[])
+            .unwrap()
+            .map(|e| e.unwrap())
+            .collect()
+    };
+    let (mut committed, mut failed) = (0, 0);
+    for round in 0..80 {
+        let start = round == 0 || round % 23 == 11;
+        // 0-6: commit; 7: abort; 8-9: an I/O error at one of the capture's batches.
+        let outcome = if start { 0 } else { random(10) };
+        let fail_at = random(6);
+        let mut blocks: Vec<(u32, Vec<u64>)> = Vec::new();
+        for b in 0..8 {
+            if start || random(3) > 0 {
+                // Keys 0..24 over 8 blocks: rows keep their block, move, leave and come back.
+                let n = random(5);
+                blocks.push((b, (0..n).map(|_| random(24)).collect()));
+            }
+        }
+        let read_ahead = random(2) == 0;
+        let mut results = Vec::new();
+        for (store, (rels, decl)) in stores.iter().zip(&setups) {
+            let row_type = decl.relations[0].row_type;
+            if outcome >= 8 {
+                let at = store.backend().writes_attempted() + 1 + fail_at;
+                store.backend().fail_write(at, Fault::Io);
+            }
+            let mut c = store
+                .declare_and_begin(decl_for(rels, 8, row_type, round + 1))
+                .unwrap();
+            let snap = c.snapshot();
+            let mut ok = true;
+            for &rel in rels {
+                let map = if start {
+                    c.start_key_map(rel, b"id int4").unwrap();
+                    snap
+                } else {
+                    store.key_map(rel).unwrap().unwrap().start
+                };
+                if read_ahead {
+                    let pages: Vec<_> = blocks
+                        .iter()
+                        .map(|(b, _)| (page_key(rel, *b), map))
+                        .collect();
+                    ok &= c.prefetch_block_keys(&pages).is_ok();
+                }
+                for (b, hashes) in &blocks {
+                    ok = ok && c.record_keys(page_key(rel, *b), map, hashes).is_ok();
+                }
+            }
+            let done = if outcome < 7 && ok {
+                c.commit().is_ok()
+            } else {
+                c.abort("test").unwrap();
+                false
+            };
+            store.backend().fail_write(u64::MAX, Fault::Io);
+            results.push(done);
+        }
+        assert!(results.iter().all(|r| *r == results[0]), "round {round}");
+        if results[0] {
+            committed += 1;
+        } else {
+            failed += 1;
+        }
+        let want = keys_family(&stores[2]);
+        assert_eq!(
+            keys_family(&stores[0]),
+            want,
+            "round {round}: the big cache"
+        );
+        assert_eq!(
+            keys_family(&stores[1]),
+            want,
+            "round {round}: the small cache"
+        );
+    }
+    assert!(
+        committed > 40 && failed > 10,
+        "{committed} committed, {failed} failed"
+    );
+    let (blocks, bytes, taken) = stores[0].open_key_cache_stats();
+    assert!(
+        blocks > 0 && bytes > 0 && taken > 300,
+        "{blocks} {bytes} {taken}"
+    );
+    let (_, small_bytes, small_taken) = stores[1].open_key_cache_stats();
+    assert!(small_bytes <= 700 && small_taken > 0 && small_taken < taken);
+    assert_eq!(stores[2].open_key_cache_stats(), (0, 0, 0));
+}
