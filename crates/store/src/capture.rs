@@ -222,6 +222,19 @@ impl<B: KvBackend> SnapshotStore<B> {
             &keys::capturing_key(snap),
             &records::encode_capture_marker(&marker),
         );
+        if self.identity.format_version < records::FORMAT_VERSION {
+            // A store of an older format becomes the current one before this capture's first
+            // image (named by its stored form) can reach the disk: older builds refuse it.
+            let identity = records::StoreIdentity {
+                format_version: records::FORMAT_VERSION,
+                ..self.identity
+            };
+            batch.put(
+                Cf::Meta,
+                keys::FORMAT_KEY,
+                &records::encode_format(&identity),
+            );
+        }
         self.catalog_mut().active = Some(snap);
         Ok(Capture {
             store: self.clone(),
@@ -339,7 +352,8 @@ impl<B: KvBackend> Capture<B> {
                 view.len()
             )));
         }
-        let fp = Fingerprint::of(view);
+        let sealed = records::seal_image(view);
+        let fp = sealed.fp;
         if let Some(id) = self.find(DedupKind::Image, &fp)? {
             self.info.stats.dedup_hits += 1;
             let id = ImageId(id);
@@ -350,7 +364,7 @@ impl<B: KvBackend> Capture<B> {
         }
         let rank = self.info.decl.rank;
         let id = keys::image_id(rank, self.alloc(Counter::Image)?);
-        let record = records::encode_image(view, &fp);
+        let record = sealed.encode();
         let st = &mut self.info.stats;
         st.new_images += 1;
         st.image_bytes_raw += view.len() as u64;

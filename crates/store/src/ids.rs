@@ -48,8 +48,9 @@ id_type!(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Rank(pub u8);
 
-/// The BLAKE3 hash of some uncompressed content: all 32 bytes, never truncated (a collision
-/// would show one table's rows in another).
+/// A BLAKE3 hash: all 32 bytes, never truncated (a collision would show one table's rows in
+/// another). Of some uncompressed content, or for page images of their stored (compressed)
+/// form ([`Fingerprint::of_image`]).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fingerprint(pub [u8; 32]);
 
@@ -57,6 +58,12 @@ impl Fingerprint {
     /// The fingerprint of `content`.
     pub fn of(content: &[u8]) -> Self {
         Fingerprint(*blake3::hash(content).as_bytes())
+    }
+
+    /// The fingerprint a capture gives the page view `view` (its dedup key): that of the
+    /// view's stored form (`records.rs`, `stored_fingerprint`).
+    pub fn of_image(view: &[u8]) -> Self {
+        crate::records::seal_image(view).fp
     }
 }
 

@@ -237,7 +237,8 @@ impl<B: KvBackend> SnapshotStore<B> {
         batch.put(Cf::Catalog, keys::LOG_GENERATION_KEY, &record);
         let (start, end) = keys::log_generation_range(rewrite.from);
         batch.delete_range(Cf::MapLog, &start, &end);
-        // A store of format 3 becomes 4 here: older builds cannot read generation 1.
+        // A store of format 3 becomes the current format here: builds older than format 4
+        // cannot read generation 1.
         let identity = StoreIdentity {
             format_version: FORMAT_VERSION,
             ..self.identity

@@ -188,7 +188,10 @@ fn check_store<B: KvBackend>(store: &SnapshotStore<B>, capture_open: bool) {
                     images.contains(&ImageId(id)),
                     "dedup names freed image {id}"
                 );
-                assert_eq!(Fingerprint::of(&store.image(ImageId(id)).unwrap()), fp);
+                assert_eq!(
+                    Fingerprint::of_image(&store.image(ImageId(id)).unwrap()),
+                    fp
+                );
             }
             keys::DedupKind::Toast => {
                 assert!(
@@ -201,7 +204,7 @@ fn check_store<B: KvBackend>(store: &SnapshotStore<B>, capture_open: bool) {
         }
     }
     for &id in &images {
-        let fp = Fingerprint::of(&store.image(id).unwrap());
+        let fp = Fingerprint::of_image(&store.image(id).unwrap());
         let entry = store
             .backend()
             .get(Cf::Dedup, &keys::dedup_key(keys::DedupKind::Image, &fp))
@@ -2749,4 +2752,41 @@ fn a_page_is_mapped_at_most_once_per_capture() {
 fn a_toast_value_kept_for_a_capture_is_not_a_leak_until_released() {
     let (reclaimed, _, _) = run_model_with(1, 120, true);
     assert!(reclaimed >= 10);
+}
+
+/// A store of format 4 (images named by their content) is read as it is, and its first
+/// capture makes it format 5 (images named by their stored form) before any of its images
+/// can reach the disk, so that a build that knows only format 4 refuses it.
+#[test]
+fn a_format_4_store_is_read_and_becomes_format_5_with_its_first_capture() {
+    let mem = MemBackend::new();
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    let (rels, decl) = setup(&store, 1, 2);
+    let p = page_key(rels[0], 0);
+    let (s1, _) = commit_views(&store, &decl, &[(p, b"a", &[])]);
+    drop(store);
+    let version = |mem: &MemBackend| {
+        let record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
+        u32::from_be_bytes(record[8..12].try_into().unwrap())
+    };
+    let mut record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
+    record[8..12].copy_from_slice(&4u32.to_be_bytes());
+    let mut b = WriteBatch::new();
+    b.put(Cf::Meta, keys::FORMAT_KEY, &record);
+    mem.write(&b, true).unwrap();
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    assert_eq!(version(&mem), 4, "opening changes nothing");
+    assert_eq!(store.page_table(s1).unwrap().len(), 1);
+    let mut c = store
+        .declare_and_begin(common::decl_for(&rels, 2, decl.relations[0].row_type, 9))
+        .unwrap();
+    let image = c.put_image(b"b", &[]).unwrap();
+    c.add_mapping(p, image).unwrap();
+    assert_eq!(version(&mem), 4, "nothing of the capture written yet");
+    let s2 = c.commit().unwrap().id;
+    assert_eq!(version(&mem), 5, "with the capture's first batch");
+    assert_eq!(FORMAT_VERSION, 5);
+    let store = SnapshotStore::open(mem.clone(), options()).unwrap();
+    assert_eq!(store.image(image).unwrap(), b"b");
+    assert_eq!(store.page_table(s2).unwrap(), vec![(p, image)]);
 }

@@ -187,7 +187,7 @@ pub fn check_invariants<B: KvBackend>(store: &SnapshotStore<B>) {
                     .image(ImageId(id))
                     .expect("dedup entry names a missing image");
                 assert_eq!(
-                    Fingerprint::of(&content),
+                    Fingerprint::of_image(&content),
                     fp,
                     "dedup entry names an image of other content"
                 );
