@@ -159,8 +159,8 @@ unsafe fn page_lsn(buffer: pg_sys::Buffer) -> u64 {
 }
 
 /// Copies the tuples of the page in `buffer` that `snapshot` sees (headers not normalized
-/// yet) into a view builder with room for every line pointer of the page (so nothing is
-/// allocated once copying starts); true if the page is unsettled (see [`tuple_unsettled`]).
+/// yet) into a view builder of exactly their size (so nothing is allocated or moved once
+/// copying starts); true if the page is unsettled (see [`tuple_unsettled`]).
 ///
 /// # Safety
 /// `buffer` holds block `block` of the open relation `rel`, pinned and share-locked by the
@@ -179,14 +179,10 @@ unsafe fn copy_visible(
     }
     // SAFETY: the locked page.
     let max = unsafe { pg_sys::PageGetMaxOffsetNumber(page) };
-    // The page's tuples, each rounded up to 8 bytes (MAXALIGN), lie between pd_upper and
-    // pd_special: the visible ones never need more room.
-    // SAFETY: the locked page starts with its header.
-    let tuple_space = unsafe {
-        let header = &*page.cast::<pg_sys::PageHeaderData>();
-        usize::from(header.pd_special).saturating_sub(usize::from(header.pd_upper))
-    };
-    let mut builder = ViewBuilder::with_capacity(max as usize, tuple_space);
+    // The visible tuples are found first and copied after, into a builder of exactly their
+    // size: room for every line pointer (dead and redirected ones too) made the builder
+    // move all the tuples again when it finished, a second copy of the page.
+    let mut visible: Vec<(u16, *const u8, usize)> = Vec::with_capacity(max as usize);
     let mut unsettled = false;
     for off in 1..=max {
         // SAFETY: line pointer `off` of the locked page, at most its last.
@@ -209,10 +205,17 @@ unsafe fn copy_visible(
         unsettled |= unsafe { tuple_unsettled(header, snapshot) };
         // SAFETY: the tuple, in its locked buffer, tested against the caller's snapshot.
         if unsafe { pg_sys::HeapTupleSatisfiesVisibility(&mut tuple, snapshot, buffer) } {
-            // SAFETY: the header and its `len` bytes, on the locked page.
-            let bytes = unsafe { std::slice::from_raw_parts(header.cast::<u8>(), len) };
-            builder.push(off, bytes);
+            visible.push((off, header.cast::<u8>(), len));
         }
+    }
+    let bytes = visible
+        .iter()
+        .map(|&(_, _, len)| len.next_multiple_of(8))
+        .sum();
+    let mut builder = ViewBuilder::with_capacity(visible.len(), bytes);
+    for (off, at, len) in visible {
+        // SAFETY: a visible tuple's header and its `len` bytes, on the page still locked.
+        builder.push(off, unsafe { std::slice::from_raw_parts(at, len) });
     }
     (builder, unsettled)
 }
