@@ -1110,9 +1110,24 @@ fn a_rewrite_is_due_only_after_a_reclamation_since_the_last() {
     assert_eq!(rewrite.retired_generation(), 1);
 }
 
+/// The format version in the store's format record.
+fn format_version(mem: &MemBackend) -> u32 {
+    let record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
+    u32::from_be_bytes(record[8..12].try_into().unwrap())
+}
+
+/// Rewrites the store's format record as if an older build had written it.
+fn set_format_version(mem: &MemBackend, version: u32) {
+    let mut record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
+    record[8..12].copy_from_slice(&version.to_be_bytes());
+    let mut b = WriteBatch::new();
+    b.put(Cf::Meta, keys::FORMAT_KEY, &record);
+    mem.write(&b, true).unwrap();
+}
+
 /// A store of format 3 (before the log's generations) is read as it is, and its first log
-/// rewrite makes it format 4, so that a build that knows only format 3 refuses it instead of
-/// reading an empty log.
+/// rewrite makes it the current format (4 or later), so that a build that knows only format 3
+/// refuses it instead of reading an empty log.
 #[test]
 fn a_format_3_store_is_read_and_becomes_format_4_when_its_log_is_rewritten() {
     let mem = MemBackend::new();
@@ -1122,21 +1137,13 @@ fn a_format_3_store_is_read_and_becomes_format_4_when_its_log_is_rewritten() {
     let (s1, _) = commit_views(&store, &decl, &[(p, b"a", &[])]);
     let (s2, _) = commit_views(&store, &decl, &[(p, b"b", &[])]);
     drop(store);
-    let version = |mem: &MemBackend| {
-        let record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
-        u32::from_be_bytes(record[8..12].try_into().unwrap())
-    };
-    let mut record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
-    record[8..12].copy_from_slice(&3u32.to_be_bytes());
-    let mut b = WriteBatch::new();
-    b.put(Cf::Meta, keys::FORMAT_KEY, &record);
-    mem.write(&b, true).unwrap();
+    set_format_version(&mem, 3);
     let store = SnapshotStore::open(mem.clone(), options()).unwrap();
-    assert_eq!(version(&mem), 3);
+    assert_eq!(format_version(&mem), 3);
     let tables = [s1, s2].map(|s| store.page_table(s).unwrap());
     let rewrite = store.rewrite_log(1 << 20).unwrap().unwrap();
     assert_eq!(store.apply_log_rewrite(&rewrite).unwrap(), Some(2));
-    assert_eq!(version(&mem), FORMAT_VERSION);
+    assert_eq!(format_version(&mem), FORMAT_VERSION);
     let store = SnapshotStore::open(mem.clone(), options()).unwrap();
     assert_eq!(tables, [s1, s2].map(|s| store.page_table(s).unwrap()));
 }
@@ -2765,26 +2772,22 @@ fn a_format_4_store_is_read_and_becomes_format_5_with_its_first_capture() {
     let p = page_key(rels[0], 0);
     let (s1, _) = commit_views(&store, &decl, &[(p, b"a", &[])]);
     drop(store);
-    let version = |mem: &MemBackend| {
-        let record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
-        u32::from_be_bytes(record[8..12].try_into().unwrap())
-    };
-    let mut record = mem.get(Cf::Meta, keys::FORMAT_KEY).unwrap().unwrap();
-    record[8..12].copy_from_slice(&4u32.to_be_bytes());
-    let mut b = WriteBatch::new();
-    b.put(Cf::Meta, keys::FORMAT_KEY, &record);
-    mem.write(&b, true).unwrap();
+    set_format_version(&mem, 4);
     let store = SnapshotStore::open(mem.clone(), options()).unwrap();
-    assert_eq!(version(&mem), 4, "opening changes nothing");
+    assert_eq!(format_version(&mem), 4, "opening changes nothing");
     assert_eq!(store.page_table(s1).unwrap().len(), 1);
     let mut c = store
         .declare_and_begin(common::decl_for(&rels, 2, decl.relations[0].row_type, 9))
         .unwrap();
     let image = c.put_image(b"b", &[]).unwrap();
     c.add_mapping(p, image).unwrap();
-    assert_eq!(version(&mem), 4, "nothing of the capture written yet");
+    assert_eq!(
+        format_version(&mem),
+        4,
+        "nothing of the capture written yet"
+    );
     let s2 = c.commit().unwrap().id;
-    assert_eq!(version(&mem), 5, "with the capture's first batch");
+    assert_eq!(format_version(&mem), 5, "with the capture's first batch");
     assert_eq!(FORMAT_VERSION, 5);
     let store = SnapshotStore::open(mem.clone(), options()).unwrap();
     assert_eq!(store.image(image).unwrap(), b"b");
