@@ -49,7 +49,7 @@ pub fn capture_memory_bytes() -> usize {
 }
 
 /// The part of `gsnap.snapshot_interval` over which phase two of a capture is spread.
-pub static CAPTURE_PACE: GucSetting<f64> = GucSetting::<f64>::new(0.5);
+pub static CAPTURE_PACE: GucSetting<f64> = GucSetting::<f64>::new(0.8);
 
 /// Check every image read from the store against its BLAKE3 fingerprint.
 pub static VERIFY_IMAGES: GucSetting<bool> = GucSetting::<bool>::new(false);
