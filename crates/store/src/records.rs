@@ -27,16 +27,17 @@ pub const SNAPSHOT_RECORD_VERSION: u8 = 3;
 /// The format version this build reads and writes. A store of another version is refused.
 ///
 /// Version 5 names page images by their stored (compressed) form ([`STORED_FINGERPRINT`]); a
-/// version 3 or 4 store is read as is (its images are named by their content, as the flag
-/// says) and becomes version 5 with its first capture, so that an older build refuses it
-/// instead of failing on the flag. Version 4 lets the mapping log live in either of two key generations (a rewrite writes the
-/// other, then switches: `maplog.rs`); a version 3 store is read as is (its log is generation
-/// 0, the same keys) and becomes version 4 when its log is first rewritten, so that an older
-/// build refuses it instead of reading an empty log. Version 3 adds lifetimes: images in one column family per rank (the rank in the image
-/// id's top byte), reference counts (`refs`), snapshot labels, explicit ranks, pins and
-/// deletion times, and reclamation progress. Version 2 keeps each mapping once, in the Skippy
-/// mapping log written in its snapshot's commit batch; version 1 also kept the
-/// `page_versions` column family and a separate mapping log written during the capture.
+/// version 3 or 4 store is read as is (its images are named by their content, as the flag says) and
+/// becomes version 5 with its first capture, so that an older build refuses it instead of failing
+/// on the flag. Version 4 lets the mapping log live in either of two key generations (a rewrite
+/// writes the other, then switches: `maplog.rs`); a version 3 store is read as is (its log is
+/// generation 0, the same keys) and becomes version 4 when its log is first rewritten, so that an
+/// older build refuses it instead of reading an empty log. Version 3 adds lifetimes: images in one
+/// column family per rank (the rank in the image id's top byte), reference counts (`refs`),
+/// snapshot labels, explicit ranks, pins and deletion times, and reclamation progress. Version 2
+/// keeps each mapping once, in the Skippy mapping log written in its snapshot's commit batch;
+/// version 1 also kept the `page_versions` column family and a separate mapping log written during
+/// the capture.
 pub const FORMAT_VERSION: u32 = 5;
 
 /// The oldest format version this build reads (see [`FORMAT_VERSION`]).
