@@ -552,7 +552,7 @@ impl<B: KvBackend> Capture<B> {
             }
         }
         let cost = openkeys::cost(&after);
-        if self.recorded_bytes + cost <= self.store.open_keys().budget() {
+        if self.recorded_bytes + cost <= self.store.options.open_key_cache_bytes {
             self.recorded_bytes += cost;
             if let Some(old) = self.recorded.insert((page, map), after) {
                 self.recorded_bytes -= openkeys::cost(&old);

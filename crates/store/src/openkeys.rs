@@ -41,11 +41,6 @@ impl OpenKeyCache {
         }
     }
 
-    /// The bound, in bytes (0: nothing is kept).
-    pub fn budget(&self) -> usize {
-        self.budget
-    }
-
     /// Takes the open entries of `page` under key map `map`, if they are cached.
     pub fn take(&mut self, page: PageKey, map: SnapId) -> Option<OpenEntries> {
         let entries = self.blocks.remove(&(page, map))?;

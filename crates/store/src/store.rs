@@ -429,7 +429,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             Err(poisoned) => {
                 // A panic while it was being changed: what it holds cannot be trusted.
                 let mut cache = poisoned.into_inner();
-                *cache = OpenKeyCache::new(cache.budget());
+                *cache = OpenKeyCache::new(self.options.open_key_cache_bytes);
                 self.open_keys.clear_poison();
                 cache
             }
