@@ -319,8 +319,18 @@ unsafe extern "C-unwind" fn begin<N: ScanNode>(
 unsafe extern "C-unwind" fn access_next<N: ScanNode>(
     ss: *mut pg_sys::ScanState,
 ) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: ExecScan calls this with our node's scan state.
+    unsafe { next_into_slot::<N>(ss) }
+}
+
+/// The next row of our node `ss` in its scan slot, or the slot emptied at the end.
+///
+/// # Safety
+/// `ss` is the scan state of a `NodeState<N>`, initialized (its scan slot set); call under a
+/// guard (`exec` or `access_next`).
+unsafe fn next_into_slot<N: ScanNode>(ss: *mut pg_sys::ScanState) -> *mut pg_sys::TupleTableSlot {
     let css = ss.cast::<pg_sys::CustomScanState>();
-    // SAFETY: ExecScan calls this with our node's scan state, whose scan slot is set.
+    // SAFETY: the caller's promise: the scan slot is set.
     let slot = unsafe { (*ss).ss_ScanTupleSlot };
     // SAFETY: our state: a ScanState is the start of a CustomScanState, itself the start of
     // a NodeState<N>.
@@ -343,13 +353,48 @@ unsafe extern "C-unwind" fn recheck(
     true
 }
 
+/// Runs the node for one row. A node without conditions, outside an EvalPlanQual recheck,
+/// whose rows need no projection or are projected to no columns (`count(*)`), fetches here,
+/// as ExecScan's shortcut for the first case does (reset the per-row memory, check for
+/// interrupts, fetch): one guarded call per row instead of a guarded call into ExecScan, the
+/// guarded callback from it and a projection evaluated per row. Anything else goes through
+/// ExecScan.
 #[pg_guard]
 unsafe extern "C-unwind" fn exec<N: ScanNode>(
     css: *mut pg_sys::CustomScanState,
 ) -> *mut pg_sys::TupleTableSlot {
-    // SAFETY: the executor runs our node: ExecScan fetches through its access method and
-    // checks the plan's conditions.
-    unsafe { pg_sys::ExecScan(&mut (*css).ss, Some(access_next::<N>), Some(recheck)) }
+    // SAFETY: the executor runs our initialized node: its plan, plan state, expression
+    // context, executor state and (if it projects) projection are set.
+    unsafe {
+        let ss = &raw mut (*css).ss;
+        let ps = &(*ss).ps;
+        let projection = ps.ps_ProjInfo;
+        let plain = ps.qual.is_null() && (*ps.state).es_epq_active.is_null();
+        if plain && (projection.is_null() || (*ps.plan).targetlist.is_null()) {
+            let per_row = (*ps.ps_ExprContext).ecxt_per_tuple_memory;
+            if !(*per_row).isReset {
+                pg_sys::MemoryContextReset(per_row);
+            }
+            pgrx::check_for_interrupts!();
+            let slot = next_into_slot::<N>(ss);
+            if projection.is_null() {
+                return slot;
+            }
+            // Projected to no columns: the projection's result is an empty row, stored once
+            // (what ExecProject stores for every row), emptied at the end.
+            let result = (*projection).pi_state.resultslot;
+            if (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                return pg_sys::ExecClearTuple(result);
+            }
+            if (*result).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                pg_sys::ExecStoreVirtualTuple(result);
+            }
+            return result;
+        }
+        // ExecScan fetches through the access method, checks the plan's conditions and
+        // projects.
+        pg_sys::ExecScan(ss, Some(access_next::<N>), Some(recheck))
+    }
 }
 
 #[pg_guard]
