@@ -51,10 +51,9 @@ impl<B: KvBackend> SnapshotStore<B> {
                 .filter(|&i| keys::image_rank(ids[i]) == rank)
                 .collect();
             let keys: Vec<[u8; 8]> = at.iter().map(|&i| keys::image_key(ids[i])).collect();
-            let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-            for (i, v) in at
-                .into_iter()
-                .zip(self.backend.multi_get(Cf::Images(rank), &refs)?)
+            for (i, v) in
+                at.into_iter()
+                    .zip(read_in_key_order(&self.backend, Cf::Images(rank), &keys)?)
             {
                 values[i] = v;
             }
@@ -155,5 +154,134 @@ impl<B: KvBackend> SnapshotStore<B> {
             )));
         }
         Ok(value)
+    }
+}
+
+/// Entries a cursor steps over to reach the next key before it seeks instead.
+const MAX_STEPS: usize = 16;
+
+/// The values of `keys` of `cf`, in the order of `keys`, read in key order with one cursor
+/// that steps from one to the next when they are near (the images of a scan's batch are
+/// mostly consecutive: a capture numbers a table's new images in block order) and seeks
+/// otherwise. A point lookup per key searched the family's index and a data block for each
+/// one: a third of the worker's CPU serving a sequential AS OF scan.
+pub(crate) fn read_in_key_order<B: KvBackend>(
+    backend: &B,
+    cf: Cf,
+    keys: &[[u8; 8]],
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_unstable_by_key(|&i| keys[i]);
+    let mut values: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+    let mut cursor = backend.cursor(cf)?;
+    let mut positioned = false;
+    for i in order {
+        let key = &keys[i][..];
+        let mut steps = 0;
+        while positioned && steps < MAX_STEPS {
+            match cursor.current() {
+                Some((k, _)) if k < key => cursor.next()?,
+                _ => break,
+            }
+            steps += 1;
+        }
+        let behind = match cursor.current() {
+            Some((k, _)) => k < key,
+            None => !positioned,
+        };
+        if behind {
+            cursor.seek(key)?;
+            positioned = true;
+        }
+        values[i] = match cursor.current() {
+            Some((k, v)) if k == key => Some(v.to_vec()),
+            _ => None,
+        };
+    }
+    Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::WriteBatch;
+    use crate::mem::MemBackend;
+    use crate::rocks::RocksBackend;
+    use proptest::prelude::*;
+
+    /// Reading in key order gives what a point lookup per key gives: keys present and
+    /// missing, repeated, unsorted, near each other (steps) and far apart (seeks), before the
+    /// first entry and past the last, some deleted, some in the memtable and some flushed.
+    fn same_as_point_lookups<B: KvBackend>(
+        backend: &B,
+        stored: &[u64],
+        deleted: &[u64],
+        asked: &[u64],
+    ) {
+        let cf = Cf::Images(Rank(0));
+        let mut b = WriteBatch::new();
+        for &k in stored {
+            b.put(
+                cf,
+                &k.to_be_bytes(),
+                &k.to_le_bytes().repeat((k % 5) as usize + 1),
+            );
+        }
+        backend.write(&b, false).unwrap();
+        let mut b = WriteBatch::new();
+        for &k in deleted {
+            b.delete(cf, &k.to_be_bytes());
+        }
+        backend.write(&b, false).unwrap();
+        let keys: Vec<[u8; 8]> = asked.iter().map(|k| k.to_be_bytes()).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let expected: Vec<Option<Vec<u8>>> =
+            refs.iter().map(|k| backend.get(cf, k).unwrap()).collect();
+        assert_eq!(read_in_key_order(backend, cf, &keys).unwrap(), expected);
+        assert_eq!(backend.multi_get(cf, &refs).unwrap(), expected);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn reading_in_key_order_equals_point_lookups(
+            stored in prop::collection::vec(0u64..400, 0..200),
+            deleted in prop::collection::vec(0u64..400, 0..40),
+            asked in prop::collection::vec(0u64..420, 0..120),
+        ) {
+            same_as_point_lookups(&MemBackend::new(), &stored, &deleted, &asked);
+            let dir = tempfile::tempdir().unwrap();
+            let rocks = RocksBackend::open(&dir.path().join("s"), true).unwrap();
+            same_as_point_lookups(&rocks, &stored, &deleted, &asked);
+        }
+    }
+
+    #[test]
+    fn a_batch_of_consecutive_images_is_read_across_flushed_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let rocks = RocksBackend::open(&dir.path().join("s"), true).unwrap();
+        let cf = Cf::Images(Rank(0));
+        for part in 0..4u64 {
+            let mut b = WriteBatch::new();
+            for k in (part * 1000)..(part * 1000 + 1000) {
+                if k % 7 != 3 {
+                    b.put(cf, &k.to_be_bytes(), &k.to_le_bytes());
+                }
+            }
+            rocks.write(&b, false).unwrap();
+            // (into table files: a compaction flushes the memtable first)
+            let (from, to) = (part * 1000, part * 1000 + 1000);
+            rocks
+                .compact_range(cf, &from.to_be_bytes(), &to.to_be_bytes())
+                .unwrap();
+        }
+        // the last part stays in the memtable
+        let mut b = WriteBatch::new();
+        for k in 4000..4100u64 {
+            b.put(cf, &k.to_be_bytes(), &k.to_le_bytes());
+        }
+        rocks.write(&b, false).unwrap();
+        let asked: Vec<u64> = (500..4200).rev().chain([0, 3999, 5000]).collect();
+        same_as_point_lookups(&rocks, &[], &[], &asked);
     }
 }
