@@ -11,7 +11,7 @@
 
 use crate::ffi::tuple::{self, item_pointer};
 use gsnap_format::heap;
-use gsnap_format::view::ViewBuilder;
+use gsnap_format::view::{self, ViewBuilder};
 use pgrx::pg_sys;
 
 /// The result of capturing one page.
@@ -210,7 +210,7 @@ unsafe fn copy_visible(
     }
     let bytes = visible
         .iter()
-        .map(|&(_, _, len)| len.next_multiple_of(8))
+        .map(|&(_, _, len)| view::tuple_room(len))
         .sum();
     let mut builder = ViewBuilder::with_capacity(visible.len(), bytes);
     for (off, at, len) in visible {

@@ -23,6 +23,12 @@ fn pad8(n: usize) -> usize {
     n.next_multiple_of(8)
 }
 
+/// The bytes a tuple of `len` bytes takes in a view (rounded up to 8): what
+/// [`ViewBuilder::with_capacity`] counts per tuple.
+pub fn tuple_room(len: usize) -> usize {
+    pad8(len)
+}
+
 /// Builds a view tuple by tuple, in the buffer it returns: the tuples are written after room
 /// for the directory of as many tuples as the builder was made for, so a page's tuples are
 /// copied once (and, if fewer are pushed, moved down once).

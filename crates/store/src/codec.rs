@@ -237,23 +237,29 @@ pub fn decompress_into(codec: u8, payload: &[u8], out: &mut [u8], what: &str) ->
     Ok(())
 }
 
-/// Reverses [`compress`]; `raw_len` is the recorded uncompressed length.
-pub fn decompress(codec: u8, payload: &[u8], raw_len: usize, what: &str) -> Result<Vec<u8>> {
-    // LZ4 expands a byte to at most 255: a damaged length must not allocate gigabytes.
+/// A zeroed buffer of `raw_len` bytes to decompress `payload` into, if `payload` can hold
+/// that much (LZ4 expands a byte to at most 255: a damaged length must not allocate
+/// gigabytes).
+pub fn output_for(payload: &[u8], raw_len: usize, what: &str) -> Result<Vec<u8>> {
     if raw_len > payload.len().saturating_mul(255).saturating_add(16) {
         return Err(StoreError::corrupt(format!(
             "{what}: the record says {raw_len} bytes, more than its {} stored bytes can hold",
             payload.len()
         )));
     }
-    let mut raw = vec![0; raw_len];
-    decompress_into(codec, payload, &mut raw, what)?;
-    Ok(raw)
+    Ok(vec![0; raw_len])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reverses [`compress`]; `raw_len` is the recorded uncompressed length.
+    fn decompress(codec: u8, payload: &[u8], raw_len: usize, what: &str) -> Result<Vec<u8>> {
+        let mut raw = output_for(payload, raw_len, what)?;
+        decompress_into(codec, payload, &mut raw, what)?;
+        Ok(raw)
+    }
     use crate::error::ErrorKind;
 
     #[test]

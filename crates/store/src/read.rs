@@ -173,25 +173,25 @@ pub(crate) fn read_in_key_order<B: KvBackend>(
     let mut order: Vec<usize> = (0..keys.len()).collect();
     order.sort_unstable_by_key(|&i| keys[i]);
     let mut values: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+    let Some(&first) = order.first() else {
+        return Ok(values);
+    };
     let mut cursor = backend.cursor(cf)?;
-    let mut positioned = false;
+    cursor.seek(&keys[first])?;
     for i in order {
         let key = &keys[i][..];
+        // Forward to the first entry >= key (at the end, no later key is stored either).
         let mut steps = 0;
-        while positioned && steps < MAX_STEPS {
-            match cursor.current() {
-                Some((k, _)) if k < key => cursor.next()?,
-                _ => break,
+        while let Some((k, _)) = cursor.current() {
+            if k >= key {
+                break;
             }
+            if steps == MAX_STEPS {
+                cursor.seek(key)?;
+                break;
+            }
+            cursor.next()?;
             steps += 1;
-        }
-        let behind = match cursor.current() {
-            Some((k, _)) => k < key,
-            None => !positioned,
-        };
-        if behind {
-            cursor.seek(key)?;
-            positioned = true;
         }
         values[i] = match cursor.current() {
             Some((k, v)) if k == key => Some(v.to_vec()),

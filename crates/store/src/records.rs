@@ -550,15 +550,7 @@ impl ImageRecord {
                 out.len()
             )));
         }
-        let stored = codec & STORED_FINGERPRINT != 0;
-        if check_fingerprint && stored {
-            verify_stored(codec, raw_len, payload, &fp, "content")?;
-        }
-        codec::decompress_into(codec & !STORED_FINGERPRINT, payload, out, "content")?;
-        if check_fingerprint && !stored {
-            verify(out, &fp, "content")?;
-        }
-        Ok(())
+        decode_payload_into(codec, &fp, payload, out, check_fingerprint, "content")
     }
 }
 
@@ -635,19 +627,34 @@ fn content_header<'a>(
     Ok((codec, raw_len, fp, d.rest()))
 }
 
-/// Decompresses a content record, checking it against its fingerprint if `check` (its
-/// stored form before decompression, or its content after, as the record says).
+/// Decompresses a content record, checking it against its fingerprint if `check`.
 fn decode_content(v: &[u8], kind: &'static str, what: &str, check: bool) -> Result<Vec<u8>> {
     let (codec, raw_len, fp, payload) = content_header(v, kind)?;
+    let mut raw = codec::output_for(payload, raw_len, what)?;
+    decode_payload_into(codec, &fp, payload, &mut raw, check, what)?;
+    Ok(raw)
+}
+
+/// Decompresses a content record's `payload` into `out` (of its recorded length), checking it
+/// against its fingerprint `fp` if `check`: its stored form before decompression, or its
+/// content after, as the codec byte's [`STORED_FINGERPRINT`] flag says.
+fn decode_payload_into(
+    codec: u8,
+    fp: &Fingerprint,
+    payload: &[u8],
+    out: &mut [u8],
+    check: bool,
+    what: &str,
+) -> Result<()> {
     let stored = codec & STORED_FINGERPRINT != 0;
     if check && stored {
-        verify_stored(codec, raw_len, payload, &fp, what)?;
+        verify_stored(codec, out.len(), payload, fp, what)?;
     }
-    let raw = codec::decompress(codec & !STORED_FINGERPRINT, payload, raw_len, what)?;
+    codec::decompress_into(codec & !STORED_FINGERPRINT, payload, out, what)?;
     if check && !stored {
-        verify(&raw, &fp, what)?;
+        verify(out, fp, what)?;
     }
-    Ok(raw)
+    Ok(())
 }
 
 fn verify(raw: &[u8], fp: &Fingerprint, what: &str) -> Result<()> {
