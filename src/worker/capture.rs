@@ -749,7 +749,7 @@ fn store_delta(
     if !capture.stored_image(image) {
         return Ok(());
     }
-    let Ok(before) = capture.store().image(base) else {
+    let Ok(before) = capture.base_image(base) else {
         return Ok(());
     };
     match gsnap_format::delta::between(base.0, &before, view) {

@@ -456,6 +456,7 @@ impl Worker {
             oldest_content_version: OLDEST_CONTENT_VERSION,
             block_cache_bytes: Some(crate::gucs::STORE_CACHE_SIZE.get() as usize * 1024),
             open_key_cache_bytes: crate::gucs::KEY_MAP_CACHE_SIZE.get() as usize * 1024,
+            recent_image_cache_bytes: crate::gucs::DELTA_BASE_CACHE_SIZE.get() as usize * 1024,
             ..StoreOptions::new(sysid)
         };
         match Store::open_dir(std::path::Path::new(&dir), options) {

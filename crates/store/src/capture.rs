@@ -34,6 +34,7 @@ use crate::error::{Result, StoreError};
 use crate::ids::{Fingerprint, ImageId, PageKey, Rank, RelId, SnapId, ToastId};
 use crate::keys::{self, Cf, Counter, DedupKind};
 use crate::openkeys::{self, OpenEntries};
+use crate::recent::Gathered;
 use crate::records::{self, CaptureStats, SnapshotDecl, SnapshotInfo, SnapshotState, ToastInfo};
 use crate::store::{SnapSummary, SnapshotStore};
 use gsnap_core::Mapping;
@@ -78,6 +79,8 @@ pub struct Capture<B: KvBackend> {
     recorded_bytes: usize,
     /// The new images given a delta.
     deltas: HashSet<ImageId>,
+    /// The records of new images, for the store's cache of recent images at commit.
+    gathered: Gathered,
     failed: Option<StoreError>,
     finished: bool,
 }
@@ -253,6 +256,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             recorded: HashMap::new(),
             recorded_bytes: 0,
             deltas: HashSet::new(),
+            gathered: Gathered::new(self.recent().budget()),
             failed: None,
             finished: false,
         })
@@ -387,6 +391,9 @@ impl<B: KvBackend> Capture<B> {
             &id.0.to_be_bytes(),
         );
         self.pending_images.insert(fp, id);
+        if self.gathered.fits(record.len()) {
+            self.gathered.offer(id, record);
+        }
         self.flush_if_full()?;
         Ok(id)
     }
@@ -602,6 +609,17 @@ impl<B: KvBackend> Capture<B> {
         Ok(())
     }
 
+    /// The content of image `id`, stored earlier (the base of a delta): from the store's
+    /// memory of the images the last committed captures stored if it holds it (taken out:
+    /// the page is being given a newer image), else read from the store.
+    pub fn base_image(&mut self, id: ImageId) -> Result<Vec<u8>> {
+        let cached = self.store.recent().take(id);
+        match cached {
+            Some(record) => self.store.image_content(id, Some(record)),
+            None => self.store.image(id),
+        }
+    }
+
     /// Starts the key map of relation incarnation `rel` at this snapshot, with the caller's
     /// definition of the key (`def`, opaque): written at commit. The capture must record the
     /// keys of every page of the relation (mapped or not) with [`Capture::add_keys`].
@@ -685,6 +703,7 @@ impl<B: KvBackend> Capture<B> {
             }
             cache.put_all(std::mem::take(&mut self.recorded));
         }
+        self.store.recent().add(std::mem::take(&mut self.gathered));
         let mut cat = self.store.catalog_mut();
         cat.snaps.insert(
             snap,

@@ -53,6 +53,7 @@ mod maplog;
 mod mem;
 mod openkeys;
 mod read;
+mod recent;
 mod reclaim;
 mod records;
 mod refs;

@@ -110,7 +110,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn image_content(&self, id: ImageId, v: Option<Vec<u8>>) -> Result<Vec<u8>> {
+    pub(crate) fn image_content(&self, id: ImageId, v: Option<Vec<u8>>) -> Result<Vec<u8>> {
         let verify = self
             .verify_images
             .load(std::sync::atomic::Ordering::Relaxed);

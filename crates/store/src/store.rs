@@ -26,6 +26,7 @@ use crate::ids::SnapId;
 use crate::keys::{self, Cf, Counter};
 use crate::mem::MemBackend;
 use crate::openkeys::OpenKeyCache;
+use crate::recent::RecentImages;
 use crate::records::{
     self, SnapshotDecl, SnapshotInfo, SnapshotState, StoreIdentity, FORMAT_VERSION,
 };
@@ -67,6 +68,9 @@ pub struct StoreOptions {
     /// Memory for the open key entries of the blocks the last captures recorded, so that the
     /// next capture does not read them from the store (`openkeys.rs`); 0: none kept.
     pub open_key_cache_bytes: usize,
+    /// Memory for the records of the images the last committed captures stored, which the
+    /// next ones read as the bases of their page deltas (`recent.rs`); 0: none kept.
+    pub recent_image_cache_bytes: usize,
 }
 
 impl StoreOptions {
@@ -85,6 +89,7 @@ impl StoreOptions {
             mapping_log: SkippyConfig::default(),
             block_cache_bytes: None,
             open_key_cache_bytes: 64 << 20,
+            recent_image_cache_bytes: 64 << 20,
         }
     }
 }
@@ -165,6 +170,8 @@ pub struct StoreState<B: KvBackend> {
     pub(crate) log_rewrite: std::sync::atomic::AtomicU64,
     /// The open key entries the last captures left on the blocks they recorded.
     pub(crate) open_keys: Mutex<OpenKeyCache>,
+    /// The records of the images the last committed captures stored.
+    pub(crate) recent: Mutex<RecentImages>,
 }
 
 impl SnapshotStore<RocksBackend> {
@@ -230,6 +237,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             verify_images: std::sync::atomic::AtomicBool::new(true),
             log_rewrite: std::sync::atomic::AtomicU64::new(0),
             open_keys: Mutex::new(OpenKeyCache::new(options.open_key_cache_bytes)),
+            recent: Mutex::new(RecentImages::new(options.recent_image_cache_bytes)),
             options,
         }));
         store.recover()?;
@@ -434,6 +442,19 @@ impl<B: KvBackend> SnapshotStore<B> {
                 cache
             }
         }
+    }
+
+    pub(crate) fn recent(&self) -> MutexGuard<'_, RecentImages> {
+        // A panic while it was changed leaves whole records (each is moved in or out in one
+        // step), each the one stored under its id (at worst the byte count is off).
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The records of the images the last committed captures stored, kept for the next
+    /// captures' deltas: (records held, their bytes, records a capture took since the store
+    /// was opened).
+    pub fn recent_image_cache_stats(&self) -> (usize, usize, u64) {
+        self.recent().stats()
     }
 
     /// The cache of blocks' open key entries: (blocks held, bytes counted against
