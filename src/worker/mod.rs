@@ -330,6 +330,7 @@ impl Worker {
                 memory::Heap::configure();
                 if let Some(store) = &self.store {
                     store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
+                    store.keep_recent_images(crate::gucs::PAGE_DELTAS.get());
                 }
             }
             self.ensure_store();
@@ -464,6 +465,8 @@ impl Worker {
                 // (every read checks images against their fingerprints until told otherwise:
                 // the capture reads the previous images of the pages it stores, for deltas)
                 store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
+                // (the previous images are kept in memory only for page deltas)
+                store.keep_recent_images(crate::gucs::PAGE_DELTAS.get());
                 self.store = Some(store.clone());
                 if self.store_problem.take().is_some() {
                     log!("gsnap store at \"{dir}\" is open again");

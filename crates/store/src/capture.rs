@@ -391,9 +391,7 @@ impl<B: KvBackend> Capture<B> {
             &id.0.to_be_bytes(),
         );
         self.pending_images.insert(fp, id);
-        if self.gathered.fits(record.len()) {
-            self.gathered.offer(id, record);
-        }
+        self.gathered.offer(id, record);
         self.flush_if_full()?;
         Ok(id)
     }

@@ -51,11 +51,6 @@ impl Gathered {
             self.records.push((id, record));
         }
     }
-
-    /// Whether a record of `len` bytes would still fit.
-    pub fn fits(&self, len: usize) -> bool {
-        self.bytes + len <= self.budget
-    }
 }
 
 impl RecentImages {
@@ -68,6 +63,12 @@ impl RecentImages {
 
     pub fn budget(&self) -> usize {
         self.budget
+    }
+
+    /// Changes the budget, forgetting the oldest records past it (0: all of them).
+    pub fn set_budget(&mut self, budget: usize) {
+        self.budget = budget;
+        self.forget_past_budget();
     }
 
     /// Takes the record of image `id`, if it is held.
@@ -88,6 +89,10 @@ impl RecentImages {
             }
             self.order.push_back(id);
         }
+        self.forget_past_budget();
+    }
+
+    fn forget_past_budget(&mut self) {
         while self.bytes > self.budget {
             let Some(id) = self.order.pop_front() else {
                 break;
@@ -119,7 +124,7 @@ mod tests {
         g.offer(ImageId(1), vec![1; 4]);
         g.offer(ImageId(2), vec![2; 7]); // 11 bytes: does not fit
         g.offer(ImageId(3), vec![3; 6]);
-        assert!(!g.fits(1));
+        g.offer(ImageId(6), vec![6; 1]); // 11 bytes again
         let mut cache = RecentImages::new(10);
         cache.add(g);
         assert_eq!(cache.stats(), (2, 10, 0));
@@ -137,6 +142,23 @@ mod tests {
         assert_eq!(cache.take(ImageId(4)), Some(vec![4; 3]));
         assert_eq!(cache.take(ImageId(5)), Some(vec![5; 5]));
         assert_eq!(cache.stats(), (0, 0, 3));
+    }
+
+    #[test]
+    fn a_smaller_budget_forgets_the_oldest_and_zero_forgets_all() {
+        let mut cache = RecentImages::new(100);
+        let mut g = Gathered::new(100);
+        for i in 0..5 {
+            g.offer(ImageId(i), vec![0; 10]);
+        }
+        cache.add(g);
+        cache.set_budget(25);
+        assert_eq!(cache.stats(), (2, 20, 0));
+        assert_eq!(cache.take(ImageId(2)), None);
+        assert!(cache.take(ImageId(3)).is_some());
+        cache.set_budget(0);
+        assert_eq!(cache.stats(), (0, 0, 1));
+        assert_eq!(cache.take(ImageId(4)), None);
     }
 
     /// Many captures whose records are all taken: the queue of ids does not grow with them.

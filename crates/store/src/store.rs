@@ -450,6 +450,19 @@ impl<B: KvBackend> SnapshotStore<B> {
         self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether captures keep the records of the images they store for the next captures'
+    /// deltas (`StoreOptions::recent_image_cache_bytes`; on when the store is opened). Off,
+    /// what is held is forgotten and captures that begin after keep nothing (a caller that
+    /// stores no deltas has no use for them).
+    pub fn keep_recent_images(&self, on: bool) {
+        let budget = if on {
+            self.options.recent_image_cache_bytes
+        } else {
+            0
+        };
+        self.recent().set_budget(budget);
+    }
+
     /// The records of the images the last committed captures stored, kept for the next
     /// captures' deltas: (records held, their bytes, records a capture took since the store
     /// was opened).

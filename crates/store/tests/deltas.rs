@@ -162,3 +162,40 @@ fn the_bases_of_deltas_come_from_the_last_committed_captures() {
         check_invariants(&store);
     }
 }
+
+/// With `keep_recent_images(false)` (the worker's `gsnap.page_deltas = off`) what was held is
+/// forgotten and a capture keeps nothing; on again, the next commit keeps its images.
+#[test]
+fn recent_images_are_kept_only_while_asked() {
+    let store = SnapshotStore::open_in_memory(7);
+    let (rels, decl) = setup(&store, 1, 2);
+    let row_type = decl.relations[0].row_type;
+    let mut c = store.declare_and_begin(decl).unwrap();
+    let a = c.put_image(&view(1, 600), &[]).unwrap();
+    c.add_mapping(page_key(rels[0], 0), a).unwrap();
+    c.commit().unwrap();
+    assert_eq!(store.recent_image_cache_stats().0, 1);
+    store.keep_recent_images(false);
+    assert_eq!(store.recent_image_cache_stats().0, 0);
+    let mut c = store
+        .declare_and_begin(decl_for(&rels, 2, row_type, 2))
+        .unwrap();
+    let b = c.put_image(&view(2, 600), &[]).unwrap();
+    c.add_mapping(page_key(rels[0], 1), b).unwrap();
+    assert_eq!(
+        c.base_image(a).unwrap(),
+        view(1, 600),
+        "read from the store"
+    );
+    c.commit().unwrap();
+    assert_eq!(store.recent_image_cache_stats(), (0, 0, 0));
+    store.keep_recent_images(true);
+    let mut c = store
+        .declare_and_begin(decl_for(&rels, 2, row_type, 3))
+        .unwrap();
+    let x = c.put_image(&view(3, 600), &[]).unwrap();
+    c.add_mapping(page_key(rels[0], 1), x).unwrap();
+    c.commit().unwrap();
+    assert_eq!(store.recent_image_cache_stats().0, 1);
+    check_invariants(&store);
+}
