@@ -92,6 +92,15 @@ fn shutdown_requested() -> bool {
     unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 }
 }
 
+/// Gives the open store the settings a reload may change: whether image reads check
+/// fingerprints (every read does until told otherwise: the capture reads the previous images
+/// of the pages it stores, for deltas), and whether the images captures store are kept in
+/// memory (only for page deltas).
+fn apply_reloadable_settings(store: &Store) {
+    store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
+    store.keep_recent_images(crate::gucs::PAGE_DELTAS.get());
+}
+
 /// True (once) after a reload was requested (SIGHUP).
 fn reload_requested() -> bool {
     // SAFETY: a sig_atomic_t the signal handler sets and the main loop clears.
@@ -329,8 +338,7 @@ impl Worker {
                 self.retention_due = Instant::now();
                 memory::Heap::configure();
                 if let Some(store) = &self.store {
-                    store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
-                    store.keep_recent_images(crate::gucs::PAGE_DELTAS.get());
+                    apply_reloadable_settings(store);
                 }
             }
             self.ensure_store();
@@ -462,11 +470,7 @@ impl Worker {
         };
         match Store::open_dir(std::path::Path::new(&dir), options) {
             Ok(store) => {
-                // (every read checks images against their fingerprints until told otherwise:
-                // the capture reads the previous images of the pages it stores, for deltas)
-                store.set_verify_images(crate::gucs::VERIFY_IMAGES.get());
-                // (the previous images are kept in memory only for page deltas)
-                store.keep_recent_images(crate::gucs::PAGE_DELTAS.get());
+                apply_reloadable_settings(&store);
                 self.store = Some(store.clone());
                 if self.store_problem.take().is_some() {
                     log!("gsnap store at \"{dir}\" is open again");
