@@ -30,7 +30,7 @@ pub static STORE_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(512 * 1024
 /// The worker's cache of the key maps' open entries of recently captured blocks, in kB.
 pub static KEY_MAP_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 
-/// The worker's memory for the images the last capture stored (the next one's delta bases), kB.
+/// The worker's memory for the images the last captures stored (the next ones' delta bases), kB.
 pub static DELTA_BASE_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 
 /// L_1*: the first index group's length budget (snapshots per group until queries tell).
@@ -191,11 +191,12 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"gsnap.delta_base_cache_size",
-        c"Memory of the gsnap worker for the images the last capture stored.",
+        c"Memory of the gsnap worker for the images the last captures stored.",
         c"With gsnap.page_deltas, a capture gives each page it stores again a delta from the \
-          image the page had, usually one the capture before stored. With this cache it \
+          image the page had, usually one an earlier capture stored. With this cache it \
           finds that image in memory instead of reading it from the store: about 700-900 \
-          bytes per page changed between two snapshots (compressed). 0 turns it off.",
+          bytes per page (compressed); past it, the oldest are forgotten. Nothing is kept \
+          while gsnap.page_deltas is off. 0 turns it off.",
         &DELTA_BASE_CACHE_SIZE,
         0,
         64 * 1024 * 1024,
