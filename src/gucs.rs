@@ -51,6 +51,10 @@ pub fn capture_memory_bytes() -> usize {
     CAPTURE_MEMORY_KB.get().max(0) as usize * 1024
 }
 
+/// Phase one copies changed pages whole and decides what the snapshot sees on them after
+/// releasing it (`page.rs`).
+pub static CAPTURE_PAGE_COPIES: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// The part of `gsnap.snapshot_interval` over which phase two of a capture is spread.
 pub static CAPTURE_PACE: GucSetting<f64> = GucSetting::<f64>::new(0.8);
 
@@ -248,6 +252,19 @@ pub fn init() {
         i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_bool_guc(
+        c"gsnap.capture_page_copies",
+        c"Capture copies changed pages whole and decides visibility after releasing the snapshot.",
+        c"On: while a capture holds its MVCC snapshot (and VACUUM's horizon) it only copies each \
+          changed page, and decides which tuples the snapshot sees on the copies after \
+          releasing it, from the snapshot's list of running transactions and the commit log. \
+          Pages with out-of-line (TOAST) values, and every page when the snapshot's \
+          subtransactions overflowed, are decided as they are read. Off: every page is decided \
+          while the snapshot is held.",
+        &CAPTURE_PAGE_COPIES,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     GucRegistry::define_float_guc(
         c"gsnap.capture_pace",

@@ -66,6 +66,19 @@ def test_every_snapshot_equals_its_mvcc_snapshot_with_captures_held_in_flight(di
             set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
 
 
+def test_every_snapshot_equals_its_mvcc_snapshot_with_every_page_decided_under_its_lock(diff_cluster):
+    """gsnap.capture_page_copies off: no page is copied whole and decided after the release;
+    PostgreSQL's own visibility test decides every page while the snapshot is held (the path
+    pages with TOAST values and overflowed snapshots always take)."""
+    with diff_cluster.connect() as conn:
+        set_settings(conn, capture_page_copies="off")
+    try:
+        run_differential(diff_cluster, seconds=20, seed=17)
+    finally:
+        with diff_cluster.connect() as conn:
+            set_settings(conn, capture_page_copies=None)
+
+
 def test_every_snapshot_equals_its_mvcc_snapshot_when_the_copies_overflow_their_memory(diff_cluster):
     """gsnap.capture_memory far below a span's pages: phase one copies what fits, the rest is
     stored as it is read, under the snapshot; both kinds of page in every capture."""

@@ -185,7 +185,8 @@ def wait_worker_ready(cluster, timeout: float = 60) -> None:
 
 # Defaults of the settings tests change (what RESET brings back).
 DEFAULTS = {"capture_batch_pages": "256", "debug_declare_pause_ms": "0", "debug_capture_pause_ms": "0", "debug_commit_pause_ms": "0", "capture_memory": "512MB",
-            "snapshot_interval": "0", "max_queued_snapshots": "16", "capture_pace": "0.8"}
+            "snapshot_interval": "0", "max_queued_snapshots": "16", "capture_pace": "0.8",
+            "capture_page_copies": "on"}
 
 _UNITS = {"": 1, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000,
           "kB": 1, "MB": 1024, "GB": 1024 * 1024}
@@ -193,7 +194,9 @@ _UNITS = {"": 1, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_
 
 def _setting_value(text: str) -> float:
     """A numeric setting as PostgreSQL shows it ('1500ms', '2s', '8', '0.5') in its smallest
-    unit; write values with their unit when they have one."""
+    unit; write values with their unit when they have one. A boolean is 1 or 0."""
+    if text in ("on", "off"):
+        return float(text == "on")
     m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     assert m and m.group(2) in _UNITS, f"cannot read setting value {text!r}"
     return float(m.group(1)) * _UNITS[m.group(2)]

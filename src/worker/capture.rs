@@ -6,14 +6,15 @@
 //! cover; for a table in `Fresh` or `Rescan` mode, every block. For each page the v-view is
 //! computed and stored (identical views are stored once); a mapping is added only where the
 //! view differs from the page's image in the previous page table. Once every page has been
-//! read (its view computed and its TOAST values copied into the store), the MVCC snapshot is
-//! released: nothing it could see is needed any more, and VACUUM may go on (docs/design.md,
-//! third ordering). The snapshot becomes readable only when the store commits it, and only
-//! then are its table locks released.
+//! read (copied whole, or its view computed and its TOAST values copied into the store), the
+//! MVCC snapshot is released: nothing it could see is needed any more, and VACUUM may go on
+//! (docs/design.md, third ordering). The pages copied whole are decided after that, from
+//! the list of transactions the snapshot saw running (`page.rs`). The snapshot becomes
+//! readable only when the store commits it, and only then are its table locks released.
 
 use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
-use super::page::{capture_page, PageView};
+use super::page::{capture_page, resolve, Copied, PageView};
 use super::restart::Resumed;
 use super::storing::{Failure, Storing};
 use super::xact::{self, BulkRead, RegisteredSnapshot};
@@ -21,6 +22,7 @@ use super::{code_of, Worker};
 use crate::ffi::latch;
 use crate::keymap::{self, KeyHasher};
 use crate::shmem::{self, Phase};
+use gsnap_format::visibility::SnapshotXids;
 use gsnap_protocol::{ErrorCode, WorkerError};
 use gsnap_shmem::carry::CarryForward;
 use gsnap_store::{Capture, ImageId, PageKey, RelId, RocksBackend, SnapId, StoreError};
@@ -93,9 +95,18 @@ pub(crate) struct CaptureJob {
     pages_unchanged: u64,
     strategy: BulkRead,
     /// Phase one's copies: pages read (their views computed, their TOAST values stored)
-    /// and not stored yet, and the bytes they hold (at most `gsnap.capture_memory`).
+    /// and not stored yet, pages copied whole and not decided yet, and the bytes both hold
+    /// (at most `gsnap.capture_memory`).
     read: std::collections::VecDeque<ReadPage>,
+    copied: std::collections::VecDeque<CopiedPage>,
     read_bytes: usize,
+    /// The transactions v's MVCC snapshot saw running, which decide the pages copied whole
+    /// once it is released; None: every page is decided as it is read (the snapshot's
+    /// subtransactions overflowed, or `gsnap.capture_page_copies` is off).
+    xids: Option<SnapshotXids>,
+    /// Phase two has been started (after the copies were decided), or there was nothing for
+    /// it.
+    stored: bool,
     /// Pages read once the budget was full: stored as they were read, under the snapshot.
     stored_while_reading: u64,
     /// When every page had been read and the MVCC snapshot was released: phase two (storing
@@ -197,6 +208,10 @@ impl Worker {
                 return;
             }
         };
+        let xids = crate::gucs::CAPTURE_PAGE_COPIES
+            .get()
+            .then(|| decl.mvcc.as_ref().and_then(|m| m.xids()))
+            .flatten();
         shmem::progress().begin(
             decl.snap as i64,
             decl.declared_at_us,
@@ -216,7 +231,10 @@ impl Worker {
             pages_unchanged: 0,
             strategy: BulkRead::new(),
             read: std::collections::VecDeque::new(),
+            copied: std::collections::VecDeque::new(),
             read_bytes: 0,
+            xids,
+            stored: false,
             stored_while_reading: 0,
             read_all: None,
             next_batch_at: std::time::Instant::now(),
@@ -231,6 +249,22 @@ impl Worker {
             return false;
         };
         if let Some(read_at) = job.read_all {
+            if !job.stored {
+                // The pages copied whole are decided (a batch at a time, between the worker's
+                // looks at its requests), then phase two starts.
+                let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
+                return match xact::in_subtransaction(|| job.decide_copies(budget)) {
+                    Ok(true) => true,
+                    Ok(false) => {
+                        job.stored = true;
+                        match job.start_storing(index) {
+                            Ok(()) => true,
+                            Err(failure) => self.fail_step(failure),
+                        }
+                    }
+                    Err(message) => self.fail_step(Err(message)),
+                };
+            }
             if let Some(storing) = &job.storing {
                 // Phase two runs on its thread, paced; it hurries once someone waits for this
                 // snapshot to be durable or reads it, or the next one is declared.
@@ -274,13 +308,11 @@ impl Worker {
         match xact::in_subtransaction(|| job.run(index, budget)) {
             Ok(Ok(true)) => true,
             Ok(Ok(false)) => {
-                // Every page is read: phase two stores the copies on its thread, then the
-                // capture commits.
+                // Every page is read: the snapshot is released; the pages copied whole are
+                // decided, then phase two stores the views on its thread, then the capture
+                // commits.
                 job.release_horizon();
-                match job.start_storing(index) {
-                    Ok(()) => true,
-                    Err(failure) => self.fail_step(failure),
-                }
+                true
             }
             Ok(Err(e)) => self.fail_step(Ok(e)),
             Err(message) => self.fail_step(Err(message)),
@@ -488,6 +520,56 @@ impl CaptureJob {
         stored.result
     }
 
+    /// Decides up to `budget` of the pages phase one copied whole, at the released snapshot's
+    /// transactions (`page::resolve`), and queues their views for phase two; true while
+    /// copies remain.
+    fn decide_copies(&mut self, budget: usize) -> bool {
+        let mut open: Option<(usize, pg_sys::Relation)> = None;
+        for _ in 0..budget {
+            let Some(copy) = self.copied.pop_front() else {
+                break;
+            };
+            let xids = self
+                .xids
+                .as_ref()
+                .expect("pages are copied with the snapshot's ids");
+            let rel = match open {
+                Some((item, rel)) if item == copy.item => rel,
+                _ => {
+                    if let Some((_, rel)) = open.take() {
+                        // SAFETY: opened below, in an earlier round.
+                        unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
+                    }
+                    let relid = pg_sys::Oid::from(self.items[copy.item].target.relid);
+                    // SAFETY: the table is locked by this snapshot's session lock, in the
+                    // worker's transaction; closed before the step ends.
+                    let rel = unsafe { pg_sys::relation_open(relid, pg_sys::NoLock as i32) };
+                    open = Some((copy.item, rel));
+                    rel
+                }
+            };
+            let hasher = self.items[copy.item].hasher.as_mut();
+            // SAFETY: the open, locked relation of the copy's table, on the main thread.
+            let view = unsafe { resolve(rel, copy.block, &copy.page, xids, hasher) };
+            self.read_bytes = self.read_bytes - PAGE_BYTES + view.view.capacity();
+            self.read.push_back(ReadPage {
+                item: copy.item,
+                block: copy.block,
+                view,
+                toasts: Vec::new(),
+            });
+        }
+        if let Some((_, rel)) = open {
+            // SAFETY: opened above.
+            unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
+        }
+        // A catalog snapshot opening a relation may have taken would hold VACUUM back.
+        // SAFETY: inside the worker's transaction; the next catalog access takes a new one.
+        unsafe { pg_sys::InvalidateCatalogSnapshot() };
+        shmem::progress().set_to_store((self.read.len() + self.copied.len()) as u64);
+        !self.copied.is_empty()
+    }
+
     /// Starts phase two: the pages phase one kept go to a thread that fingerprints,
     /// compresses and stores them, paced over `gsnap.capture_pace` of the snapshot interval
     /// (`storing.rs`). Nothing to store: nothing starts.
@@ -561,6 +643,8 @@ impl CaptureJob {
             let mut read = |i: usize| -> Result<(), StoreError> {
                 let block = blocks.get(i);
                 let hasher = hasher.as_mut();
+                // A page is copied whole while the copy fits the budget.
+                let whole = self.xids.is_some() && self.read_bytes + PAGE_BYTES <= memory;
                 // SAFETY: the relation is open, the block below the size recorded at
                 // declaration (the table cannot shrink below it while locked).
                 let page = unsafe {
@@ -570,14 +654,27 @@ impl CaptureJob {
                         &self.strategy,
                         rel,
                         resumed.as_ref(),
+                        whole,
                         hasher,
                         at,
                         block,
                     )
                 }?;
-                let Some(page) = page else {
-                    self.pages_unchanged += 1;
-                    return Ok(());
+                let page = match page {
+                    None => {
+                        self.pages_unchanged += 1;
+                        return Ok(());
+                    }
+                    Some(Read::Whole(page)) => {
+                        self.read_bytes += PAGE_BYTES;
+                        self.copied.push_back(CopiedPage {
+                            item: at,
+                            block,
+                            page,
+                        });
+                        return Ok(());
+                    }
+                    Some(Read::View(page)) => page,
                 };
                 let bytes = page.view.view.capacity();
                 if self.read_bytes + bytes <= memory {
@@ -634,6 +731,24 @@ impl CaptureJob {
 /// Phase one looks at the worker's latch every this many pages of a batch.
 const REQUEST_CHECK_PAGES: usize = 32;
 
+/// The memory a page copied whole holds.
+const PAGE_BYTES: usize = pg_sys::BLCKSZ as usize;
+
+/// A page phase one copied whole, decided after the snapshot is released.
+struct CopiedPage {
+    item: usize,
+    block: u32,
+    page: Box<[u64]>,
+}
+
+/// What phase one took of a page.
+enum Read {
+    /// Its view (and the TOAST values stored for it).
+    View(ReadPage),
+    /// The whole page.
+    Whole(Box<[u64]>),
+}
+
 /// A page phase one read: its view at the snapshot and the TOAST values stored for it.
 pub(super) struct ReadPage {
     /// The item (table) and block.
@@ -643,9 +758,10 @@ pub(super) struct ReadPage {
     pub toasts: Vec<gsnap_store::ToastId>,
 }
 
-/// Reads block `block` of `item`'s table (`rel`, item number `at`) at snapshot `mvcc`: its
-/// view, with the out-of-line TOAST values its visible tuples name stored first. None if the
-/// block is unchanged since the snapshot the first capture after a start compares against
+/// Reads block `block` of `item`'s table (`rel`, item number `at`) at snapshot `mvcc`: with
+/// `whole`, a copy of the page when it can be decided after the release (`page.rs`), else
+/// its view, with the out-of-line TOAST values its visible tuples name stored first. None if
+/// the block is unchanged since the snapshot the first capture after a start compares against
 /// (its mapping there stands, `restart.rs`).
 ///
 /// # Safety
@@ -657,10 +773,11 @@ unsafe fn read_one(
     strategy: &BulkRead,
     rel: pg_sys::Relation,
     resumed: Option<&Resumed>,
+    whole: bool,
     hasher: Option<&mut KeyHasher>,
     at: usize,
     block: u32,
-) -> Result<Option<ReadPage>, StoreError> {
+) -> Result<Option<Read>, StoreError> {
     let mut toasts = Vec::new();
     // After a start: a block that may be skipped when its LSN says it is unchanged.
     let unchanged_at_or_before = resumed.and_then(|r| {
@@ -675,6 +792,7 @@ unsafe fn read_one(
             mvcc.as_ptr(),
             strategy.as_ptr(),
             unchanged_at_or_before,
+            whole,
             hasher,
             &mut |bytes| {
                 let id = capture.put_toast(bytes)?;
@@ -683,11 +801,14 @@ unsafe fn read_one(
             },
         )?
     };
-    Ok(view.map(|view| ReadPage {
-        item: at,
-        block,
-        view,
-        toasts,
+    Ok(view.map(|copied| match copied {
+        Copied::Page(page) => Read::Whole(page),
+        Copied::View(view) => Read::View(ReadPage {
+            item: at,
+            block,
+            view,
+            toasts,
+        }),
     }))
 }
 

@@ -12,6 +12,7 @@
 use crate::ffi::tuple::{self, item_pointer};
 use gsnap_format::heap;
 use gsnap_format::view::{self, ViewBuilder};
+use gsnap_format::visibility::{self, SnapshotXids};
 use pgrx::pg_sys;
 
 /// The result of capturing one page.
@@ -78,23 +79,37 @@ unsafe fn tuple_unsettled(header: pg_sys::HeapTupleHeader, snapshot: pg_sys::Sna
     unsafe { unsettled_xid(xmax, snapshot) }
 }
 
-/// Reads block `block` of `rel` and returns its view at `snapshot`. `store_toast` stores
-/// one out-of-line value (the bytes of its varlena, possibly compressed) and returns the id
-/// of the stored copy. With `unchanged_at_or_before`, a page whose LSN is at or before that
-/// LSN (and not 0) is not examined: None (see `restart.rs` for when that is sound).
+/// What phase one took of a page.
+pub enum Copied {
+    /// Its view, decided under the buffer's lock (with its TOAST values stored).
+    View(PageView),
+    /// The whole page, copied under the buffer's lock, to be decided after the snapshot is
+    /// released ([`resolve`]); in words, so its tuples stay 8-byte aligned as on the page.
+    Page(Box<[u64]>),
+}
+
+/// Reads block `block` of `rel` for `snapshot`. With `whole` (the snapshot's running
+/// transactions, when the caller may keep a copy of the page), a page whose tuples
+/// [`visibility::copyable`] accepts is copied whole; any other page gets its view at once,
+/// where `store_toast` stores one out-of-line value (the bytes of its varlena, possibly
+/// compressed) and returns the id of the stored copy. With `unchanged_at_or_before`, a page
+/// whose LSN is at or before that LSN (and not 0) is not examined: None (see `restart.rs`
+/// for when that is sound).
 ///
 /// # Safety
 /// `rel` must be open and locked against storage replacement, `block` below its size, and
 /// `snapshot` a registered MVCC snapshot. Must run inside a transaction.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn capture_page<E>(
     rel: pg_sys::Relation,
     block: u32,
     snapshot: pg_sys::Snapshot,
     strategy: pg_sys::BufferAccessStrategy,
     unchanged_at_or_before: Option<u64>,
+    whole: bool,
     hasher: Option<&mut crate::keymap::KeyHasher>,
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
-) -> Result<Option<PageView>, E> {
+) -> Result<Option<Copied>, E> {
     let main = pg_sys::ForkNumber::MAIN_FORKNUM;
     let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
     // SAFETY: the caller's contract: `rel` is open, `block` below its size.
@@ -112,14 +127,163 @@ pub unsafe fn capture_page<E>(
             return Ok(None);
         }
     }
-    // SAFETY: the locked buffer of `block` of `rel`, and the caller's registered snapshot.
-    let (mut builder, unsettled) = unsafe { copy_visible(rel, buffer, block, snapshot) };
+    // SAFETY: the pinned, share-locked buffer's page.
+    let page = unsafe { pg_sys::BufferGetPage(buffer) }.cast::<u8>();
+    // SAFETY: the locked page.
+    if whole && unsafe { page_copyable(page) } {
+        let mut copy = Box::<[u64]>::new_uninit_slice(PAGE / 8);
+        // SAFETY: PAGE bytes of the locked page (others may set hint bits meanwhile, as when
+        // PostgreSQL copies a page to write it) into the copy, which holds as many; every
+        // word of the copy is then written.
+        let copy = unsafe {
+            std::ptr::copy_nonoverlapping(page, copy.as_mut_ptr().cast::<u8>(), PAGE);
+            copy.assume_init()
+        };
+        // SAFETY: releases the lock and the pin taken above; nothing points into the page.
+        unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
+        return Ok(Some(Copied::Page(copy)));
+    }
+    // SAFETY: the open relation.
+    let relid = unsafe { (*rel).rd_id };
+    // SAFETY: the locked page of `block` of `rel`, decided by PostgreSQL's own test against
+    // the caller's registered snapshot (which may set hint bits on the buffer).
+    let (builder, unsettled) = unsafe {
+        copy_visible(page, block, relid, &mut |tuple| {
+            (
+                pg_sys::HeapTupleSatisfiesVisibility(tuple, snapshot, buffer),
+                tuple_unsettled(tuple.t_data, snapshot),
+            )
+        })
+    };
     // SAFETY: releases the lock and the pin taken above; nothing points into the page any more.
     unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
+    // SAFETY: the open relation, in the caller's transaction with its snapshot registered.
+    unsafe { finish(rel, builder, unsettled, hasher, store_toast) }.map(|v| Some(Copied::View(v)))
+}
 
-    // The tuples were copied once, into the view being built: their keys are hashed there
-    // (before the TOAST pointers are rewritten), then their TOAST pointers and headers are
-    // rewritten.
+/// The view at the snapshot `xids` of block `block` of `rel`, copied whole by
+/// [`capture_page`] (so every tuple on it is [`visibility::copyable`]).
+///
+/// # Safety
+/// `rel` is open and locked; in a transaction, on the worker's main thread (the commit log
+/// and the key hash functions are PostgreSQL's).
+pub unsafe fn resolve(
+    rel: pg_sys::Relation,
+    block: u32,
+    page: &[u64],
+    xids: &SnapshotXids,
+    hasher: Option<&mut crate::keymap::KeyHasher>,
+) -> PageView {
+    // SAFETY: the open relation.
+    let relid = unsafe { (*rel).rd_id };
+    let log = &mut CommitLog;
+    assert_eq!(page.len() * 8, PAGE, "a whole page");
+    // The copy's tuples are only read: a pointer for PostgreSQL's types.
+    let page = page.as_ptr().cast::<u8>().cast_mut();
+    // SAFETY: a whole page, copied under its lock; `decide` only reads.
+    let (builder, unsettled) = unsafe {
+        copy_visible(page, block, relid, &mut |tuple| {
+            // SAFETY: a normal line pointer's tuple, inside the copy.
+            let t = std::slice::from_raw_parts(tuple.t_data.cast::<u8>(), tuple.t_len as usize);
+            let checked = "every tuple has a header (for_each_tuple checks)";
+            (
+                visibility::visible(t, xids, log).expect(checked),
+                visibility::unsettled(t, xids, log).expect(checked),
+            )
+        })
+    };
+    let no_toast = &mut |_: &[u8]| -> Result<u64, std::convert::Infallible> {
+        unreachable!("a page with out-of-line values is not copied whole")
+    };
+    // SAFETY: the caller's open relation, on the main thread.
+    match unsafe { finish(rel, builder, unsettled, hasher, no_toast) } {
+        Ok(view) => view,
+    }
+}
+
+/// True if every normal tuple of the page at `page` can be decided after the page is copied
+/// ([`visibility::copyable`]: no out-of-line values, not moved by an old VACUUM FULL).
+///
+/// # Safety
+/// `page` points to a whole heap page whose line pointers are stable (share-locked).
+unsafe fn page_copyable(page: *const u8) -> bool {
+    let mut ok = true;
+    // SAFETY: the caller's page; each tuple lies inside it.
+    unsafe {
+        for_each_tuple(page, &mut |_, at, len| {
+            ok &= visibility::copyable(std::slice::from_raw_parts(page.add(at), len));
+        })
+    };
+    ok
+}
+
+/// Calls `f` with the offset number and the place (start and length within the page) of each
+/// normal line pointer's tuple of the heap page at `page` that lies inside the page and is
+/// long enough for a tuple header (none for a new page).
+///
+/// # Safety
+/// `page` points to `BLCKSZ` readable bytes whose header and line pointers are stable.
+unsafe fn for_each_tuple(page: *const u8, f: &mut dyn FnMut(u16, usize, usize)) {
+    // SAFETY: the caller's page: every read below is within its BLCKSZ bytes.
+    let u32_at = |at: usize| unsafe { page.add(at).cast::<u32>().read_unaligned() };
+    // PageHeaderData: pd_lower and pd_upper at 12 and 14; the line pointers from 24, four
+    // bytes each: lp_off (15 bits), lp_flags (2), lp_len (15).
+    let bounds = u32_at(12);
+    let (lower, upper) = ((bounds & 0xFFFF) as usize, (bounds >> 16) as usize);
+    if upper == 0 {
+        return; // PageIsNew
+    }
+    let count = lower.min(PAGE).saturating_sub(LINE_POINTERS_AT) / 4;
+    for i in 0..count {
+        let lp = u32_at(LINE_POINTERS_AT + 4 * i);
+        let (at, flags, len) = ((lp & 0x7FFF) as usize, (lp >> 15) & 3, (lp >> 17) as usize);
+        if flags == pg_sys::LP_NORMAL && len >= heap::MIN_HEADER_LEN && at + len <= PAGE {
+            f(i as u16 + 1, at, len);
+        }
+    }
+}
+
+/// Where a heap page's line pointers start (`SizeOfPageHeaderData`).
+const LINE_POINTERS_AT: usize = 24;
+
+/// The size of a page.
+const PAGE: usize = pg_sys::BLCKSZ as usize;
+
+/// PostgreSQL's commit log and MultiXact members, for [`visibility`].
+struct CommitLog;
+
+impl visibility::XactStatus for CommitLog {
+    fn did_commit(&mut self, xid: u32) -> bool {
+        // SAFETY: a commit log lookup, on the main thread.
+        unsafe { pg_sys::TransactionIdDidCommit(pg_sys::TransactionId::from_inner(xid)) }
+    }
+
+    fn did_abort(&mut self, xid: u32) -> bool {
+        // SAFETY: as above.
+        unsafe { pg_sys::TransactionIdDidAbort(pg_sys::TransactionId::from_inner(xid)) }
+    }
+
+    fn update_xid(&mut self, tuple: &[u8]) -> u32 {
+        // SAFETY: a whole tuple header (checked when its page was copied, 8-byte aligned in
+        // the copy); PostgreSQL reads its xmax and infomask only.
+        unsafe { pg_sys::HeapTupleGetUpdateXid(tuple.as_ptr().cast_mut().cast()) }.into_inner()
+    }
+}
+
+/// The rest of a page's capture once its visible tuples are copied: their keys are hashed
+/// (before the TOAST pointers are rewritten), then their TOAST values stored and their
+/// headers normalized.
+///
+/// # Safety
+/// `rel` is open; in a transaction, on the main thread; a registered snapshot if a tuple
+/// has out-of-line values (TOAST fetches need one).
+unsafe fn finish<E>(
+    rel: pg_sys::Relation,
+    mut builder: ViewBuilder,
+    unsettled: bool,
+    hasher: Option<&mut crate::keymap::KeyHasher>,
+    store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
+) -> Result<PageView, E> {
     let mut keys = Vec::new();
     if let Some(hasher) = hasher {
         let mut tuples = Vec::with_capacity(builder.len());
@@ -140,12 +304,12 @@ pub unsafe fn capture_page<E>(
         heap::normalize(t).expect("a heap tuple is at least as long as its header");
         Ok(())
     })?;
-    Ok(Some(PageView {
+    Ok(PageView {
         tuples: builder.len(),
         view: builder.finish(),
         unsettled,
         keys,
-    }))
+    })
 }
 
 /// The LSN in the header of the page in `buffer`.
@@ -158,67 +322,61 @@ unsafe fn page_lsn(buffer: pg_sys::Buffer) -> u64 {
     (u64::from(header.pd_lsn.xlogid) << 32) | u64::from(header.pd_lsn.xrecoff)
 }
 
-/// Copies the tuples of the page in `buffer` that `snapshot` sees (headers not normalized
-/// yet) into a view builder of exactly their size (so nothing is allocated or moved once
-/// copying starts); true if the page is unsettled (see [`tuple_unsettled`]).
+/// Copies the tuples of the heap page at `page` (block `block` of relation `relid`) that
+/// `decide` says are visible (headers not normalized yet) into a view builder of exactly
+/// their size (so nothing is allocated or moved once copying starts); true if `decide`
+/// found one unsettled. `decide` gets each normal tuple and says whether the snapshot sees
+/// it and whether it is unsettled (see [`tuple_unsettled`]).
 ///
 /// # Safety
-/// `buffer` holds block `block` of the open relation `rel`, pinned and share-locked by the
-/// caller; `snapshot` is a registered MVCC snapshot.
+/// `page` points to a whole heap page that stays in place, its line pointers and tuples
+/// stable but for hint bits (a share-locked buffer's, or a copy); `decide` may read the
+/// tuple it is given, and set its hint bits.
 unsafe fn copy_visible(
-    rel: pg_sys::Relation,
-    buffer: pg_sys::Buffer,
+    page: *mut u8,
     block: u32,
-    snapshot: pg_sys::Snapshot,
+    relid: pg_sys::Oid,
+    decide: &mut dyn FnMut(&mut pg_sys::HeapTupleData) -> (bool, bool),
 ) -> (ViewBuilder, bool) {
-    // SAFETY: the caller's promise: the locked page, and the open relation's OID.
-    let (page, relid) = unsafe { (pg_sys::BufferGetPage(buffer), (*rel).rd_id) };
-    // SAFETY: the locked page.
-    if unsafe { pg_sys::PageIsNew(page) } {
-        return (ViewBuilder::with_capacity(0, 0), false);
-    }
-    // SAFETY: the locked page.
-    let max = unsafe { pg_sys::PageGetMaxOffsetNumber(page) };
     // The visible tuples are found first and copied after, into a builder of exactly their
     // size: room for every line pointer (dead and redirected ones too) made the builder
     // move all the tuples again when it finished, a second copy of the page.
-    let mut visible: Vec<(u16, *const u8, usize)> = Vec::with_capacity(max as usize);
+    let mut visible: Vec<(u16, usize, usize)> = Vec::with_capacity(MAX_TUPLES_HINT);
     let mut unsettled = false;
-    for off in 1..=max {
-        // SAFETY: line pointer `off` of the locked page, at most its last.
-        let item = unsafe { pg_sys::PageGetItemId(page, off) };
-        // SAFETY: as above.
-        let (flags, len) = unsafe { ((*item).lp_flags(), (*item).lp_len() as usize) };
-        if flags != pg_sys::LP_NORMAL {
-            continue;
-        }
-        // SAFETY: the tuple of a normal line pointer, on the locked page.
-        let header =
-            unsafe { pg_sys::PageGetItem(page, item) }.cast::<pg_sys::HeapTupleHeaderData>();
-        let mut tuple = pg_sys::HeapTupleData {
-            t_len: len as u32,
-            t_self: item_pointer(block, off),
-            t_tableOid: relid,
-            t_data: header,
-        };
-        // SAFETY: the tuple's header, on the locked page; the caller's snapshot.
-        unsettled |= unsafe { tuple_unsettled(header, snapshot) };
-        // SAFETY: the tuple, in its locked buffer, tested against the caller's snapshot.
-        if unsafe { pg_sys::HeapTupleSatisfiesVisibility(&mut tuple, snapshot, buffer) } {
-            visible.push((off, header.cast::<u8>(), len));
-        }
-    }
+    // SAFETY: the caller's page; each tuple lies inside it.
+    unsafe {
+        for_each_tuple(page, &mut |off, at, len| {
+            let mut tuple = pg_sys::HeapTupleData {
+                t_len: len as u32,
+                t_self: item_pointer(block, off),
+                t_tableOid: relid,
+                t_data: page.add(at).cast(),
+            };
+            let (seen, open) = decide(&mut tuple);
+            unsettled |= open;
+            if seen {
+                visible.push((off, at, len));
+            }
+        })
+    };
     let bytes = visible
         .iter()
         .map(|&(_, _, len)| view::tuple_room(len))
         .sum();
     let mut builder = ViewBuilder::with_capacity(visible.len(), bytes);
     for (off, at, len) in visible {
-        // SAFETY: a visible tuple's header and its `len` bytes, on the page still locked.
-        builder.push(off, unsafe { std::slice::from_raw_parts(at, len) });
+        // SAFETY: a visible tuple's bytes, inside the page (no one writes them meanwhile
+        // but for hint bits, which the view drops).
+        builder.push(off, unsafe {
+            std::slice::from_raw_parts(page.add(at), len)
+        });
     }
     (builder, unsettled)
 }
+
+/// Room first reserved for the visible tuples of a page (a page of narrow rows holds a few
+/// hundred).
+const MAX_TUPLES_HINT: usize = 64;
 
 /// Stores each out-of-line TOAST value of `t` and points its TOAST pointer at the copy.
 ///

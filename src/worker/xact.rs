@@ -135,6 +135,34 @@ impl RegisteredSnapshot {
         self.0
     }
 
+    /// The transactions the snapshot saw running, to decide visibility on copied pages after
+    /// it is released (`gsnap_format::visibility`); None if they are not all listed (its
+    /// subtransaction array overflowed) or it was taken during recovery.
+    pub fn xids(&self) -> Option<gsnap_format::visibility::SnapshotXids> {
+        // SAFETY: the registered snapshot, valid until released; its arrays hold `xcnt` and
+        // `subxcnt` ids.
+        unsafe {
+            let s = &*self.0;
+            let ids = |p: *mut pg_sys::TransactionId, n: usize| -> Vec<u32> {
+                if n == 0 {
+                    return Vec::new();
+                }
+                std::slice::from_raw_parts(p, n)
+                    .iter()
+                    .map(|x| x.into_inner())
+                    .collect()
+            };
+            gsnap_format::visibility::SnapshotXids::from_parts(
+                s.xmin.into_inner(),
+                s.xmax.into_inner(),
+                &ids(s.xip, s.xcnt as usize),
+                &ids(s.subxip, s.subxcnt.max(0) as usize),
+                s.suboverflowed,
+                s.takenDuringRecovery,
+            )
+        }
+    }
+
     /// Unregisters the snapshot.
     pub fn release(self) {
         // SAFETY: registered on the top transaction's owner by `take_latest`, in the

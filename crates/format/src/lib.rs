@@ -13,7 +13,8 @@
 //! - [`delta`]: those tuples for an image and the one its block held before, kept at capture;
 //! - [`versions`]: which tuples of consecutive images of a block are the same row version;
 //! - [`definition`]: what a snapshot records to recreate a table (columns' defaults,
-//!   constraints, indexes, owner), and the SQL that recreates it after a DROP.
+//!   constraints, indexes, owner), and the SQL that recreates it after a DROP;
+//! - [`visibility`]: which tuple versions of a copied page an MVCC snapshot sees.
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +27,7 @@ pub mod rowtype;
 pub mod runs;
 pub mod versions;
 pub mod view;
+pub mod visibility;
 
 /// Why bytes could not be decoded, or a snapshot's rows cannot be read as today's row type.
 #[derive(Debug, Clone, PartialEq, Eq)]
