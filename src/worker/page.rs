@@ -129,8 +129,7 @@ pub unsafe fn capture_page<E>(
     }
     // SAFETY: the pinned, share-locked buffer's page.
     let page = unsafe { pg_sys::BufferGetPage(buffer) }.cast::<u8>();
-    // SAFETY: the locked page.
-    if whole && unsafe { page_copyable(page) } {
+    if whole {
         let mut copy = Box::<[u64]>::new_uninit_slice(PAGE / 8);
         // SAFETY: PAGE bytes of the locked page (others may set hint bits meanwhile, as when
         // PostgreSQL copies a page to write it) into the copy, which holds as many; every
@@ -139,9 +138,13 @@ pub unsafe fn capture_page<E>(
             std::ptr::copy_nonoverlapping(page, copy.as_mut_ptr().cast::<u8>(), PAGE);
             copy.assume_init()
         };
-        // SAFETY: releases the lock and the pin taken above; nothing points into the page.
-        unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
-        return Ok(Some(Copied::Page(copy)));
+        // The copy is checked rather than the page: the same bytes, already in the cache.
+        // SAFETY: a whole page, in memory this function owns.
+        if unsafe { page_copyable(copy.as_ptr().cast()) } {
+            // SAFETY: releases the lock and the pin taken above; nothing points into the page.
+            unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
+            return Ok(Some(Copied::Page(copy)));
+        }
     }
     // SAFETY: the open relation.
     let relid = unsafe { (*rel).rd_id };
@@ -205,7 +208,7 @@ pub unsafe fn resolve(
 /// ([`visibility::copyable`]: no out-of-line values, not moved by an old VACUUM FULL).
 ///
 /// # Safety
-/// `page` points to a whole heap page whose line pointers are stable (share-locked).
+/// `page` points to a whole heap page whose line pointers are stable.
 unsafe fn page_copyable(page: *const u8) -> bool {
     let mut ok = true;
     // SAFETY: the caller's page; each tuple lies inside it.
