@@ -47,48 +47,36 @@ def test_every_snapshot_equals_its_mvcc_snapshot_under_concurrent_load(diff_clus
 
 
 def test_every_snapshot_equals_its_mvcc_snapshot_with_a_widened_declaration_window(diff_cluster):
-    with diff_cluster.connect() as conn:
-        set_settings(conn, debug_declare_pause_ms="50ms")
-    try:
-        run_differential(diff_cluster, seconds=30, seed=5)
-    finally:
-        with diff_cluster.connect() as conn:
-            set_settings(conn, debug_declare_pause_ms=None)
+    run_differential_with(diff_cluster, 30, 5, debug_declare_pause_ms="50ms")
 
 
 def test_every_snapshot_equals_its_mvcc_snapshot_with_captures_held_in_flight(diff_cluster):
-    with diff_cluster.connect() as conn:
-        set_settings(conn, capture_batch_pages=4, debug_capture_pause_ms="15ms")
-    try:
-        run_differential(diff_cluster, seconds=30, seed=11)
-    finally:
-        with diff_cluster.connect() as conn:
-            set_settings(conn, capture_batch_pages=None, debug_capture_pause_ms=None)
+    run_differential_with(diff_cluster, 30, 11, capture_batch_pages=4, debug_capture_pause_ms="15ms")
 
 
 def test_every_snapshot_equals_its_mvcc_snapshot_with_every_page_decided_under_its_lock(diff_cluster):
     """gsnap.capture_page_copies off: no page is copied whole and decided after the release;
     PostgreSQL's own visibility test decides every page while the snapshot is held (the path
     pages with TOAST values and overflowed snapshots always take)."""
-    with diff_cluster.connect() as conn:
-        set_settings(conn, capture_page_copies="off")
-    try:
-        run_differential(diff_cluster, seconds=20, seed=17)
-    finally:
-        with diff_cluster.connect() as conn:
-            set_settings(conn, capture_page_copies=None)
+    run_differential_with(diff_cluster, 20, 17, capture_page_copies="off")
 
 
 def test_every_snapshot_equals_its_mvcc_snapshot_when_the_copies_overflow_their_memory(diff_cluster):
     """gsnap.capture_memory far below a span's pages: phase one copies what fits, the rest is
     stored as it is read, under the snapshot; both kinds of page in every capture."""
-    with diff_cluster.connect() as conn:
-        set_settings(conn, capture_memory="64kB", capture_batch_pages=4, debug_capture_pause_ms="15ms")
+    run_differential_with(diff_cluster, 20, 13, capture_memory="64kB", capture_batch_pages=4,
+                          debug_capture_pause_ms="15ms")
+
+
+def run_differential_with(c, seconds: float, seed: int, **settings) -> None:
+    """The differential check with these gsnap settings, reset afterwards."""
+    with c.connect() as conn:
+        set_settings(conn, **settings)
     try:
-        run_differential(diff_cluster, seconds=20, seed=13)
+        run_differential(c, seconds=seconds, seed=seed)
     finally:
-        with diff_cluster.connect() as conn:
-            set_settings(conn, capture_memory=None, capture_batch_pages=None, debug_capture_pause_ms=None)
+        with c.connect() as conn:
+            set_settings(conn, **{name: None for name in settings})
 
 
 def run_differential(c, seconds: float, seed: int) -> None:

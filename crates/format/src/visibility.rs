@@ -302,54 +302,48 @@ mod tests {
         assert!(precedes(2, 3) && precedes(0, 2) && !precedes(3, 2));
     }
 
-    #[test]
-    fn inserters_decide_as_heap_tuple_satisfies_mvcc() {
-        let s = snap();
-        let mut l = log();
-        for (xmin, mask, seen) in [
-            (101, 0, true),                    // committed before the snapshot
-            (103, 0, false),                   // aborted
-            (104, 0, false),                   // crashed (neither)
-            (105, 0, false),                   // running at the snapshot, committed since
-            (105, HEAP_XMIN_COMMITTED, false), // the hint does not make it visible
-            (112, 0, false),                   // began after
-            (50, HEAP_XMIN_COMMITTED, true),
-            (101, HEAP_XMIN_INVALID, false), // the hint says aborted: trusted
-            (105, HEAP_XMIN_FROZEN, true),   // frozen: visible whatever the id
-            (2, 0, true),                    // FrozenTransactionId
-        ] {
-            let t = tuple(xmin, 0, mask | XMAX_INVALID);
-            assert_eq!(
-                visible(&t, &s, &mut l),
-                Ok(seen),
-                "xmin {xmin} mask {mask:#x}"
-            );
+    /// Checks `visible` on tuples (xmin, xmax, infomask) against the snapshot and log above.
+    fn assert_visible(cases: &[(u32, u32, u16, bool)]) {
+        let (s, mut l) = (snap(), log());
+        for &(xmin, xmax, mask, seen) in cases {
+            let t = tuple(xmin, xmax, mask);
+            let got = visible(&t, &s, &mut l);
+            assert_eq!(got, Ok(seen), "xmin {xmin} xmax {xmax} mask {mask:#x}");
         }
     }
 
     #[test]
+    fn inserters_decide_as_heap_tuple_satisfies_mvcc() {
+        let m = XMAX_INVALID;
+        assert_visible(&[
+            (101, 0, m, true),                        // committed before the snapshot
+            (103, 0, m, false),                       // aborted
+            (104, 0, m, false),                       // crashed (neither)
+            (105, 0, m, false),                       // running at the snapshot, committed since
+            (105, 0, m | HEAP_XMIN_COMMITTED, false), // the hint does not make it visible
+            (112, 0, m, false),                       // began after
+            (50, 0, m | HEAP_XMIN_COMMITTED, true),
+            (101, 0, m | HEAP_XMIN_INVALID, false), // the hint says aborted: trusted
+            (105, 0, m | HEAP_XMIN_FROZEN, true),   // frozen: visible whatever the id
+            (2, 0, m, true),                        // FrozenTransactionId
+        ]);
+    }
+
+    #[test]
     fn deleters_decide_as_heap_tuple_satisfies_mvcc() {
-        let s = snap();
-        let mut l = log();
-        for (xmax, mask, seen) in [
-            (102, 0, false),                   // deleted before the snapshot
-            (102, HEAP_XMAX_COMMITTED, false), // the same, hinted
-            (103, 0, true),                    // the deleter aborted
-            (104, 0, true),                    // crashed
-            (105, 0, true),                    // running at the snapshot
-            (105, HEAP_XMAX_COMMITTED, true),  // committed since: still seen
-            (112, HEAP_XMAX_COMMITTED, true),  // began after
-            (102, XMAX_INVALID, true),         // the hint says no deleter
-            (102, HEAP_XMAX_LOCK_ONLY, true),  // only locked
-            (102, HEAP_XMAX_EXCL_LOCK, true),  // a lock, the old way
-        ] {
-            let t = tuple(50, xmax, mask | HEAP_XMIN_COMMITTED);
-            assert_eq!(
-                visible(&t, &s, &mut l),
-                Ok(seen),
-                "xmax {xmax} mask {mask:#x}"
-            );
-        }
+        let c = HEAP_XMIN_COMMITTED;
+        assert_visible(&[
+            (50, 102, c, false),                       // deleted before the snapshot
+            (50, 102, c | HEAP_XMAX_COMMITTED, false), // the same, hinted
+            (50, 103, c, true),                        // the deleter aborted
+            (50, 104, c, true),                        // crashed
+            (50, 105, c, true),                        // running at the snapshot
+            (50, 105, c | HEAP_XMAX_COMMITTED, true),  // committed since: still seen
+            (50, 112, c | HEAP_XMAX_COMMITTED, true),  // began after
+            (50, 102, c | XMAX_INVALID, true),         // the hint says no deleter
+            (50, 102, c | HEAP_XMAX_LOCK_ONLY, true),  // only locked
+            (50, 102, c | HEAP_XMAX_EXCL_LOCK, true),  // a lock, the old way
+        ]);
     }
 
     #[test]
