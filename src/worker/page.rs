@@ -88,8 +88,8 @@ pub enum Copied {
     Page(Box<[u64]>),
 }
 
-/// Reads block `block` of `rel` for `snapshot`. With `whole` (the snapshot's running
-/// transactions, when the caller may keep a copy of the page), a page whose tuples
+/// Reads block `block` of `rel` for `snapshot`. With `whole` (the caller can decide copies
+/// after the release, [`resolve`], and has room for one), a page whose tuples
 /// [`visibility::copyable`] accepts is copied whole; any other page gets its view at once,
 /// where `store_toast` stores one out-of-line value (the bytes of its varlena, possibly
 /// compressed) and returns the id of the stored copy. With `unchanged_at_or_before`, a page
