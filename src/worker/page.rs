@@ -27,56 +27,14 @@ pub struct PageView {
     pub keys: Vec<u64>,
 }
 
-/// True if `xid` is unknown to `snapshot` (in progress at declaration, or later) and has
-/// not aborted.
-///
-/// # Safety
-/// `snapshot` must be a valid MVCC snapshot.
-unsafe fn unsettled_xid(xid: pg_sys::TransactionId, snapshot: pg_sys::Snapshot) -> bool {
-    // SAFETY: plain calls into PostgreSQL's transaction status functions.
-    unsafe {
-        xid.into_inner() >= pg_sys::TransactionId::FIRST_NORMAL.into_inner()
-            && pg_sys::XidInMVCCSnapshot(xid, snapshot)
-            && !pg_sys::TransactionIdDidAbort(xid)
-    }
-}
+/// A registered MVCC snapshot, asked with PostgreSQL's `XidInMVCCSnapshot` (the locked path).
+struct HeldSnapshot(pg_sys::Snapshot);
 
-/// True if the tuple version at `header` may still change which snapshots see it.
-///
-/// # Safety
-/// `header` points to a tuple header on a buffer the caller holds locked.
-unsafe fn tuple_unsettled(header: pg_sys::HeapTupleHeader, snapshot: pg_sys::Snapshot) -> bool {
-    // SAFETY: the caller holds the buffer lock, so the header's fields are stable.
-    let (infomask, xmin, xmax) = unsafe {
-        let heap = (*header).t_choice.t_heap;
-        (u32::from((*header).t_infomask), heap.t_xmin, heap.t_xmax)
-    };
-    let xmin_frozen = infomask & pg_sys::HEAP_XMIN_FROZEN == pg_sys::HEAP_XMIN_FROZEN;
-    let xmin_aborted = !xmin_frozen && infomask & pg_sys::HEAP_XMIN_INVALID != 0;
-    if xmin_aborted {
-        return false; // never visible to anyone
+impl visibility::InProgress for HeldSnapshot {
+    fn in_progress(&self, xid: u32) -> bool {
+        // SAFETY: a registered snapshot (capture_page's contract), on the main thread.
+        unsafe { pg_sys::XidInMVCCSnapshot(pg_sys::TransactionId::from_inner(xid), self.0) }
     }
-    // SAFETY: the caller's valid MVCC snapshot.
-    if !xmin_frozen && unsafe { unsettled_xid(xmin, snapshot) } {
-        return true;
-    }
-    if infomask & pg_sys::HEAP_XMAX_INVALID != 0 {
-        return false;
-    }
-    let lock_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
-        || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
-            == pg_sys::HEAP_XMAX_EXCL_LOCK;
-    if lock_only {
-        return false; // a row lock does not change visibility
-    }
-    let xmax = if infomask & pg_sys::HEAP_XMAX_IS_MULTI != 0 {
-        // SAFETY: a header on the locked buffer whose xmax is a MultiXact.
-        unsafe { pg_sys::HeapTupleGetUpdateXid(header) }
-    } else {
-        xmax
-    };
-    // SAFETY: the caller's valid MVCC snapshot.
-    unsafe { unsettled_xid(xmax, snapshot) }
 }
 
 /// What phase one took of a page.
@@ -152,10 +110,13 @@ pub unsafe fn capture_page<E>(
     // the caller's registered snapshot (which may set hint bits on the buffer).
     let (builder, unsettled) = unsafe {
         copy_visible(page, block, relid, &mut |tuple| {
-            (
-                pg_sys::HeapTupleSatisfiesVisibility(tuple, snapshot, buffer),
-                tuple_unsettled(tuple.t_data, snapshot),
-            )
+            let seen = pg_sys::HeapTupleSatisfiesVisibility(tuple, snapshot, buffer);
+            // SAFETY: a normal line pointer's tuple on the locked page (read only from here).
+            let t = std::slice::from_raw_parts(tuple.t_data.cast::<u8>(), tuple.t_len as usize);
+            let held = &HeldSnapshot(snapshot);
+            let open = visibility::unsettled(t, held, &mut CommitLog)
+                .expect("every tuple has a header (for_each_tuple checks)");
+            (seen, open)
         })
     };
     // SAFETY: releases the lock and the pin taken above; nothing points into the page any more.
@@ -267,8 +228,8 @@ impl visibility::XactStatus for CommitLog {
     }
 
     fn update_xid(&mut self, tuple: &[u8]) -> u32 {
-        // SAFETY: a whole tuple header (checked when its page was copied, 8-byte aligned in
-        // the copy); PostgreSQL reads its xmax and infomask only.
+        // SAFETY: a whole tuple header (for_each_tuple checks its length), 8-byte aligned on
+        // its page or in the page's copy; PostgreSQL reads its xmax and infomask only.
         unsafe { pg_sys::HeapTupleGetUpdateXid(tuple.as_ptr().cast_mut().cast()) }.into_inner()
     }
 }
@@ -329,7 +290,7 @@ unsafe fn page_lsn(buffer: pg_sys::Buffer) -> u64 {
 /// `decide` says are visible (headers not normalized yet) into a view builder of exactly
 /// their size (so nothing is allocated or moved once copying starts); true if `decide`
 /// found one unsettled. `decide` gets each normal tuple and says whether the snapshot sees
-/// it and whether it is unsettled (see [`tuple_unsettled`]).
+/// it and whether it is unsettled ([`visibility::unsettled`]).
 ///
 /// # Safety
 /// `page` points to a whole heap page that stays in place, its line pointers and tuples

@@ -104,6 +104,19 @@ impl SnapshotXids {
     }
 }
 
+/// Which transactions a snapshot did not see as finished (`XidInMVCCSnapshot`): a
+/// [`SnapshotXids`] after the release, or PostgreSQL's own test while the snapshot is held.
+pub trait InProgress {
+    /// True if the snapshot does not see `xid` as finished.
+    fn in_progress(&self, xid: u32) -> bool;
+}
+
+impl InProgress for SnapshotXids {
+    fn in_progress(&self, xid: u32) -> bool {
+        SnapshotXids::in_progress(self, xid)
+    }
+}
+
 /// What the rules ask about transactions the snapshot sees as finished (PostgreSQL's commit
 /// log and MultiXact members, in the capture).
 pub trait XactStatus {
@@ -183,10 +196,11 @@ pub fn visible(
 
 /// True if the tuple version may still change which snapshots see it: its inserter, or its
 /// deleter, is one the snapshot does not see as finished and has not aborted (docs/design.md,
-/// capture step 3: its page is *unsettled*).
+/// capture step 3: its page is *unsettled*). Asked on copies after the release and on locked
+/// buffers alike (`xids` is then PostgreSQL's test against the held snapshot).
 pub fn unsettled(
     tuple: &[u8],
-    xids: &SnapshotXids,
+    xids: &dyn InProgress,
     status: &mut dyn XactStatus,
 ) -> Result<bool, FormatError> {
     let Header {
