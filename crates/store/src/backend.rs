@@ -17,24 +17,24 @@
 use crate::error::Result;
 use crate::keys::Cf;
 
-/// One operation of a [`WriteBatch`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BatchOp {
+/// One operation of a [`WriteBatch`] (borrowed from the batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchOp<'a> {
     /// Set `key` to `value` in `cf`.
     Put {
         /// Column family.
         cf: Cf,
         /// Key.
-        key: Vec<u8>,
+        key: &'a [u8],
         /// Value.
-        value: Vec<u8>,
+        value: &'a [u8],
     },
     /// Remove `key` from `cf` (no error if absent).
     Delete {
         /// Column family.
         cf: Cf,
         /// Key.
-        key: Vec<u8>,
+        key: &'a [u8],
     },
     /// Remove every key of `cf` in `[start, end)` (one range tombstone in RocksDB: the cost
     /// does not grow with the keys removed).
@@ -42,16 +42,40 @@ pub enum BatchOp {
         /// Column family.
         cf: Cf,
         /// First key removed.
-        start: Vec<u8>,
+        start: &'a [u8],
         /// First key kept after the range.
-        end: Vec<u8>,
+        end: &'a [u8],
     },
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Put,
+    Delete,
+    DeleteRange,
+}
+
+/// Where an operation's two byte strings (key and value, or start and end; the second is
+/// empty for a delete) lie in the batch's buffer: `first` bytes from `at`, then `second`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OpRecord {
+    kind: OpKind,
+    cf: Cf,
+    at: usize,
+    first: u32,
+    second: u32,
+}
+
 /// A set of operations applied atomically by [`KvBackend::write`], in order.
+///
+/// The keys and values are copied into one buffer, kept with its room when the batch is
+/// cleared: a capture fills thousands of batches of about the same size, and a batch of
+/// separately allocated keys and values cost it two allocations and two frees per
+/// operation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteBatch {
-    ops: Vec<BatchOp>,
+    data: Vec<u8>,
+    ops: Vec<OpRecord>,
     bytes: usize,
 }
 
@@ -61,45 +85,67 @@ impl WriteBatch {
         Self::default()
     }
 
+    fn push(&mut self, kind: OpKind, cf: Cf, first: &[u8], second: &[u8]) {
+        let at = self.data.len();
+        self.data.extend_from_slice(first);
+        self.data.extend_from_slice(second);
+        self.bytes += first.len() + second.len() + 16;
+        let len = |b: &[u8]| u32::try_from(b.len()).expect("a key or value over 4 GiB");
+        self.ops.push(OpRecord {
+            kind,
+            cf,
+            at,
+            first: len(first),
+            second: len(second),
+        });
+    }
+
     /// Adds a put.
     pub fn put(&mut self, cf: Cf, key: &[u8], value: &[u8]) {
-        self.bytes += key.len() + value.len() + 16;
-        self.ops.push(BatchOp::Put {
-            cf,
-            key: key.to_vec(),
-            value: value.to_vec(),
-        });
+        self.push(OpKind::Put, cf, key, value);
     }
 
     /// Adds a delete.
     pub fn delete(&mut self, cf: Cf, key: &[u8]) {
-        self.bytes += key.len() + 16;
-        self.ops.push(BatchOp::Delete {
-            cf,
-            key: key.to_vec(),
-        });
+        self.push(OpKind::Delete, cf, key, &[]);
     }
 
     /// Adds the removal of every key in `[start, end)`.
     pub fn delete_range(&mut self, cf: Cf, start: &[u8], end: &[u8]) {
-        self.bytes += start.len() + end.len() + 16;
-        self.ops.push(BatchOp::DeleteRange {
-            cf,
-            start: start.to_vec(),
-            end: end.to_vec(),
-        });
+        self.push(OpKind::DeleteRange, cf, start, end);
     }
 
     /// Empties the batch, keeping its room for the next one (a capture writes many batches
     /// of about the same size).
     pub fn clear(&mut self) {
+        self.data.clear();
         self.ops.clear();
         self.bytes = 0;
     }
 
     /// The operations, in order.
-    pub fn ops(&self) -> &[BatchOp] {
-        &self.ops
+    pub fn ops(&self) -> impl ExactSizeIterator<Item = BatchOp<'_>> + '_ {
+        self.ops.iter().map(|op| {
+            let mid = op.at + op.first as usize;
+            let first = &self.data[op.at..mid];
+            let second = &self.data[mid..mid + op.second as usize];
+            match op.kind {
+                OpKind::Put => BatchOp::Put {
+                    cf: op.cf,
+                    key: first,
+                    value: second,
+                },
+                OpKind::Delete => BatchOp::Delete {
+                    cf: op.cf,
+                    key: first,
+                },
+                OpKind::DeleteRange => BatchOp::DeleteRange {
+                    cf: op.cf,
+                    start: first,
+                    end: second,
+                },
+            }
+        })
     }
 
     /// Number of operations.

@@ -59,18 +59,18 @@ impl MemBackend {
             match op {
                 BatchOp::Put { cf, key, value } => {
                     tables
-                        .entry(*cf)
+                        .entry(cf)
                         .or_default()
-                        .insert(key.clone(), value.clone());
+                        .insert(key.to_vec(), value.to_vec());
                 }
                 BatchOp::Delete { cf, key } => {
-                    if let Some(t) = tables.get_mut(cf) {
+                    if let Some(t) = tables.get_mut(&cf) {
                         t.remove(key);
                     }
                 }
                 BatchOp::DeleteRange { cf, start, end } => {
-                    if let Some(t) = tables.get_mut(cf) {
-                        t.retain(|k, _| k < start || k >= end);
+                    if let Some(t) = tables.get_mut(&cf) {
+                        t.retain(|k, _| k.as_slice() < start || k.as_slice() >= end);
                     }
                 }
             }

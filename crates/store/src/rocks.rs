@@ -509,11 +509,11 @@ impl KvBackend for RocksBackend {
         for op in batch.ops() {
             match op {
                 crate::backend::BatchOp::Put { cf, key, value } => {
-                    rb.put_cf(self.handle(*cf)?, key, value)
+                    rb.put_cf(self.handle(cf)?, key, value)
                 }
-                crate::backend::BatchOp::Delete { cf, key } => rb.delete_cf(self.handle(*cf)?, key),
+                crate::backend::BatchOp::Delete { cf, key } => rb.delete_cf(self.handle(cf)?, key),
                 crate::backend::BatchOp::DeleteRange { cf, start, end } => {
-                    rb.delete_range_cf(self.handle(*cf)?, start, end)
+                    rb.delete_range_cf(self.handle(cf)?, start, end)
                 }
             }
         }
