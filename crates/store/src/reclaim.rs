@@ -314,15 +314,17 @@ impl<B: KvBackend> SnapshotStore<B> {
             .keys()
             .map(|&i| (i, keys::image_refs_key(i)))
             .collect();
-        // The removals go into a batch that is never written: the same code as a real step.
-        let mut scratch = WriteBatch::new();
+        let dying: Vec<ImageId> = self
+            .counts(&items)?
+            .into_iter()
+            .filter(|&(image, _, count)| count <= named[&image])
+            .map(|(image, _, _)| image)
+            .collect();
         let mut toast_decrements = HashMap::new();
-        let mut freed = Freed::default();
-        for (image, _, count) in self.counts(&items)? {
-            if count <= named[&image] {
-                freed.add(self.free_image(image, &mut scratch, &mut toast_decrements)?);
-            }
-        }
+        let mut freed = self.would_free_images(&dying, &mut toast_decrements)?;
+        // The TOAST values' removals go into a batch that is never written: the same code as
+        // a real step.
+        let mut scratch = WriteBatch::new();
         freed.add(self.release_toasts(toast_decrements, &mut scratch)?);
         Ok(Some(freed))
     }

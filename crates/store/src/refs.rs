@@ -83,18 +83,8 @@ impl<B: KvBackend> SnapshotStore<B> {
 
     /// The TOAST values image `id` names.
     pub(crate) fn image_toasts(&self, id: ImageId) -> Result<Vec<ToastId>> {
-        let Some(v) = self.backend.get(Cf::Refs, &keys::image_toasts_key(id))? else {
-            return Ok(Vec::new());
-        };
-        if v.len() % 8 != 0 {
-            return Err(StoreError::corrupt(format!(
-                "the TOAST list of {id} has {} bytes, not a multiple of 8",
-                v.len()
-            )));
-        }
-        Ok(v.chunks_exact(8)
-            .map(|c| ToastId(u64::from_be_bytes(c.try_into().expect("8 bytes"))))
-            .collect())
+        let v = self.backend.get(Cf::Refs, &keys::image_toasts_key(id))?;
+        decode_toast_list(id, v.as_deref().unwrap_or_default())
     }
 
     /// Puts into `batch` the removal of image `id` (record, dedup entry, count, TOAST list)
@@ -127,6 +117,52 @@ impl<B: KvBackend> SnapshotStore<B> {
             toast_values: 0,
             bytes: record.len() as u64,
         })
+    }
+
+    /// What freeing images `ids` would free, without freeing anything: the sizes of their
+    /// records, and the TOAST values they name counted into `toast_decrements`, as
+    /// [`Self::free_image`] counts them (a missing record frees nothing). Reads the records
+    /// and lists many at a time: the estimates of what deleting a snapshot would free
+    /// (`reclaim.rs`, `would_free`) ask this for every page a capture changed.
+    pub(crate) fn would_free_images(
+        &self,
+        ids: &[ImageId],
+        toast_decrements: &mut HashMap<ToastId, u64>,
+    ) -> Result<Freed> {
+        const AT_ONCE: usize = 512;
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        let mut freed = Freed::default();
+        for run in ids.chunk_by(|a, b| keys::image_rank(*a) == keys::image_rank(*b)) {
+            let cf = Cf::Images(keys::image_rank(run[0]));
+            for part in run.chunks(AT_ONCE) {
+                let image_keys: Vec<[u8; 8]> = part.iter().map(|&i| keys::image_key(i)).collect();
+                let refs: Vec<&[u8]> = image_keys.iter().map(|k| k.as_slice()).collect();
+                let records = self.backend.multi_get(cf, &refs)?;
+                let present: Vec<ImageId> = part
+                    .iter()
+                    .zip(&records)
+                    .filter_map(|(&id, r)| {
+                        let len = r.as_ref()?.len() as u64;
+                        freed.add(Freed {
+                            images: 1,
+                            toast_values: 0,
+                            bytes: len,
+                        });
+                        Some(id)
+                    })
+                    .collect();
+                let list_keys: Vec<_> =
+                    present.iter().map(|&i| keys::image_toasts_key(i)).collect();
+                let refs: Vec<&[u8]> = list_keys.iter().map(|k| k.as_slice()).collect();
+                for (id, list) in present.iter().zip(self.backend.multi_get(Cf::Refs, &refs)?) {
+                    for t in decode_toast_list(*id, list.as_deref().unwrap_or_default())? {
+                        *toast_decrements.entry(t).or_default() += 1;
+                    }
+                }
+            }
+        }
+        Ok(freed)
     }
 
     /// Puts into `batch` the removal of TOAST value `id` (header, chunks, dedup entry,
@@ -194,4 +230,17 @@ impl<B: KvBackend> SnapshotStore<B> {
         }
         Ok(freed)
     }
+}
+
+/// The TOAST values image `id`'s list names (an image without a list names none).
+fn decode_toast_list(id: ImageId, v: &[u8]) -> Result<Vec<ToastId>> {
+    if !v.len().is_multiple_of(8) {
+        return Err(StoreError::corrupt(format!(
+            "the TOAST list of {id} has {} bytes, not a multiple of 8",
+            v.len()
+        )));
+    }
+    Ok(v.chunks_exact(8)
+        .map(|c| ToastId(u64::from_be_bytes(c.try_into().expect("8 bytes"))))
+        .collect())
 }

@@ -381,7 +381,8 @@ fn reclaiming_a_deleted_snapshot_frees_exactly_what_only_it_used() {
     );
 
     // Deleting s2: its mappings of pages 0, 2 and 3 are seen by no other snapshot; page 1's
-    // is still s3's.
+    // is still s3's. The estimate made before says exactly what reclaiming it frees.
+    let estimate = store.would_free(s2).unwrap().expect("s2 is not the newest");
     store.delete_snapshots(&[s2], 1000).unwrap();
     assert_eq!(store.deleted_unreclaimed(), vec![s2]);
     assert_eq!(store.space().unwrap().deleted_unreclaimed, 1);
@@ -405,6 +406,7 @@ fn reclaiming_a_deleted_snapshot_frees_exactly_what_only_it_used() {
         "b and f"
     );
     assert!(job.freed.bytes > 0);
+    assert_eq!(job.freed, estimate, "the estimate made before the deletion");
     let after = store.space().unwrap();
     let needed_after = assert_clean(&store, &keep_none, "s2 reclaimed").content_bytes;
     assert_eq!(
@@ -452,7 +454,10 @@ fn reclaiming_a_deleted_snapshot_frees_exactly_what_only_it_used() {
     assert!(store.reclaim_next(&every).unwrap().is_none());
 
     // Deleting s1 (and s0, which maps nothing; s0b stays): s1's mappings of pages 0, 1 and 3
-    // were replaced by reclaimed s2, whose mappings still count for the intervals.
+    // were replaced by reclaimed s2, whose mappings still count for the intervals. The
+    // estimate counts the TOAST value only a names.
+    let estimate = store.would_free(s1).unwrap().expect("s1 is not the newest");
+    assert_eq!((estimate.images, estimate.toast_values), (3, 1));
     store.delete_snapshots(&[s0, s1], 2000).unwrap();
     let jobs = reclaim_all(&store, 1, &keep_none).unwrap();
     assert_eq!(jobs.len(), 2);
@@ -468,6 +473,10 @@ fn reclaiming_a_deleted_snapshot_frees_exactly_what_only_it_used() {
         (jobs[1].freed.images, jobs[1].freed.toast_values),
         (3, 1),
         "a, d, h and the big TOAST value"
+    );
+    assert_eq!(
+        jobs[1].freed, estimate,
+        "the estimate made before the deletion"
     );
     assert_eq!(
         store.toast_value(big).unwrap_err().kind(),
