@@ -1,7 +1,9 @@
 //! What each column family of a gsnap store holds on disk, for finding where the space goes:
 //! `cargo run --release -p gsnap-store --example cf_sizes -- STORE_DIR` (read-only; the server
 //! may be running or stopped). Per column family: the table files' size, RocksDB's estimate of
-//! its live data, its keys, and its files per level.
+//! its live data, its keys, and its files per level. With a column family's name after the
+//! directory, its table files too: level, size, entries, deletions and key range (to see
+//! which files a compaction must rewrite together).
 
 use rocksdb::{Options, DB};
 
@@ -34,6 +36,35 @@ fn main() {
         println!(
             "{name:<12} {sst:>10.1} {live:>10.1} {keys:>10} {amp:>6.2}  {}",
             levels.join(" ")
+        );
+    }
+    let Some(family) = std::env::args().nth(2) else {
+        return;
+    };
+    let hex = |k: &Option<Vec<u8>>| {
+        k.as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let mut files: Vec<_> = db
+        .live_files()
+        .expect("the table files")
+        .into_iter()
+        .filter(|f| f.column_family_name == family)
+        .collect();
+    files.sort_by(|a, b| (a.level, &a.start_key).cmp(&(b.level, &b.start_key)));
+    for f in files {
+        println!(
+            "L{} {} {:>8.1} MiB {:>9} entries {:>7} deletions  {} .. {}",
+            f.level,
+            f.name,
+            f.size as f64 / 1048576.0,
+            f.num_entries,
+            f.num_deletions,
+            hex(&f.start_key),
+            hex(&f.end_key)
         );
     }
 }
