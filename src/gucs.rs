@@ -271,7 +271,8 @@ pub fn init() {
         c"Part of gsnap.snapshot_interval over which a capture stores the pages it has read.",
         c"Phase two of a capture (fingerprints, compression, store writes) runs on a thread of \
           the worker, spread over this part of the interval after the declaration instead of \
-          taking a core at once. It hurries when a session waits for the snapshot or the next \
+          taking a core at once; the decisions on the page copies before it are spread over \
+          its first quarter. It hurries when a session waits for the snapshot or the next \
           one is declared. 0: store at full speed.",
         &CAPTURE_PACE,
         0.0,

@@ -464,17 +464,19 @@ def paced_capture(conn, table: str, rows: int) -> tuple[int, Counter]:
     conn.execute("SET statement_timeout = '90s'")  # a capture that never hurries fails the test
     set_settings(conn, snapshot_interval="1h", capture_pace="0.5")
     snap = conn.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
-    wait_until(lambda: (lambda p: p["snap_id"] == snap and p["phase"] == "committing"
+    wait_until(lambda: (lambda p: p["snap_id"] == snap and p["phase"] in ("deciding", "committing")
                         and p["pages_to_store"] > 0)(progress(conn)),
-               30, f"phase two of snapshot {snap} to start")
+               30, f"phase one of snapshot {snap} to read its last page")
     return snap, before
 
 
 def test_phase_two_is_paced_over_the_interval_and_hurries_for_a_reader(ocluster):
     """With gsnap.snapshot_interval = 1h, phase two (storing what phase one read) is spread
     over half an hour: phase one reads every page and lets go of the horizon at once, then the
-    pages are stored a chunk at a time on the worker's thread while the worker answers other
-    requests; a session reading the snapshot makes it hurry, and it reads as the table was."""
+    decisions on the copies are spread over a quarter of that (nothing is stored before they
+    end), then the pages are stored a chunk at a time on the worker's thread while the worker
+    answers other requests; a session reading the snapshot makes it hurry, and it reads as
+    the table was."""
     with ocluster.connect() as conn:
         try:
             snap, before = paced_capture(conn, "ord6", 15000)
@@ -484,6 +486,9 @@ def test_phase_two_is_paced_over_the_interval_and_hurries_for_a_reader(ocluster)
             p = progress(conn)
             assert p["last_durable"] != snap and p["pages_to_store"] >= to_store - 64, (
                 f"phase two of snapshot {snap} was not paced: {to_store} pages to store, then {p}")
+            # ~280 copies, decided 256 at a time: the second batch is due ~7 minutes in.
+            assert p["phase"] == "deciding", (
+                f"snapshot {snap} decided its ~280 copies within 1.5 s: not paced ({p})")
             t0 = time.monotonic()
             assert snapshots(conn)[snap]["state"] == "capturing"  # the worker answers
             assert time.monotonic() - t0 < 5

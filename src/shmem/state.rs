@@ -104,6 +104,9 @@ pub enum Phase {
     /// Every page is read and the MVCC snapshot released: storing the pages' copies, then
     /// writing the snapshot's final batch.
     Committing = 3,
+    /// Every page is read and the MVCC snapshot released: deciding on the pages' copies which
+    /// rows the snapshot sees (paced), before storing them.
+    Deciding = 4,
 }
 
 impl Phase {
@@ -114,6 +117,7 @@ impl Phase {
             Phase::Declaring => "declaring",
             Phase::Capturing => "capturing",
             Phase::Committing => "committing",
+            Phase::Deciding => "deciding",
         }
     }
 
@@ -122,6 +126,7 @@ impl Phase {
             1 => Phase::Declaring,
             2 => Phase::Capturing,
             3 => Phase::Committing,
+            4 => Phase::Deciding,
             _ => Phase::Idle,
         }
     }

@@ -109,12 +109,43 @@ pub(crate) struct CaptureJob {
     stored: bool,
     /// Pages read once the budget was full: stored as they were read, under the snapshot.
     stored_while_reading: u64,
+    /// The pace of the decisions on the copies (when they began, over how long, how many):
+    /// set when the first batch is decided.
+    deciding: Option<Deciding>,
     /// When every page had been read and the MVCC snapshot was released: phase two (storing
     /// the copies) and the commit are left.
     read_all: Option<std::time::Instant>,
     /// Test hooks (gsnap.debug_capture_pause_ms, gsnap.debug_commit_pause_ms): no batch, or
     /// no commit, before this time.
     pub(super) next_batch_at: std::time::Instant,
+}
+
+/// The decisions on phase one's copies spread over a window (a quarter of phase two's, so
+/// that phase two keeps most of it): deciding a page takes the worker's main thread ~10-15 us,
+/// and deciding a capture's ~15,000 pages at once took a core for a quarter of a second
+/// right after the declaration, the second whose throughput `worst_second` reports.
+#[derive(Clone, Copy)]
+struct Deciding {
+    began: std::time::Instant,
+    window: std::time::Duration,
+    pages: usize,
+}
+
+impl Deciding {
+    fn new(pages: usize, declared_at_us: i64) -> Deciding {
+        Deciding {
+            began: std::time::Instant::now(),
+            window: super::storing::pace_window(declared_at_us) / 4,
+            pages: pages.max(1),
+        }
+    }
+
+    /// When the next batch is due, `left` pages being still undecided: each page at its share
+    /// of the window.
+    fn next_due(&self, left: usize) -> std::time::Instant {
+        let done = self.pages.saturating_sub(left);
+        self.began + self.window.mul_f64(done as f64 / self.pages as f64)
+    }
 }
 
 impl CaptureJob {
@@ -236,6 +267,7 @@ impl Worker {
             xids,
             stored: false,
             stored_while_reading: 0,
+            deciding: None,
             read_all: None,
             next_batch_at: std::time::Instant::now(),
         });
@@ -248,15 +280,33 @@ impl Worker {
         else {
             return false;
         };
+        let hurry = self.capture_awaited == Some(job.decl.snap)
+            || !self.queue.is_empty()
+            || self
+                .durable_waiters
+                .iter()
+                .any(|&(_, s)| s == job.decl.snap);
         if let Some(read_at) = job.read_all {
             if !job.stored {
                 // The pages copied whole are decided (a batch at a time, between the worker's
-                // looks at its requests), then phase two starts.
+                // looks at its requests, paced like phase two unless it must hurry), then
+                // phase two starts.
+                let now = std::time::Instant::now();
+                let deciding = *job.deciding.get_or_insert_with(|| {
+                    Deciding::new(job.copied.len(), job.decl.declared_at_us)
+                });
+                if !hurry && now < job.next_batch_at {
+                    return false;
+                }
                 let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
                 return match xact::in_subtransaction(|| job.decide_copies(budget)) {
-                    Ok(true) => true,
+                    Ok(true) => {
+                        job.next_batch_at = deciding.next_due(job.copied.len());
+                        hurry || job.next_batch_at <= std::time::Instant::now()
+                    }
                     Ok(false) => {
                         job.stored = true;
+                        shmem::progress().set_phase(Phase::Committing);
                         match job.start_storing(index) {
                             Ok(()) => true,
                             Err(failure) => self.fail_step(failure),
@@ -268,12 +318,7 @@ impl Worker {
             if let Some(storing) = &job.storing {
                 // Phase two runs on its thread, paced; it hurries once someone waits for this
                 // snapshot to be durable or reads it, or the next one is declared.
-                let snap = job.decl.snap;
-                storing.hurry(
-                    self.capture_awaited == Some(snap)
-                        || !self.queue.is_empty()
-                        || self.durable_waiters.iter().any(|&(_, s)| s == snap),
-                );
+                storing.hurry(hurry);
                 let (to_store, bytes, new_images) = storing.counts();
                 let p = shmem::progress();
                 p.advance(job.items.len() as u32, job.pages_done, bytes, new_images);
@@ -507,7 +552,11 @@ impl CaptureJob {
             shmem::progress().horizon_released(held_us);
         }
         self.read_all = Some(std::time::Instant::now());
-        shmem::progress().set_phase(Phase::Committing);
+        shmem::progress().set_phase(if self.copied.is_empty() {
+            Phase::Committing
+        } else {
+            Phase::Deciding
+        });
     }
 
     /// Waits for phase two's thread (finished or cancelled) and takes back the capture and
