@@ -257,9 +257,10 @@ def bench_tps(b: Bench) -> None:
     held_ms: list[float] = []  # how long each capture held its MVCC snapshot (gsnap_progress)
     worst: list[float] = []  # each capture's worst second as gsnap_progress reports it
 
-    def sample_horizon(c: Cluster, stop: threading.Event) -> None:
+    def sample_horizon(c: Cluster, stop: threading.Event, run_worst: list) -> None:
         """Polls gsnap_progress().horizon_held_ms and worst_second; each new value is one
-        capture's (worst_second is published about a second after the capture's end)."""
+        capture's (worst_second is published about a second after the capture's end, and
+        kept in `run_worst` with its snapshot's id)."""
         last = None
         with c.connect() as conn:
             # (the value when the run starts is the previous run's last capture's, which may
@@ -272,7 +273,7 @@ def bench_tps(b: Bench) -> None:
                     held_ms.append(v)
                     last = v
                 if w is not None and d != last_durable:
-                    worst.append(w)
+                    run_worst.append((d, w))
                     last_durable = d
 
     for r in range(rounds):
@@ -294,7 +295,8 @@ def bench_tps(b: Bench) -> None:
             t0 = time.time()
             cpu0 = cluster_cpu_ms(c)
             stop = threading.Event()
-            sampler = threading.Thread(target=sample_horizon, args=(c, stop))
+            run_worst: list[tuple[int, float]] = []
+            sampler = threading.Thread(target=sample_horizon, args=(c, stop, run_worst))
             threads_cpu = ThreadCpu(wpid) if name == "gsnap+snap" else None
             if name == "gsnap+snap":
                 sampler.start()
@@ -323,6 +325,10 @@ def bench_tps(b: Bench) -> None:
             for (sid, at, pages, nbytes, state) in snaps:
                 series.append({"round": r, "config": name, "kind": "snapshot", "t": round(at - t0, 3),
                                "snap_id": sid, "pages": pages, "bytes": nbytes, "state": state})
+            # A snapshot declared as pgbench stops has the quiet after the run in its capture:
+            # its worst second says nothing about the capture (0 when no write followed).
+            declared = {sid: at - t0 for (sid, at, *_rest) in snaps}
+            worst.extend(w for (sid, w) in run_worst if declared.get(sid, secs) < secs - 1)
             for sec in sorted(agg):
                 x, lsum, lmax = agg[sec]
                 series.append({"round": r, "config": name, "kind": "second", "t": sec - int(t0),
