@@ -121,9 +121,10 @@ pub(crate) struct CaptureJob {
 }
 
 /// The decisions on phase one's copies spread over a window (a quarter of phase two's, so
-/// that phase two keeps most of it): deciding a page takes the worker's main thread ~10-15 us,
-/// and deciding a capture's ~15,000 pages at once took a core for a quarter of a second
-/// right after the declaration, the second whose throughput `worst_second` reports.
+/// that phase two keeps most of it, and at most [`DECIDING_AT_MOST`]): deciding a page takes
+/// the worker's main thread ~10-15 us, and deciding a capture's ~15,000 pages at once took a
+/// core for a quarter of a second right after the declaration, the second whose throughput
+/// `worst_second` reports.
 #[derive(Clone, Copy)]
 struct Deciding {
     began: std::time::Instant,
@@ -131,11 +132,17 @@ struct Deciding {
     pages: usize,
 }
 
+/// The longest the decisions are spread over. They look the commit log up for transactions
+/// that ended before the snapshot; if VACUUM truncated it past them meanwhile (a database-wide
+/// freeze), the lookup fails and so does the snapshot: seconds, not a fifth of a long
+/// interval, keep that window short.
+const DECIDING_AT_MOST: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Deciding {
     fn new(pages: usize, declared_at_us: i64) -> Deciding {
         Deciding {
             began: std::time::Instant::now(),
-            window: super::storing::pace_window(declared_at_us) / 4,
+            window: (super::storing::pace_window(declared_at_us) / 4).min(DECIDING_AT_MOST),
             pages: pages.max(1),
         }
     }
