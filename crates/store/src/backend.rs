@@ -76,7 +76,6 @@ struct OpRecord {
 pub struct WriteBatch {
     data: Vec<u8>,
     ops: Vec<OpRecord>,
-    bytes: usize,
 }
 
 impl WriteBatch {
@@ -89,7 +88,6 @@ impl WriteBatch {
         let at = self.data.len();
         self.data.extend_from_slice(first);
         self.data.extend_from_slice(second);
-        self.bytes += first.len() + second.len() + 16;
         let len = |b: &[u8]| u32::try_from(b.len()).expect("a key or value over 4 GiB");
         self.ops.push(OpRecord {
             kind,
@@ -120,7 +118,6 @@ impl WriteBatch {
     pub fn clear(&mut self) {
         self.data.clear();
         self.ops.clear();
-        self.bytes = 0;
     }
 
     /// The operations, in order.
@@ -158,9 +155,10 @@ impl WriteBatch {
         self.ops.is_empty()
     }
 
-    /// Approximate memory (and WAL) size of the batch in bytes.
+    /// Approximate memory (and WAL) size of the batch in bytes: its keys and values, and 16
+    /// bytes per operation.
     pub fn size_bytes(&self) -> usize {
-        self.bytes
+        self.data.len() + 16 * self.ops.len()
     }
 }
 
