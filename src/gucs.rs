@@ -272,8 +272,8 @@ pub fn init() {
         c"Phase two of a capture (fingerprints, compression, store writes) runs on a thread of \
           the worker, spread over this part of the interval after the declaration instead of \
           taking a core at once; the decisions on the page copies before it are spread over \
-          its first quarter, at most 5 seconds. It hurries when a session waits for the snapshot or the next \
-          one is declared. 0: store at full speed.",
+          its first quarter, at most 5 seconds. It hurries when a session waits for the \
+          snapshot or the next one is declared. 0: store at full speed.",
         &CAPTURE_PACE,
         0.0,
         1.0,

@@ -143,7 +143,7 @@ impl Deciding {
         Deciding {
             began: std::time::Instant::now(),
             window: (super::storing::pace_window(declared_at_us) / 4).min(DECIDING_AT_MOST),
-            pages: pages.max(1),
+            pages,
         }
     }
 
@@ -151,7 +151,7 @@ impl Deciding {
     /// of the window.
     fn next_due(&self, left: usize) -> std::time::Instant {
         let done = self.pages.saturating_sub(left);
-        self.began + self.window.mul_f64(done as f64 / self.pages as f64)
+        self.began + super::storing::share_of(self.window, done, self.pages)
     }
 }
 

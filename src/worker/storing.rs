@@ -67,6 +67,12 @@ pub(super) fn pace_window(declared_at_us: i64) -> Duration {
     Duration::from_secs_f64((interval * pace - since).max(0.0))
 }
 
+/// When the `done`-th of `total` items is due, each item at its share of `window` (phase two's
+/// chunks here, and the decisions on the copies before it, `capture.rs`).
+pub(super) fn share_of(window: Duration, done: usize, total: usize) -> Duration {
+    window.mul_f64(done as f64 / total.max(1) as f64)
+}
+
 impl Storing {
     /// Starts storing `pages` (their tables in `targets`) with `capture`; `previous` holds the
     /// previous page table (None: there is none). If the thread cannot start, the capture is
@@ -193,7 +199,7 @@ fn store_all(
     let mut n = 0;
     while let Some(page) = pages.pop_front() {
         if n % CHUNK == 0 {
-            pace(start, window.mul_f64(n as f64 / total as f64), shared);
+            pace(start, share_of(window, n, total), shared);
             if shared.cancel.load(Relaxed) {
                 return Err(Err("the worker stopped it".into()));
             }
