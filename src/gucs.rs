@@ -55,6 +55,10 @@ pub fn capture_memory_bytes() -> usize {
 /// releasing it (`page.rs`).
 pub static CAPTURE_PAGE_COPIES: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// How long before a periodic snapshot the worker copies the pages written so far (ms; 0:
+/// never), so that the capture only checks them (`worker/ahead.rs`).
+pub static CAPTURE_COPY_AHEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
 /// The part of `gsnap.snapshot_interval` over which phase two of a capture is spread.
 pub static CAPTURE_PACE: GucSetting<f64> = GucSetting::<f64>::new(0.8);
 
@@ -265,6 +269,21 @@ pub fn init() {
         &CAPTURE_PAGE_COPIES,
         GucContext::Sighup,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"gsnap.capture_copy_ahead",
+        c"How long before a periodic snapshot the worker copies the pages written so far.",
+        c"With gsnap.snapshot_interval set and gsnap.capture_page_copies on, the worker copies \
+          the pages written in the span this long before the next periodic snapshot (at most a \
+          quarter of the interval), without holding any snapshot; the capture then only checks \
+          by its page LSN that each is unchanged, which shortens the time it holds VACUUM \
+          back. Tables that are not WAL-logged are read at the snapshot as before. The copies \
+          count against gsnap.capture_memory. 0: off.",
+        &CAPTURE_COPY_AHEAD_MS,
+        0,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
     GucRegistry::define_float_guc(
         c"gsnap.capture_pace",

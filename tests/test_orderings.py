@@ -541,6 +541,87 @@ def test_a_restart_during_phase_two_fails_that_snapshot_and_the_next_one_is_whol
         assert_equal(before, contents(conn, "ord8", nxt), f"snapshot {nxt} after the restart")
 
 
+def wait_for_copies_ahead(conn, what: str) -> None:
+    """Waits until the worker holds copies made ahead of the next periodic snapshot."""
+    wait_until(lambda: progress(conn)["copies_ahead"] > 0, 30, f"copies ahead of {what}")
+
+
+def test_copies_made_ahead_are_taken_only_for_pages_unchanged_since(ocluster):
+    """With gsnap.snapshot_interval set, the worker copies the span's written pages shortly
+    before the next periodic snapshot (gsnap.capture_copy_ahead), holding no snapshot; the
+    next capture takes a copy only for a page whose LSN is unchanged. Pages updated after
+    the copies were made must be read again: the snapshot (declared on request right after
+    the updates, so it takes the copies) reads as the table is, and it took copies for the
+    pages nobody wrote since, not for the others."""
+    with ocluster.connect() as conn:
+        try:
+            conn.execute("CREATE TABLE ord10 (id int PRIMARY KEY, v int, pad text) USING gsnap")
+            conn.execute("INSERT INTO ord10 SELECT i, 0, repeat('x', 200) FROM generate_series(1, 3000) i")
+            conn.execute("SELECT gsnap_snapshot()")
+            conn.execute("UPDATE ord10 SET v = 1")  # every page in the span
+            blocks = conn.execute("SELECT count(DISTINCT (ctid::text::point)[0]) FROM ord10").fetchone()[0]
+            # 8 s between periodic snapshots, copies made 2 s before each: the updates and
+            # the declaration below fit between the copies and the periodic snapshot.
+            set_settings(conn, snapshot_interval="8s", capture_copy_ahead="2s")
+            wait_for_copies_ahead(conn, "the periodic snapshot")
+            held = progress(conn)["copies_ahead"]
+            conn.execute("UPDATE ord10 SET v = 2 WHERE id % 300 = 0")  # ~10 pages change
+            changed = block_of(conn, "ord10", "id % 300 = 0")
+            expected, where = located_contents(conn, "ord10")
+            snap = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+            p = progress(conn)
+            assert_equal(expected, contents(conn, "ord10", snap), f"snapshot {snap}", where)
+            assert p["snap_id"] == snap, p
+            # The updated pages' new versions are where there was room: on their pages or
+            # elsewhere; either way each page they touched is read again.
+            assert 0 < p["pages_copied_ahead"] <= held, p
+            assert p["pages_copied_ahead"] <= p["pages_total"] - len(changed), (
+                f"snapshot {snap} took copies of pages written after them: {p}, "
+                f"{len(changed)} pages changed of {blocks}")
+        finally:
+            set_settings(conn, snapshot_interval=None, capture_copy_ahead=None)
+
+
+def test_copies_made_ahead_under_concurrent_writes_match_the_ground_truth(ocluster):
+    """Writers keep going while the worker copies ahead and while snapshots taking the
+    copies are declared (each with its exported MVCC snapshot as the ground truth): every
+    snapshot equals what its MVCC snapshot saw, and copies were taken."""
+    from workload import TABLES, GroundTruth, Workload, create_tables
+    with ocluster.connect() as conn:
+        create_tables(conn)
+        conn.execute("SELECT gsnap_snapshot()")
+    truth = GroundTruth(ocluster, TABLES)
+    taken = 0
+    try:
+        with ocluster.connect() as conn:
+            with Workload(ocluster, n=3, seed=710, epoch=71, vacuum_probability=0.05) as load:
+                set_settings(conn, snapshot_interval="4s", capture_copy_ahead="1s")
+                for i in range(4):
+                    wait_for_copies_ahead(conn, f"periodic snapshot {i + 1}")
+                    time.sleep(0.1 * i)  # the writers change some of the copied pages
+                    snap = truth.take()
+                    # What its phase one took, read before the periodic snapshot's capture
+                    # replaces it in gsnap_progress().
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        p = progress(conn)
+                        if p["snap_id"] != snap or p["phase"] not in ("capturing", "declaring"):
+                            break
+                        time.sleep(0.005)
+                    if p["snap_id"] == snap:
+                        taken += p["pages_copied_ahead"]
+                load.finish()
+            set_settings(conn, snapshot_interval=None, capture_copy_ahead=None)
+            problems = truth.check(conn)
+            assert not problems, "snapshots taking copies made ahead differ from their MVCC snapshot:\n" + \
+                "\n".join(problems[:10])
+            assert taken > 0, "no snapshot took a copy made ahead"
+    finally:
+        truth.close()
+        with ocluster.connect() as conn:
+            set_settings(conn, snapshot_interval=None, capture_copy_ahead=None)
+
+
 def test_progress_shows_a_capture_in_flight_as_capturing(ocluster):
     """gsnap_progress() while a capture is held in flight and another snapshot is declared
     (queued behind it): the worker is capturing, whatever it declared in between."""

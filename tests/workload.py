@@ -186,7 +186,7 @@ def wait_worker_ready(cluster, timeout: float = 60) -> None:
 # Defaults of the settings tests change (what RESET brings back).
 DEFAULTS = {"capture_batch_pages": "256", "debug_declare_pause_ms": "0", "debug_capture_pause_ms": "0", "debug_commit_pause_ms": "0", "capture_memory": "512MB",
             "snapshot_interval": "0", "max_queued_snapshots": "16", "capture_pace": "0.8",
-            "capture_page_copies": "on"}
+            "capture_page_copies": "on", "capture_copy_ahead": "1s"}
 
 _UNITS = {"": 1, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000,
           "kB": 1, "MB": 1024, "GB": 1024 * 1024}

@@ -162,6 +162,10 @@ pub struct ProgressShared {
     pages_beyond_memory: AtomicU64,
     /// Pages of the capture in flight read and not stored yet (phase two).
     pages_to_store: AtomicU64,
+    /// Pages of the capture in flight taken from copies made ahead of it, found unchanged.
+    pages_copied_ahead: AtomicU64,
+    /// Pages copied ahead of the next periodic snapshot and held now (`worker::ahead`).
+    copies_ahead: AtomicU64,
     /// The deleted snapshot whose space is being reclaimed (0: none), its dead mappings done
     /// and in all, and the bytes reclamation freed since the worker started.
     reclaim_snapshot: AtomicI64,
@@ -193,6 +197,8 @@ pub struct Progress {
     pub last_worst_second_ppm: i64,
     pub pages_beyond_memory: u64,
     pub pages_to_store: u64,
+    pub pages_copied_ahead: u64,
+    pub copies_ahead: u64,
     pub reclaim_snapshot: i64,
     pub reclaim_done: u64,
     pub reclaim_total: u64,
@@ -220,6 +226,8 @@ impl ProgressShared {
             last_worst_second_ppm: self.last_worst_second_ppm.load(Relaxed),
             pages_beyond_memory: self.pages_beyond_memory.load(Relaxed),
             pages_to_store: self.pages_to_store.load(Relaxed),
+            pages_copied_ahead: self.pages_copied_ahead.load(Relaxed),
+            copies_ahead: self.copies_ahead.load(Relaxed),
             reclaim_snapshot: self.reclaim_snapshot.load(Relaxed),
             reclaim_done: self.reclaim_done.load(Relaxed),
             reclaim_total: self.reclaim_total.load(Relaxed),
@@ -270,12 +278,23 @@ impl ProgressShared {
         self.bytes_stored.store(0, Relaxed);
         self.new_images.store(0, Relaxed);
         self.pages_beyond_memory.store(0, Relaxed);
+        self.pages_copied_ahead.store(0, Relaxed);
         self.set_phase(Phase::Capturing);
     }
 
     /// Pages of the capture in flight stored as they were read (its copies' memory full).
     pub fn beyond_memory(&self, pages: u64) {
         self.pages_beyond_memory.store(pages, Relaxed);
+    }
+
+    /// Pages of the capture in flight taken from copies made ahead of it.
+    pub fn copied_ahead(&self, pages: u64) {
+        self.pages_copied_ahead.store(pages, Relaxed);
+    }
+
+    /// Pages copied ahead of the next periodic snapshot, held now.
+    pub fn set_copies_ahead(&self, pages: u64) {
+        self.copies_ahead.store(pages, Relaxed);
     }
 
     /// Pages of the capture in flight that phase two has yet to store.

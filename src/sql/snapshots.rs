@@ -271,6 +271,8 @@ fn gsnap_progress() -> TableIterator<
         name!(pages_beyond_memory, i64),
         name!(pages_to_store, i64),
         name!(worst_second, Option<f64>),
+        name!(pages_copied_ahead, i64),
+        name!(copies_ahead, i64),
     ),
 > {
     crate::require_preloaded();
@@ -305,6 +307,8 @@ fn gsnap_progress() -> TableIterator<
         p.pages_beyond_memory as i64,
         p.pages_to_store as i64,
         (p.last_worst_second_ppm > 0).then(|| p.last_worst_second_ppm as f64 / 1e6),
+        p.pages_copied_ahead as i64,
+        p.copies_ahead as i64,
     ))
 }
 

@@ -12,6 +12,7 @@
 //! the list of transactions the snapshot saw running (`page.rs`). The snapshot becomes
 //! readable only when the store commits it, and only then are its table locks released.
 
+use super::ahead::Ahead;
 use super::declare::{self, Declared, Mode};
 use super::index::IndexState;
 use super::page::{capture_page, resolve, Copied, PageView};
@@ -93,6 +94,10 @@ pub(crate) struct CaptureJob {
     pages_done: u64,
     /// Blocks not examined: unchanged by their page LSN (`restart.rs`).
     pages_unchanged: u64,
+    /// Pages copied ahead of the declaration (`ahead.rs`), taken when found unchanged; the
+    /// rest are dropped once every page is read.
+    ahead: Option<Ahead>,
+    pages_ahead: u64,
     strategy: BulkRead,
     /// Phase one's copies: pages read (their views computed, their TOAST values stored)
     /// and not stored yet, pages copied whole and not decided yet, and the bytes both hold
@@ -173,6 +178,16 @@ impl CaptureJob {
     /// Phase two runs on its thread.
     pub(super) fn storing(&self) -> bool {
         self.storing.is_some()
+    }
+
+    /// True once every page is read and the MVCC snapshot released.
+    pub(super) fn read_all(&self) -> bool {
+        self.read_all.is_some()
+    }
+
+    /// The memory phase one's copies and views took (of `gsnap.capture_memory`).
+    pub(super) fn read_bytes(&self) -> usize {
+        self.read_bytes
     }
 }
 
@@ -256,6 +271,7 @@ impl Worker {
             items.len() as u32,
             total,
         );
+        shmem::progress().set_copies_ahead(0);
         self.job = Some(CaptureJob {
             decl,
             capture: Some(capture),
@@ -267,6 +283,8 @@ impl Worker {
             covered,
             pages_done: 0,
             pages_unchanged: 0,
+            ahead: self.ahead.take(),
+            pages_ahead: 0,
             strategy: BulkRead::new(),
             read: std::collections::VecDeque::new(),
             copied: std::collections::VecDeque::new(),
@@ -551,6 +569,8 @@ impl CaptureJob {
     /// commit), drops the catalog snapshot the reads used, and reports how long the snapshot
     /// held back VACUUM. The phase is "committing" from here (phase two, then the commit).
     fn release_horizon(&mut self) {
+        // The copies made ahead and not taken are not needed any more.
+        self.ahead = None;
         if let Some(mvcc) = self.decl.mvcc.take() {
             mvcc.release();
             // SAFETY: inside the worker's transaction; the next catalog access takes a new one.
@@ -699,8 +719,26 @@ impl CaptureJob {
             let mut read = |i: usize| -> Result<(), StoreError> {
                 let block = blocks.get(i);
                 let hasher = hasher.as_mut();
-                // A page is copied whole while the copy fits the budget.
-                let whole = self.xids.is_some() && self.read_bytes + PAGE_BYTES <= memory;
+                let ahead = self.ahead.as_mut().filter(|_| resumed.is_none());
+                if let (Some(ahead), Some(_)) = (ahead, &self.xids) {
+                    // SAFETY: the open relation, locked by this snapshot; the block below
+                    // its size at declaration.
+                    if let Some(page) = unsafe { ahead.take(rel, block) } {
+                        self.pages_ahead += 1;
+                        self.read_bytes += PAGE_BYTES;
+                        self.copied.push_back(CopiedPage {
+                            item: at,
+                            block,
+                            page,
+                        });
+                        return Ok(());
+                    }
+                }
+                // A page is copied whole while the copy fits the budget (beside the copies
+                // made ahead and not taken yet).
+                let ahead_bytes = self.ahead.as_ref().map_or(0, Ahead::bytes);
+                let whole =
+                    self.xids.is_some() && self.read_bytes + ahead_bytes + PAGE_BYTES <= memory;
                 // SAFETY: the relation is open, the block below the size recorded at
                 // declaration (the table cannot shrink below it while locked).
                 let page = unsafe {
@@ -759,6 +797,7 @@ impl CaptureJob {
                 Ok::<(), StoreError>(())
             })();
             shmem::progress().beyond_memory(self.stored_while_reading);
+            shmem::progress().copied_ahead(self.pages_ahead);
             // SAFETY: opened above.
             unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
             result?;

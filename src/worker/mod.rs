@@ -6,6 +6,7 @@
 //! batches between looks at the request slots, and every unit of PostgreSQL work runs in a
 //! subtransaction so an ERROR fails one snapshot, not the worker.
 
+mod ahead;
 mod background;
 mod capture;
 pub(crate) mod catalog;
@@ -202,6 +203,10 @@ pub(crate) struct Worker {
     /// Snapshots exported (for tests) and held until released.
     exports: Vec<u64>,
     next_periodic: Option<Instant>,
+    /// Pages copied ahead of the next periodic snapshot (`ahead.rs`), and the periodic
+    /// snapshot the last copies were made for.
+    ahead: Option<ahead::Ahead>,
+    ahead_for: Option<Instant>,
     /// The snapshot still being captured a reader last asked for.
     capture_awaited: Option<u64>,
     /// Freed capture memory kept between captures (`memory.rs`).
@@ -285,6 +290,8 @@ impl Worker {
             durable_waiters: Vec::new(),
             exports: Vec::new(),
             next_periodic: None,
+            ahead: None,
+            ahead_for: None,
             behind_warned: None,
             heap: memory::Heap::new(),
             write_rates: disturbance::WriteRates::default(),
@@ -348,6 +355,7 @@ impl Worker {
             self.declare_pending();
             self.start_capture();
             let mut busy = self.capture_step();
+            busy |= self.copy_ahead();
             self.apply_retention(Instant::now(), false);
             busy |= self.reclaim();
             busy |= self.sweep_keys();
@@ -391,6 +399,9 @@ impl Worker {
         }
         if let Some(due) = self.next_periodic {
             t = t.min(due.saturating_duration_since(Instant::now()));
+        }
+        if let Some(at) = self.copy_ahead_at() {
+            t = t.min(at.saturating_duration_since(Instant::now()));
         }
         if self.threads_running() {
             t = t.min(Duration::from_millis(50));

@@ -88,14 +88,8 @@ pub unsafe fn capture_page<E>(
     // SAFETY: the pinned, share-locked buffer's page.
     let page = unsafe { pg_sys::BufferGetPage(buffer) }.cast::<u8>();
     if whole {
-        let mut copy = Box::<[u64]>::new_uninit_slice(PAGE / 8);
-        // SAFETY: PAGE bytes of the locked page (others may set hint bits meanwhile, as when
-        // PostgreSQL copies a page to write it) into the copy, which holds as many; every
-        // word of the copy is then written.
-        let copy = unsafe {
-            std::ptr::copy_nonoverlapping(page, copy.as_mut_ptr().cast::<u8>(), PAGE);
-            copy.assume_init()
-        };
+        // SAFETY: the locked page.
+        let copy = unsafe { copy_whole(page) };
         // The copy is checked rather than the page: the same bytes, already in the cache.
         // SAFETY: a whole page, in memory this function owns.
         if unsafe { page_copyable(copy.as_ptr().cast()) } {
@@ -123,6 +117,83 @@ pub unsafe fn capture_page<E>(
     unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
     // SAFETY: the open relation, in the caller's transaction with its snapshot registered.
     unsafe { finish(rel, builder, unsettled, hasher, store_toast) }.map(|v| Some(Copied::View(v)))
+}
+
+/// A copy of the page at `page`, in words.
+///
+/// # Safety
+/// `page` is a buffer's page, pinned and share-locked (others may set hint bits meanwhile,
+/// as when PostgreSQL copies a page to write it).
+unsafe fn copy_whole(page: *const u8) -> Box<[u64]> {
+    let mut copy = Box::<[u64]>::new_uninit_slice(PAGE / 8);
+    // SAFETY: PAGE bytes of the caller's page into the copy, which holds as many; every word
+    // of the copy is then written.
+    unsafe {
+        std::ptr::copy_nonoverlapping(page, copy.as_mut_ptr().cast::<u8>(), PAGE);
+        copy.assume_init()
+    }
+}
+
+/// Copies block `block` of `rel` ahead of a snapshot, without one (`ahead.rs`): the page, its
+/// LSN and the buffer that held it, if a capture may later take the copy for the page after
+/// checking that the LSN is unchanged: the page was set by a WAL record (LSN not 0) and every
+/// tuple on it is [`visibility::copyable`]. None otherwise.
+///
+/// # Safety
+/// `rel` is open and locked (ACCESS SHARE), WAL-logged, and `block` below its size; in a
+/// transaction, on the main thread.
+pub unsafe fn copy_ahead(
+    rel: pg_sys::Relation,
+    block: u32,
+    strategy: pg_sys::BufferAccessStrategy,
+) -> Option<(u64, pg_sys::Buffer, Box<[u64]>)> {
+    let main = pg_sys::ForkNumber::MAIN_FORKNUM;
+    let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
+    // SAFETY: the caller's contract: `rel` is open, `block` below its size.
+    let buffer = unsafe { pg_sys::ReadBufferExtended(rel, main, block, normal, strategy) };
+    // SAFETY: the buffer pinned above; its page and header are stable under the share lock.
+    let (lsn, copy) = unsafe {
+        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let lsn = page_lsn(buffer);
+        let copy = copy_whole(pg_sys::BufferGetPage(buffer).cast::<u8>());
+        pg_sys::UnlockReleaseBuffer(buffer);
+        (lsn, copy)
+    };
+    // SAFETY: a whole page, in memory this function owns.
+    (lsn != 0 && unsafe { page_copyable(copy.as_ptr().cast()) }).then_some((lsn, buffer, copy))
+}
+
+/// True if block `block` of `rel` still has the LSN `lsn` (not 0): no WAL-logged change
+/// since a copy of it was made with that LSN, so the copy holds the same tuples (hint bits
+/// aside, which no view depends on) and its view at any snapshot is the page's. The page is
+/// looked for first in `recent`, the buffer that held it then (no lookup in the buffer
+/// mapping when it is still there).
+///
+/// # Safety
+/// `rel` is open and locked against storage replacement, WAL-logged, and `block` below its
+/// size; in a transaction, on the main thread.
+pub unsafe fn unchanged_since(
+    rel: pg_sys::Relation,
+    block: u32,
+    strategy: pg_sys::BufferAccessStrategy,
+    lsn: u64,
+    recent: pg_sys::Buffer,
+) -> bool {
+    let main = pg_sys::ForkNumber::MAIN_FORKNUM;
+    let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
+    // SAFETY: the caller's contract; `recent` is pinned only if it still holds the block; the
+    // header is read under the share lock, then both the lock and the pin are released.
+    unsafe {
+        let buffer = if pg_sys::ReadRecentBuffer((*rel).rd_node, main, block, recent) {
+            recent
+        } else {
+            pg_sys::ReadBufferExtended(rel, main, block, normal, strategy)
+        };
+        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let now = page_lsn(buffer);
+        pg_sys::UnlockReleaseBuffer(buffer);
+        lsn != 0 && now == lsn
+    }
 }
 
 /// The view at the snapshot `xids` of block `block` of `rel`, copied whole by

@@ -282,18 +282,35 @@ impl<'a> DirtySets<'a> {
     /// marked for a full capture. For diagnostics and tests; O(capacity).
     pub fn current_for(&self, rel: u32) -> (Vec<u32>, bool) {
         self.with_current(|set| {
-            let mut blocks: Vec<u32> = self.slots[set]
-                .iter()
-                .map(|s| s.load(SeqCst))
-                .filter(|&k| k != 0 && (k >> 32) as u32 == rel)
-                .map(|k| k as u32)
+            let blocks = self
+                .recorded_in(set, |r| r == rel)
+                .into_iter()
+                .map(|(_, b)| b)
                 .collect();
-            blocks.sort_unstable();
             let header = &self.header.sets[set];
             let full = header.all_full.load(SeqCst) != 0
                 || header.full_relations.iter().any(|e| e.load(SeqCst) == rel);
             (blocks, full)
         })
+    }
+
+    /// The pages recorded so far in the current span, (relation, block) sorted: what the
+    /// worker copies ahead of a periodic snapshot. Relations marked for a full capture are
+    /// not expanded (their recorded pages are listed). O(capacity).
+    pub fn current_pages(&self) -> Vec<(u32, u32)> {
+        self.with_current(|set| self.recorded_in(set, |_| true))
+    }
+
+    /// The pages recorded in `set` whose relation `rel` accepts, sorted.
+    fn recorded_in(&self, set: usize, rel: impl Fn(u32) -> bool) -> Vec<(u32, u32)> {
+        let mut pages: Vec<(u32, u32)> = self.slots[set]
+            .iter()
+            .map(|s| s.load(SeqCst))
+            .filter(|&k| k != 0 && rel((k >> 32) as u32))
+            .map(|k| ((k >> 32) as u32, k as u32))
+            .collect();
+        pages.sort_unstable();
+        pages
     }
 
     /// Occupied slots of the current set (for the fill-level statistics).
@@ -337,12 +354,14 @@ mod tests {
         d.record(10, 1);
         d.record(11, 0);
         assert_eq!(d.current_for(10), (vec![1, 3], false));
+        assert_eq!(d.current_pages(), vec![(10, 1), (10, 3), (11, 0)]);
         let old = d.begin_span(|| {});
         d.record(10, 7);
         let drained = d.drain(old);
         assert_eq!(drained.pages, vec![(10, 1), (10, 3), (11, 0)]);
         assert!(!drained.needs_full_capture(10));
         assert_eq!(d.current_for(10), (vec![7], false));
+        assert_eq!(d.current_pages(), vec![(10, 7)]);
         assert_eq!(d.spans(), 1);
         // The drained set is empty again and can become current.
         let old2 = d.begin_span(|| {});

@@ -1,0 +1,253 @@
+//! Copies made ahead of a periodic snapshot, so that its capture holds VACUUM back for less.
+//!
+//! A capture holds its MVCC snapshot until it has copied every page it must read, and on a
+//! busy machine most of that time is the copying waiting for a core. With
+//! `gsnap.snapshot_interval` set the worker knows when the next snapshot is due: shortly
+//! before (`gsnap.capture_copy_ahead`), it copies the pages written so far in the span
+//! (whole, with each page's LSN), holding no snapshot. The capture that follows takes a
+//! copy instead of the page when the page's LSN is still the copy's: no WAL-logged change
+//! since, so the copy holds the same tuple versions (hint bits aside) and its view at the
+//! snapshot, decided after the release like any page copy, is the page's. Checking an LSN
+//! is a pin and a share lock; the copy is an 8 kB memcpy and its memory, made before the
+//! snapshot.
+//!
+//! Only WAL-logged tables are copied ahead (an unlogged table's page LSNs do not change),
+//! only pages whose LSN is set (not 0) and whose tuples can be decided on a copy (no
+//! out-of-line TOAST values: those must be copied under the snapshot), and only while the
+//! copies fit `gsnap.capture_memory` beside the capture in flight. A copy is used only with
+//! the table's storage unchanged (the same relfilenode) and never by the first capture after
+//! a start, whose blocks follow their own LSN rule (`restart.rs`). Copies are a cache: a
+//! copy not taken is dropped when its capture has read every page, and losing them (an
+//! error, a restart) loses nothing.
+
+use super::page;
+use super::xact::BulkRead;
+use crate::ffi::relation::OpenRelation;
+use pgrx::pg_sys;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// A page copied ahead.
+pub(super) struct AheadCopy {
+    /// The relation's storage when the copy was made.
+    relfilenode: u32,
+    /// The page's LSN then, and the buffer that held it.
+    lsn: u64,
+    buffer: pg_sys::Buffer,
+    page: Box<[u64]>,
+}
+
+/// The bytes one copy holds.
+const COPY_BYTES: usize = pg_sys::BLCKSZ as usize;
+
+/// The copies made (and to make) ahead of one periodic snapshot.
+pub(super) struct Ahead {
+    /// The pages written in the span when copying began, (relation, block) sorted, and how
+    /// many of them were looked at.
+    todo: Vec<(u32, u32)>,
+    next: usize,
+    copies: HashMap<(u32, u32), AheadCopy>,
+    strategy: BulkRead,
+}
+
+impl Ahead {
+    /// Copies of `pages` (recorded in the span), to be made.
+    pub fn new(pages: Vec<(u32, u32)>) -> Ahead {
+        Ahead {
+            todo: pages,
+            next: 0,
+            copies: HashMap::new(),
+            strategy: BulkRead::new(),
+        }
+    }
+
+    /// The copies held.
+    pub fn len(&self) -> usize {
+        self.copies.len()
+    }
+
+    /// The memory the copies hold.
+    pub fn bytes(&self) -> usize {
+        self.copies.len() * COPY_BYTES
+    }
+
+    /// True while pages are left to copy.
+    pub fn copying(&self) -> bool {
+        self.next < self.todo.len()
+    }
+
+    /// Copies up to `budget` more pages while the copies stay within `memory` bytes; true
+    /// while pages are left. Stops early when the worker's latch is set (a request came).
+    ///
+    /// # Safety
+    /// In the worker's transaction (a subtransaction of it), on the main thread.
+    pub unsafe fn step(&mut self, budget: usize, memory: usize) -> bool {
+        let end = (self.next + budget).min(self.todo.len());
+        while self.next < end {
+            if self.bytes() + COPY_BYTES > memory {
+                self.next = self.todo.len();
+                break;
+            }
+            let relid = self.todo[self.next].0;
+            let run = self.todo[self.next..end]
+                .iter()
+                .take_while(|p| p.0 == relid)
+                .count();
+            // SAFETY: the caller's promise.
+            unsafe { self.copy_run(relid, self.next..self.next + run, memory) };
+            self.next += run;
+            if crate::ffi::latch::is_set() {
+                break;
+            }
+        }
+        self.copying()
+    }
+
+    /// Copies the pages `todo[run]`, all of relation `relid`, while the copies stay within
+    /// `memory` bytes, if the relation can be locked at once (a table being rewritten or
+    /// dropped is left to the capture) and is WAL-logged.
+    ///
+    /// # Safety
+    /// As [`Ahead::step`].
+    unsafe fn copy_run(&mut self, relid: u32, run: std::ops::Range<usize>, memory: usize) {
+        let oid = pg_sys::Oid::from(relid);
+        let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        // SAFETY: a lock request in the worker's transaction, given back below.
+        if !unsafe { pg_sys::ConditionalLockRelationOid(oid, share) } {
+            return;
+        }
+        if let Some(rel) = OpenRelation::open(oid, pg_sys::NoLock as pg_sys::LOCKMODE) {
+            // Opening may have read the catalog: its snapshot is let go, so that copying
+            // holds no xmin.
+            // SAFETY: in a transaction; the next catalog access takes a new one.
+            unsafe { pg_sys::InvalidateCatalogSnapshot() };
+            let logged = rel.class().relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT;
+            if logged {
+                // SAFETY: the open relation.
+                let relfilenode = unsafe { (*rel.as_ptr()).rd_node.relNode.to_u32() };
+                let nblocks = rel.nblocks();
+                for &(_, block) in &self.todo[run] {
+                    if block >= nblocks || self.bytes() + COPY_BYTES > memory {
+                        continue;
+                    }
+                    // SAFETY: the open, locked, WAL-logged relation; the block below its
+                    // size; the strategy alive.
+                    let copy =
+                        unsafe { page::copy_ahead(rel.as_ptr(), block, self.strategy.as_ptr()) };
+                    if let Some((lsn, buffer, page)) = copy {
+                        let copy = AheadCopy {
+                            relfilenode,
+                            lsn,
+                            buffer,
+                            page,
+                        };
+                        self.copies.insert((relid, block), copy);
+                    }
+                }
+            }
+        }
+        // SAFETY: the lock taken above (a session lock of a declared snapshot is another).
+        unsafe { pg_sys::UnlockRelationOid(oid, share) };
+    }
+
+    /// The copy of `block` of `rel` (open, locked by the snapshot being captured,
+    /// WAL-logged), if one was made and the page is unchanged since: no WAL-logged change
+    /// to it, in the same storage. The copy is taken either way.
+    ///
+    /// # Safety
+    /// `rel` is open and locked against storage replacement, `block` below its size; in a
+    /// transaction, on the main thread.
+    pub unsafe fn take(&mut self, rel: pg_sys::Relation, block: u32) -> Option<Box<[u64]>> {
+        if self.copies.is_empty() {
+            return None;
+        }
+        // SAFETY: the caller's open relation.
+        let (relid, relfilenode, logged) = unsafe {
+            (
+                (*rel).rd_id.to_u32(),
+                (*rel).rd_node.relNode.to_u32(),
+                (*(*rel).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT,
+            )
+        };
+        let copy = self.copies.remove(&(relid, block))?;
+        // SAFETY: the caller's promise.
+        let unchanged = logged
+            && copy.relfilenode == relfilenode
+            && unsafe {
+                page::unchanged_since(rel, block, self.strategy.as_ptr(), copy.lsn, copy.buffer)
+            };
+        unchanged.then_some(copy.page)
+    }
+}
+
+impl super::Worker {
+    /// Copies a batch of the span's pages ahead of the next periodic snapshot, when it is
+    /// due within `gsnap.capture_copy_ahead` (at most a quarter of the interval) and no
+    /// capture is reading; true while there is more to copy now.
+    pub(super) fn copy_ahead(&mut self) -> bool {
+        let due = self.next_periodic.filter(|_| ahead_wanted());
+        let Some(due) = due else {
+            if self.ahead.take().is_some() {
+                crate::shmem::progress().set_copies_ahead(0);
+            }
+            return false;
+        };
+        if self.job.as_ref().is_some_and(|j| !j.read_all()) || self.index.is_none() {
+            return false;
+        }
+        if self.ahead_for != Some(due) {
+            if Instant::now() < due.checked_sub(lead()).unwrap_or(due) {
+                return false;
+            }
+            // Once per periodic snapshot: the pages recorded so far (a declaration on
+            // request in between takes the copies; none are made again for this one).
+            self.ahead_for = Some(due);
+            let pages = crate::shmem::dirty_sets().current_pages();
+            self.ahead = Some(Ahead::new(pages));
+        }
+        let Some(ahead) = self.ahead.as_mut().filter(|a| a.copying()) else {
+            return false;
+        };
+        let memory = crate::gucs::capture_memory_bytes()
+            .saturating_sub(self.job.as_ref().map_or(0, |j| j.read_bytes()));
+        let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
+        self.xact.ensure_open();
+        // SAFETY: in the worker's transaction, on the main thread.
+        let more = super::xact::in_subtransaction(|| unsafe { ahead.step(budget, memory) });
+        crate::shmem::progress().set_copies_ahead(ahead.len() as u64);
+        match more {
+            Ok(more) => more,
+            Err(message) => {
+                // Copies are a cache: the capture reads the pages at its snapshot instead.
+                pgrx::warning!("gsnap: copying pages ahead of a snapshot failed: {message}");
+                self.ahead = None;
+                crate::shmem::progress().set_copies_ahead(0);
+                false
+            }
+        }
+    }
+
+    /// When the worker must wake to copy ahead of the next periodic snapshot (None: it
+    /// need not).
+    pub(super) fn copy_ahead_at(&self) -> Option<Instant> {
+        let due = self.next_periodic.filter(|_| ahead_wanted())?;
+        let waits = self.job.as_ref().is_some_and(|j| !j.read_all()) || self.index.is_none();
+        (self.ahead_for != Some(due) && !waits).then(|| due.checked_sub(lead()).unwrap_or(due))
+    }
+}
+
+/// Copies ahead are made: `gsnap.capture_copy_ahead` is set, and captures copy pages whole
+/// (`gsnap.capture_page_copies`, with memory for them).
+fn ahead_wanted() -> bool {
+    crate::gucs::CAPTURE_COPY_AHEAD_MS.get() > 0
+        && crate::gucs::CAPTURE_PAGE_COPIES.get()
+        && crate::gucs::capture_memory_bytes() > 0
+}
+
+/// How long before a periodic snapshot its copies are made: `gsnap.capture_copy_ahead`, at
+/// most a quarter of the interval.
+fn lead() -> std::time::Duration {
+    let ms = crate::gucs::CAPTURE_COPY_AHEAD_MS.get().max(0) as u64;
+    let interval_ms = crate::gucs::SNAPSHOT_INTERVAL.get().max(0) as u64 * 1000;
+    std::time::Duration::from_millis(ms.min(interval_ms / 4))
+}
