@@ -37,6 +37,9 @@ pub(super) struct AheadCopy {
     page: Box<[u64]>,
 }
 
+/// Pages copied between two looks at the worker's latch (a run opens its relation once).
+const REQUEST_CHECK_PAGES: usize = 64;
+
 /// The bytes one copy holds.
 const COPY_BYTES: usize = pg_sys::BLCKSZ as usize;
 
@@ -88,9 +91,12 @@ impl Ahead {
                 self.next = self.todo.len();
                 break;
             }
+            // A run of one relation's pages, at most REQUEST_CHECK_PAGES long: the worker
+            // looks at its latch between runs.
             let relid = self.todo[self.next].0;
             let run = self.todo[self.next..end]
                 .iter()
+                .take(REQUEST_CHECK_PAGES)
                 .take_while(|p| p.0 == relid)
                 .count();
             // SAFETY: the caller's promise.
