@@ -307,12 +307,24 @@ impl Worker {
                 } else {
                     None
                 };
+                let mut answered = false;
                 for p in batch {
                     match p.slot {
                         Some(s) if p.wait => self.durable_waiters.push((s, snap)),
-                        Some(s) => answer_snapshot(s, snap, export.as_deref()),
+                        Some(s) => {
+                            answer_snapshot(s, snap, export.as_deref());
+                            answered = true;
+                        }
                         None => {}
                     }
+                }
+                if answered {
+                    // The session just woken needs a core to take its answer, and the worker
+                    // is about to keep one busy (the dirty set, then the capture): it steps
+                    // aside briefly first. Under pgbench on two cores the answer otherwise
+                    // waited for the scheduler: p50 1.4 ms, p90 3.8 ms from the answer to the
+                    // session seeing it, against 0.2 / 0.3 ms with this pause.
+                    std::thread::sleep(HAND_OVER);
                 }
                 let pages = drain(&mut self.span_leftover);
                 self.queue.push_back(Declared {
@@ -455,6 +467,9 @@ pub(super) fn answer_error(slot: Option<usize>, error: &WorkerError) {
         deliver(slot, &error.encode());
     }
 }
+
+/// How long the worker steps aside after answering a declaration (see `declare_pending`).
+const HAND_OVER: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Finishes a declaration request the worker took with `answer` (which holds no pins).
 fn deliver(slot: usize, answer: &[u8]) {
