@@ -724,41 +724,39 @@ impl CaptureJob {
             let mut read = |i: usize| -> Result<(), StoreError> {
                 let block = blocks.get(i);
                 let hasher = hasher.as_mut();
-                let ahead = self.ahead.as_mut().filter(|_| resumed.is_none());
-                if let (Some(ahead), Some(_)) = (ahead, &self.xids) {
-                    // SAFETY: the open relation, locked by this snapshot; the block below
-                    // its size at declaration.
-                    if let Some(page) = unsafe { ahead.take(rel, block) } {
-                        self.pages_ahead += 1;
-                        self.read_bytes += PAGE_BYTES;
-                        self.copied.push_back(CopiedPage {
-                            item: at,
+                // A copy made ahead, if the page is unchanged since (`ahead.rs`).
+                let ahead = self
+                    .ahead
+                    .as_mut()
+                    .filter(|_| resumed.is_none() && self.xids.is_some());
+                // SAFETY: the open relation, locked by this snapshot; the block below its size
+                // at declaration.
+                let taken = ahead.and_then(|ahead| unsafe { ahead.take(rel, block) });
+                let page = if let Some(page) = taken {
+                    self.pages_ahead += 1;
+                    Some(Read::Whole(page))
+                } else {
+                    // A page is copied whole while the copy fits the budget (beside the
+                    // copies made ahead and not taken yet).
+                    let ahead_bytes = self.ahead.as_ref().map_or(0, Ahead::bytes);
+                    let whole =
+                        self.xids.is_some() && self.read_bytes + ahead_bytes + PAGE_BYTES <= memory;
+                    // SAFETY: the relation is open, the block below the size recorded at
+                    // declaration (the table cannot shrink below it while locked).
+                    unsafe {
+                        read_one(
+                            capture,
+                            mvcc,
+                            &self.strategy,
+                            rel,
+                            resumed.as_ref(),
+                            whole,
+                            hasher,
+                            at,
                             block,
-                            page,
-                        });
-                        return Ok(());
-                    }
-                }
-                // A page is copied whole while the copy fits the budget (beside the copies
-                // made ahead and not taken yet).
-                let ahead_bytes = self.ahead.as_ref().map_or(0, Ahead::bytes);
-                let whole =
-                    self.xids.is_some() && self.read_bytes + ahead_bytes + PAGE_BYTES <= memory;
-                // SAFETY: the relation is open, the block below the size recorded at
-                // declaration (the table cannot shrink below it while locked).
-                let page = unsafe {
-                    read_one(
-                        capture,
-                        mvcc,
-                        &self.strategy,
-                        rel,
-                        resumed.as_ref(),
-                        whole,
-                        hasher,
-                        at,
-                        block,
-                    )
-                }?;
+                        )
+                    }?
+                };
                 let page = match page {
                     None => {
                         self.pages_unchanged += 1;
