@@ -198,11 +198,11 @@ impl super::Worker {
             }
             return false;
         };
-        if self.job.as_ref().is_some_and(|j| !j.read_all()) || self.index.is_none() {
+        if self.ahead_waits() {
             return false;
         }
         if self.ahead_for != Some(due) {
-            if Instant::now() < due.checked_sub(lead()).unwrap_or(due) {
+            if Instant::now() < copies_from(due) {
                 return false;
             }
             // Once per periodic snapshot: the pages recorded so far (a declaration on
@@ -237,9 +237,19 @@ impl super::Worker {
     /// need not).
     pub(super) fn copy_ahead_at(&self) -> Option<Instant> {
         let due = self.next_periodic.filter(|_| ahead_wanted())?;
-        let waits = self.job.as_ref().is_some_and(|j| !j.read_all()) || self.index.is_none();
-        (self.ahead_for != Some(due) && !waits).then(|| due.checked_sub(lead()).unwrap_or(due))
+        (self.ahead_for != Some(due) && !self.ahead_waits()).then(|| copies_from(due))
     }
+
+    /// No copies are made now: a capture is reading its pages (they come first), or the
+    /// index is not open.
+    fn ahead_waits(&self) -> bool {
+        self.job.as_ref().is_some_and(|j| !j.read_all()) || self.index.is_none()
+    }
+}
+
+/// When the copies for the periodic snapshot due at `due` begin.
+fn copies_from(due: Instant) -> Instant {
+    due.checked_sub(lead()).unwrap_or(due)
 }
 
 /// Copies ahead are made: `gsnap.capture_copy_ahead` is set, and captures copy pages whole

@@ -68,12 +68,9 @@ pub unsafe fn capture_page<E>(
     hasher: Option<&mut crate::keymap::KeyHasher>,
     store_toast: &mut dyn FnMut(&[u8]) -> Result<u64, E>,
 ) -> Result<Option<Copied>, E> {
-    let main = pg_sys::ForkNumber::MAIN_FORKNUM;
-    let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
-    // SAFETY: the caller's contract: `rel` is open, `block` below its size.
-    let buffer = unsafe { pg_sys::ReadBufferExtended(rel, main, block, normal, strategy) };
-    // SAFETY: the buffer pinned above, share-locked while its tuples are examined and copied.
-    unsafe { pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32) };
+    // SAFETY: the caller's contract: `rel` is open, `block` below its size. The buffer stays
+    // share-locked while its tuples are examined and copied.
+    let buffer = unsafe { share_locked(rel, block, strategy, None) };
     if let Some(floor) = unchanged_at_or_before {
         // A page that no WAL record ever set (LSN 0: new, or initialized without a record) is
         // always examined: it may have been truncated away and added again since.
@@ -119,6 +116,30 @@ pub unsafe fn capture_page<E>(
     unsafe { finish(rel, builder, unsettled, hasher, store_toast) }.map(|v| Some(Copied::View(v)))
 }
 
+/// Pins block `block` of `rel` (in `recent` if that buffer still holds it, else through the
+/// buffer mapping) and share-locks it; the caller releases both (`UnlockReleaseBuffer`).
+///
+/// # Safety
+/// `rel` is open and locked, `block` below its size; in a transaction, on the main thread.
+unsafe fn share_locked(
+    rel: pg_sys::Relation,
+    block: u32,
+    strategy: pg_sys::BufferAccessStrategy,
+    recent: Option<pg_sys::Buffer>,
+) -> pg_sys::Buffer {
+    let main = pg_sys::ForkNumber::MAIN_FORKNUM;
+    let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
+    // SAFETY: the caller's contract; `recent` is pinned only if it still holds the block.
+    unsafe {
+        let buffer = match recent {
+            Some(b) if pg_sys::ReadRecentBuffer((*rel).rd_node, main, block, b) => b,
+            _ => pg_sys::ReadBufferExtended(rel, main, block, normal, strategy),
+        };
+        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+        buffer
+    }
+}
+
 /// A copy of the page at `page`, in words.
 ///
 /// # Safety
@@ -147,13 +168,10 @@ pub unsafe fn copy_ahead(
     block: u32,
     strategy: pg_sys::BufferAccessStrategy,
 ) -> Option<(u64, pg_sys::Buffer, Box<[u64]>)> {
-    let main = pg_sys::ForkNumber::MAIN_FORKNUM;
-    let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
     // SAFETY: the caller's contract: `rel` is open, `block` below its size.
-    let buffer = unsafe { pg_sys::ReadBufferExtended(rel, main, block, normal, strategy) };
+    let buffer = unsafe { share_locked(rel, block, strategy, None) };
     // SAFETY: the buffer pinned above; its page and header are stable under the share lock.
     let (lsn, copy) = unsafe {
-        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
         let lsn = page_lsn(buffer);
         let copy = copy_whole(pg_sys::BufferGetPage(buffer).cast::<u8>());
         pg_sys::UnlockReleaseBuffer(buffer);
@@ -179,17 +197,10 @@ pub unsafe fn unchanged_since(
     lsn: u64,
     recent: pg_sys::Buffer,
 ) -> bool {
-    let main = pg_sys::ForkNumber::MAIN_FORKNUM;
-    let normal = pg_sys::ReadBufferMode::RBM_NORMAL;
-    // SAFETY: the caller's contract; `recent` is pinned only if it still holds the block; the
-    // header is read under the share lock, then both the lock and the pin are released.
+    // SAFETY: the caller's contract; the header is read under the share lock, then both the
+    // lock and the pin are released.
     unsafe {
-        let buffer = if pg_sys::ReadRecentBuffer((*rel).rd_node, main, block, recent) {
-            recent
-        } else {
-            pg_sys::ReadBufferExtended(rel, main, block, normal, strategy)
-        };
-        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let buffer = share_locked(rel, block, strategy, Some(recent));
         let now = page_lsn(buffer);
         pg_sys::UnlockReleaseBuffer(buffer);
         lsn != 0 && now == lsn
