@@ -6,7 +6,8 @@ use crate::ffi::catalog::{for_each_row, name_of, output_function, string_from};
 use crate::ffi::relation::{qualified_name, OpenRelation};
 use crate::ffi::tuple;
 use gsnap_format::rowtype::{Attribute, RowType};
-use pgrx::pg_sys;
+use pgrx::{pg_guard, pg_sys};
+use std::cell::RefCell;
 
 /// PostgreSQL timestamps count microseconds from 2000-01-01; ours from 1970-01-01.
 pub const UNIX_TO_PG_EPOCH_US: i64 = 946_684_800_000_000;
@@ -20,6 +21,16 @@ pub fn now_unix_us() -> i64 {
 /// OIDs of the snapshotted gsnap tables of the connected database: tables and materialized
 /// views using the gsnap access method, except temporary ones.
 ///
+/// Every declaration asks twice (before and after locking the tables), and reading the list
+/// means a scan of all of `pg_class`, which grows with the database (the scan was a third of
+/// an idle declaration's time with 400 relations). So the list is kept per process with the
+/// access method it was read for, and read again after any change to `pg_class`: the
+/// syscache callback below marks it stale on every invalidation of a `pg_class` row (each
+/// insert, update or delete of one sends it, at commit to other processes and at the next
+/// command to this one) and on a reset of the invalidation queue (which calls every
+/// callback). The mark is cleared before the scan, so a change whose invalidation arrives
+/// during the scan is read again next time.
+///
 /// # Safety
 /// Must run inside a transaction.
 pub unsafe fn gsnap_tables() -> Vec<u32> {
@@ -28,6 +39,65 @@ pub unsafe fn gsnap_tables() -> Vec<u32> {
     if am == pg_sys::InvalidOid {
         return Vec::new();
     }
+    if !LISTED.with(|l| l.borrow().registered) {
+        // SAFETY: registers a callback with a static lifetime, once per process.
+        unsafe {
+            pg_sys::CacheRegisterSyscacheCallback(
+                pg_sys::SysCacheIdentifier::RELOID as i32,
+                Some(pg_class_changed),
+                pg_sys::Datum::from(0usize),
+            )
+        };
+        LISTED.with(|l| l.borrow_mut().registered = true);
+    }
+    let cached = LISTED.with(|l| {
+        let l = l.borrow();
+        (!l.stale && l.am == am).then(|| l.tables.clone())
+    });
+    if let Some(tables) = cached {
+        return tables;
+    }
+    LISTED.with(|l| l.borrow_mut().stale = false);
+    // SAFETY: the caller's promise.
+    let tables = unsafe { scan_gsnap_tables(am) };
+    LISTED.with(|l| {
+        let mut l = l.borrow_mut();
+        l.am = am;
+        l.tables = tables.clone();
+    });
+    tables
+}
+
+/// The gsnap tables as last listed, for access method `am`.
+struct Listed {
+    registered: bool,
+    stale: bool,
+    am: pg_sys::Oid,
+    tables: Vec<u32>,
+}
+
+thread_local! {
+    static LISTED: RefCell<Listed> = const {
+        RefCell::new(Listed {
+            registered: false,
+            stale: true,
+            am: pg_sys::InvalidOid,
+            tables: Vec::new(),
+        })
+    };
+}
+
+/// PostgreSQL's syscache callback for `pg_class`: the list is read again at its next use.
+#[pg_guard]
+unsafe extern "C-unwind" fn pg_class_changed(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    LISTED.with(|l| l.borrow_mut().stale = true);
+}
+
+/// Scans `pg_class` for the snapshotted tables of access method `am`, sorted.
+///
+/// # Safety
+/// Must run inside a transaction.
+unsafe fn scan_gsnap_tables(am: pg_sys::Oid) -> Vec<u32> {
     let mut out = Vec::new();
     let snapshotted = |form: &pg_sys::FormData_pg_class| {
         let kind = form.relkind as u8;

@@ -249,11 +249,17 @@ impl<'a> DirtySets<'a> {
             "cannot drain the current dirty set"
         );
         let header = &self.header.sets[set];
-        let mut pages = Vec::with_capacity(header.used.load(SeqCst) as usize);
-        // The set is retired: no writer records into it any more, so a plain load finds the
-        // used slots, and only those are written (most of a large set is empty, and an atomic
-        // swap of every slot costs several times a sequential read).
+        // The set is retired: no writer records into it any more, so `used` is the number of
+        // used slots (a writer counts a slot after claiming it), and the scan ends when it
+        // has found them all: an idle span's set is not read at all.
+        let used = header.used.load(SeqCst) as usize;
+        let mut pages = Vec::with_capacity(used);
+        // A plain load finds the used slots, and only those are written (most of a large set
+        // is empty, and an atomic swap of every slot costs several times a sequential read).
         for slot in self.slots[set] {
+            if pages.len() == used {
+                break;
+            }
             let key = slot.load(Relaxed);
             if key != 0 {
                 slot.store(0, Relaxed);
@@ -343,6 +349,12 @@ mod tests {
         fn sets(&self) -> DirtySets<'_> {
             DirtySets::new(&self.header, &self.a, &self.b)
         }
+
+        /// The slots of `set` still in use (a drain that stops early must leave none).
+        fn left_in(&self, set: usize) -> usize {
+            let slots = if set == 0 { &self.a } else { &self.b };
+            slots.iter().filter(|s| s.load(SeqCst) != 0).count()
+        }
     }
 
     #[test]
@@ -359,6 +371,7 @@ mod tests {
         d.record(10, 7);
         let drained = d.drain(old);
         assert_eq!(drained.pages, vec![(10, 1), (10, 3), (11, 0)]);
+        assert_eq!(o.left_in(old), 0, "a drained set is empty");
         assert!(!drained.needs_full_capture(10));
         assert_eq!(d.current_for(10), (vec![7], false));
         assert_eq!(d.current_pages(), vec![(10, 7)]);
@@ -448,5 +461,11 @@ mod tests {
         let old = d.begin_span(|| {});
         seen.extend(d.drain(old).pages);
         assert_eq!(seen.len(), (writers * per_writer) as usize);
+        assert_eq!(
+            o.left_in(old),
+            0,
+            "the drains, ending early, left nothing behind"
+        );
+        assert_eq!(o.left_in(1 - old), 0);
     }
 }
