@@ -94,13 +94,13 @@ def plot_declare(out):
     pg = rows(out, "declare_pgbench.csv")
     if not samples:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.8))
     ax = axes[0]
-    groups = [("idle", "declare"), ("idle", "declare_64k"), ("load", "declare"), ("load", "declare_b32"),
-              ("idle", "durable"), ("load", "durable")]
+    groups = [("idle", "declare"), ("idle", "declare_64k"), ("idle", "declare_many"), ("load", "declare"),
+              ("load", "declare_b32"), ("load", "select1"), ("idle", "durable"), ("load", "durable")]
     names = {"declare": "declare\n(wait => false)", "declare_64k": "declare,\nmax_dirty_pages\n= 65536",
-             "declare_b32": "declare,\ncapture_batch\n_pages = 32",
-             "durable": "until durable\n(wait => true)"}
+             "declare_many": "declare,\n5,000 more\ntables", "declare_b32": "declare,\ncapture_batch\n_pages = 32",
+             "select1": "SELECT 1\n(baseline)", "durable": "until durable\n(wait => true)"}
     data, labels = [], []
     for phase, kind in groups:
         v = [float(s["ms"]) for s in samples if s["phase"] == phase and s["kind"] == kind]
@@ -121,7 +121,7 @@ def plot_declare(out):
         ax.plot(t, [float(r["lat_p50_ms"]) for r in pg], "-", lw=0.6, color="tab:blue", label="median per 100 ms")
         first = True
         for s in samples:
-            if s["phase"] == "load":
+            if s["phase"] == "load" and s["kind"] != "select1":
                 ax.axvline(float(s["t"]), color="tab:purple" if s["kind"] == "durable" else "tab:green",
                            lw=0.4, alpha=0.5,
                            label=("declarations (left: no wait, right: wait)" if first else None))
