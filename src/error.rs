@@ -4,7 +4,7 @@
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-/// An ERROR about to be raised.
+/// An ERROR about to be raised (or a NOTICE about to be sent).
 pub struct Raise {
     report: ErrorReport,
 }
@@ -14,6 +14,12 @@ pub fn error(code: PgSqlErrorCode, message: impl Into<String>) -> Raise {
     Raise {
         report: ErrorReport::new(code, message.into(), "gsnap"),
     }
+}
+
+/// Starts a NOTICE with `message` (SQLSTATE 00000, as PostgreSQL's own notices); DETAIL and
+/// HINT as for an ERROR, then [`Raise::send`].
+pub fn notice(message: impl Into<String>) -> Raise {
+    error(PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION, message)
 }
 
 impl Raise {
@@ -27,6 +33,11 @@ impl Raise {
     pub fn hint(mut self, hint: impl Into<String>) -> Raise {
         self.report = self.report.set_hint(hint);
         self
+    }
+
+    /// Sends it as a NOTICE (made with [`notice`]) and goes on.
+    pub fn send(self) {
+        self.report.report(PgLogLevel::NOTICE);
     }
 
     /// Raises the ERROR; control does not return.

@@ -214,12 +214,56 @@ REWRITES = {
 }
 
 
+def test_a_declaration_waits_for_room_in_the_capture_queue_and_says_so(ops):
+    """With gsnap.max_queued_snapshots snapshots waiting for their capture, a declaration waits
+    (it is not refused, and no snapshot is lost): gsnap_progress() counts it in
+    declarations_held, the session gets one NOTICE saying why after a second, and the
+    snapshot is declared as soon as a capture ends."""
+    t = "ops_queue"
+    with ops.connect() as conn:
+        make_table(conn, t, 3000)
+        bg = None
+        try:
+            with slow_capture(conn):
+                configure(conn, max_queued_snapshots=1)
+                first = val(conn, "SELECT gsnap_snapshot(false)")
+                wait_capturing(conn, first)
+                told: list[str] = []
+
+                def declare(c):
+                    c.add_notice_handler(lambda d: told.append(d.message_primary))
+                    return val(c, "SELECT gsnap_snapshot(false)")
+
+                bg = Bg(ops, declare)
+                wait_until(lambda: progress(conn)["declarations_held"] == 1, 10,
+                           "gsnap_progress().declarations_held = 1")
+                wait_until(lambda: told, 10, "a NOTICE to the waiting session")
+                assert told == ["gsnap: waiting for room in the capture queue: 1 snapshots are declared "
+                                "and not yet captured (gsnap.max_queued_snapshots)"], told
+                assert bg.is_alive() and in_flight(conn, first), (bg.result, bg.error, progress(conn))
+            # The pause is lifted: the capture ends and the held declaration goes through.
+            bg.wait(30, "the held declaration after the capture")
+            assert bg.error is None, bg.error
+            assert bg.result > first
+            assert told == told[:1], f"told more than once: {told}"
+            wait_settled(conn, 30)
+            assert progress(conn)["declarations_held"] == 0
+            assert snapshot_row(conn, bg.result)["state"] == "committed"
+            assert digest(conn, asof(t, bg.result)) == digest(conn, t)
+        finally:
+            if bg is not None:
+                bg.stop()
+            configure(conn, max_queued_snapshots=None)
+            conn.execute(f"DROP TABLE IF EXISTS {t}")
+
+
 @pytest.mark.parametrize("kind", list(REWRITES))
 def test_declaration_waits_for_an_open_rewrite(ops, kind):
     """A TRUNCATE (or rewriting ALTER TABLE, or CLUSTER) open in a transaction holds off the
     declaration:
-    gsnap_snapshot(false) waits, gsnap_progress() names the table, and the snapshot is
-    declared right after COMMIT and holds the committed result."""
+    gsnap_snapshot(false) waits, gsnap_progress() names the table, the waiting session is told
+    so in a NOTICE after a second, and the snapshot is declared right after COMMIT and holds
+    the committed result."""
     t = "ops_rw"
     with ops.connect() as conn, ops.connect() as writer:
         make_table(conn, t, 2000)
@@ -232,11 +276,20 @@ def test_declaration_waits_for_an_open_rewrite(ops, kind):
             writer.execute(REWRITES[kind].format(t=t))
             writer.execute(f"DELETE FROM {t} WHERE id > 10")
             writer.execute(f"INSERT INTO {t} VALUES (-1, -1, 'inside the rewrite')")
-            bg = Bg(ops, lambda c: val(c, "SELECT gsnap_snapshot(false)"))
+            told: list[str] = []
+
+            def declare(c):
+                c.add_notice_handler(lambda d: told.append(d.message_primary))
+                return val(c, "SELECT gsnap_snapshot(false)")
+
+            bg = Bg(ops, declare)
             wait_until(lambda: progress(conn)["waiting_for_table"] == oid, 10,
                        f"gsnap_progress().waiting_for_table = {t}")
-            time.sleep(0.5)  # a window in which the declaration must go on waiting
+            # The session is told what it waits for, once, after a second.
+            wait_until(lambda: told, 10, "a NOTICE to the waiting session")
+            assert told == [f"gsnap: waiting for a lock on table {t} to declare the snapshot"], told
             assert bg.is_alive(), f"gsnap_snapshot(false) returned {bg.result!r} {bg.error!r} during an open {kind}"
+            assert time.monotonic() - bg.started >= 1.0, "told before the declaration had waited a second"
             committed_at = time.monotonic()
             writer.execute("COMMIT")
             bg.wait(10, "gsnap_snapshot(false) after the COMMIT")

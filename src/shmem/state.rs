@@ -149,6 +149,9 @@ pub struct ProgressShared {
     queued: AtomicU32,
     /// OID of the table whose lock a declaration waits for (0: none).
     waiting_for: AtomicU32,
+    /// Declarations held back because `gsnap.max_queued_snapshots` snapshots wait for their
+    /// capture already (0: none).
+    held_for_room: AtomicU32,
     last_durable: AtomicI64,
     last_durable_at_us: AtomicI64,
     /// How long the last capture whose pages were all read held its MVCC snapshot (µs from
@@ -191,6 +194,7 @@ pub struct Progress {
     pub new_images: u64,
     pub queued: u32,
     pub waiting_for: u32,
+    pub held_for_room: u32,
     pub last_durable: i64,
     pub last_durable_at_us: i64,
     pub last_horizon_held_us: i64,
@@ -220,6 +224,7 @@ impl ProgressShared {
             new_images: self.new_images.load(Relaxed),
             queued: self.queued.load(Relaxed),
             waiting_for: self.waiting_for.load(Relaxed),
+            held_for_room: self.held_for_room.load(Relaxed),
             last_durable: self.last_durable.load(Relaxed),
             last_durable_at_us: self.last_durable_at_us.load(Relaxed),
             last_horizon_held_us: self.last_horizon_held_us.load(Relaxed),
@@ -336,5 +341,10 @@ impl ProgressShared {
     /// The table a declaration waits for (0: none).
     pub fn set_waiting_for(&self, relid: u32) {
         self.waiting_for.store(relid, Relaxed);
+    }
+
+    /// Declarations held back until the capture queue has room (0: none).
+    pub fn set_held_for_room(&self, declarations: u32) {
+        self.held_for_room.store(declarations, Relaxed);
     }
 }

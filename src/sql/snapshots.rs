@@ -3,7 +3,7 @@
 //! snapshots' space).
 
 use super::access::require_gsnap_database;
-use crate::error::error;
+use crate::error::{error, notice};
 use crate::ffi::relation::relation_name;
 use crate::ipc;
 use crate::shmem;
@@ -44,8 +44,11 @@ fn gsnap_snapshot(
 /// Asks the worker for a declaration. The worker takes ACCESS SHARE on every gsnap table
 /// first and postpones the declaration while one is locked by a TRUNCATE, DROP, ALTER TABLE
 /// or LOCK TABLE in progress; if that lock is held by the calling transaction itself, the
-/// wait could only end with the transaction, so it is refused at once. Returns the snapshot
-/// and, with `export`, the name of its exported MVCC snapshot.
+/// wait could only end with the transaction, so it is refused at once. A declaration also
+/// waits while `gsnap.max_queued_snapshots` snapshots wait for their capture. Either wait,
+/// once it has lasted a second, is told to the session in a NOTICE (once per table, once
+/// for the queue), as PostgreSQL tells what `pg_backup_stop()` waits for. Returns the
+/// snapshot and, with `export`, the name of its exported MVCC snapshot.
 pub(super) fn declare(
     wait: bool,
     export: bool,
@@ -58,7 +61,13 @@ pub(super) fn declare(
         label,
         rank,
     };
+    let asked = std::time::Instant::now();
+    let mut told_table = 0;
+    let mut told_queue = false;
     let reply = ipc::call_watching(request, &mut || {
+        if asked.elapsed() >= TELL_WAITS_AFTER {
+            tell_wait(&mut told_table, &mut told_queue);
+        }
         let relid = shmem::progress().read().waiting_for;
         let blocked_by_us = relid != 0 && crate::locks::holds_any(relid);
         if blocked_by_us {
@@ -106,6 +115,43 @@ pub(super) fn declare(
     match reply {
         Reply::Declared { snap, exported } => (snap, exported),
         reply => ipc::unexpected(Kind::Declare, reply),
+    }
+}
+
+/// How long a declaration waits before the session is told why.
+const TELL_WAITS_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Tells the session what its declaration waits for, if the worker says it waits, and it
+/// was not told yet: a table's lock (`told_table`), or room in the capture queue.
+fn tell_wait(told_table: &mut u32, told_queue: &mut bool) {
+    let p = shmem::progress().read();
+    if p.waiting_for != 0 && p.waiting_for != *told_table {
+        *told_table = p.waiting_for;
+        let table = relation_name(pg_sys::Oid::from(p.waiting_for));
+        notice(format!(
+            "gsnap: waiting for a lock on table {table} to declare the snapshot"
+        ))
+        .detail(format!(
+            "Declaring a snapshot takes an ACCESS SHARE lock on every gsnap table; a TRUNCATE, \
+             DROP TABLE, ALTER TABLE, VACUUM FULL, CLUSTER or LOCK TABLE of {table} holds a \
+             conflicting lock until its transaction ends."
+        ))
+        .hint("pg_locks shows which session holds it; the declaration goes on once it is released.")
+        .send();
+    }
+    if p.held_for_room > 0 && !*told_queue {
+        *told_queue = true;
+        let limit = crate::gucs::MAX_QUEUED_SNAPSHOTS.get();
+        notice(format!(
+            "gsnap: waiting for room in the capture queue: {limit} snapshots are declared and \
+             not yet captured (gsnap.max_queued_snapshots)"
+        ))
+        .detail(
+            "Captures run one at a time, oldest first; each queued snapshot holds back VACUUM \
+             until its capture has read its pages.",
+        )
+        .hint("gsnap_progress() shows the capture in flight and how many declarations wait.")
+        .send();
     }
 }
 
@@ -273,6 +319,7 @@ fn gsnap_progress() -> TableIterator<
         name!(worst_second, Option<f64>),
         name!(pages_copied_ahead, i64),
         name!(copies_ahead, i64),
+        name!(declarations_held, i32),
     ),
 > {
     crate::require_preloaded();
@@ -309,6 +356,7 @@ fn gsnap_progress() -> TableIterator<
         (p.last_worst_second_ppm > 0).then(|| p.last_worst_second_ppm as f64 / 1e6),
         p.pages_copied_ahead as i64,
         p.copies_ahead as i64,
+        p.held_for_room as i32,
     ))
 }
 

@@ -193,8 +193,10 @@ impl Worker {
             _ => true,
         });
         if self.pending.is_empty() {
-            // No declaration waits (its requesters gave up): none waits for a table either.
+            // No declaration waits (its requesters gave up): none waits for a table or for
+            // room either.
             shmem::progress().set_waiting_for(0);
+            shmem::progress().set_held_for_room(0);
             return;
         }
         let Some(store) = self.store.clone() else {
@@ -210,8 +212,12 @@ impl Worker {
         if self.queue.len() + usize::from(self.job.is_some())
             >= crate::gucs::MAX_QUEUED_SNAPSHOTS.get() as usize
         {
-            return; // wait for captures to make room
+            // Wait for captures to make room; the waiting sessions say so after a while
+            // (`sql::snapshots::declare`), and gsnap_progress() shows how many wait.
+            shmem::progress().set_held_for_room(self.pending.len() as u32);
+            return;
         }
+        shmem::progress().set_held_for_room(0);
         self.xact.ensure_open();
         // Whatever happens below, a capture in flight (reading or storing) is what the
         // worker does next.
