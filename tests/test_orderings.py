@@ -582,6 +582,44 @@ def test_copies_made_ahead_are_taken_only_for_pages_unchanged_since(ocluster):
             set_settings(conn, snapshot_interval=None, capture_copy_ahead=None)
 
 
+def test_pages_of_unlogged_tables_are_not_copied_ahead(ocluster):
+    """An unlogged table's page LSNs do not change when its rows do, so a copy of one could
+    not be checked: the worker copies ahead only the pages of WAL-logged tables. With both
+    written in the span, the copies held never exceed the logged table's pages (the unlogged
+    one is several times larger), and the snapshot reads both tables as they are."""
+    with ocluster.connect() as conn:
+        try:
+            conn.execute("CREATE TABLE ord11_logged (id int PRIMARY KEY, v int, pad text) USING gsnap")
+            conn.execute("CREATE UNLOGGED TABLE ord11_unlogged (id int PRIMARY KEY, v int, pad text) USING gsnap")
+            conn.execute("INSERT INTO ord11_logged SELECT i, 0, repeat('x', 200) FROM generate_series(1, 600) i")
+            conn.execute("INSERT INTO ord11_unlogged SELECT i, 0, repeat('y', 200) FROM generate_series(1, 6000) i")
+            conn.execute("SELECT gsnap_snapshot()")
+            conn.execute("UPDATE ord11_logged SET v = 1")
+            conn.execute("UPDATE ord11_unlogged SET v = 1")
+            pages = {t: conn.execute(f"SELECT pg_relation_size('{t}') / 8192").fetchone()[0]
+                     for t in ("ord11_logged", "ord11_unlogged")}
+            assert pages["ord11_unlogged"] > 3 * pages["ord11_logged"], pages
+            set_settings(conn, snapshot_interval="8s", capture_copy_ahead="2s")
+            wait_for_copies_ahead(conn, "the periodic snapshot")
+
+            def settled():
+                first = progress(conn)["copies_ahead"]
+                time.sleep(0.3)
+                return first if first == progress(conn)["copies_ahead"] else None
+            held = wait_until(settled, 10, "the copies ahead to be made")
+            assert 0 < held <= pages["ord11_logged"], (
+                f"{held} copies held for {pages['ord11_logged']} pages of the logged table: "
+                f"pages of the unlogged one ({pages['ord11_unlogged']}) were copied ahead")
+            snap = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+            p = progress(conn)
+            assert p["snap_id"] == snap and p["pages_copied_ahead"] <= pages["ord11_logged"], p
+            for t in ("ord11_logged", "ord11_unlogged"):
+                expected, where = located_contents(conn, t)
+                assert_equal(expected, contents(conn, t, snap), f"snapshot {snap} of {t}", where)
+        finally:
+            set_settings(conn, snapshot_interval=None, capture_copy_ahead=None)
+
+
 def test_copies_made_ahead_under_concurrent_writes_match_the_ground_truth(ocluster):
     """Writers keep going while the worker copies ahead and while snapshots taking the
     copies are declared (each with its exported MVCC snapshot as the ground truth): every
