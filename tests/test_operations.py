@@ -238,8 +238,8 @@ def test_a_declaration_waits_for_room_in_the_capture_queue_and_says_so(ops):
                 wait_until(lambda: progress(conn)["declarations_held"] == 1, 10,
                            "gsnap_progress().declarations_held = 1")
                 wait_until(lambda: told, 10, "a NOTICE to the waiting session")
-                assert told == ["gsnap: waiting for room in the capture queue: 1 snapshots are declared "
-                                "and not yet captured (gsnap.max_queued_snapshots)"], told
+                assert told == ["gsnap: waiting for room in the capture queue "
+                                "(gsnap.max_queued_snapshots = 1)"], told
                 assert bg.is_alive() and in_flight(conn, first), (bg.result, bg.error, progress(conn))
             # The pause is lifted: the capture ends and the held declaration goes through.
             bg.wait(30, "the held declaration after the capture")

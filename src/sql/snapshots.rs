@@ -143,12 +143,12 @@ fn tell_wait(told_table: &mut u32, told_queue: &mut bool) {
         *told_queue = true;
         let limit = crate::gucs::MAX_QUEUED_SNAPSHOTS.get();
         notice(format!(
-            "gsnap: waiting for room in the capture queue: {limit} snapshots are declared and \
-             not yet captured (gsnap.max_queued_snapshots)"
+            "gsnap: waiting for room in the capture queue (gsnap.max_queued_snapshots = {limit})"
         ))
         .detail(
-            "Captures run one at a time, oldest first; each queued snapshot holds back VACUUM \
-             until its capture has read its pages.",
+            "That many declared snapshots wait for their capture. Captures run one at a time, \
+             oldest first; each queued snapshot holds back VACUUM until its capture has read \
+             its pages.",
         )
         .hint("gsnap_progress() shows the capture in flight and how many declarations wait.")
         .send();
