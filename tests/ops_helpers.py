@@ -180,6 +180,18 @@ class Bg(threading.Thread):
             pass
 
 
+def declare_in_background(cluster: Cluster) -> tuple[Bg, list[str]]:
+    """gsnap_snapshot(false) on a connection of its own, in a thread; the NOTICEs its session
+    gets while it waits are collected in the list returned with it."""
+    told: list[str] = []
+
+    def declare(c):
+        c.add_notice_handler(lambda d: told.append(d.message_primary))
+        return c.execute("SELECT gsnap_snapshot(false)").fetchone()[0]
+
+    return Bg(cluster, declare), told
+
+
 def drop_database(cluster: Cluster, name: str, timeout_s: int = 10) -> float:
     """DROP DATABASE IF EXISTS, bounded: returns how long it took; if it times out (a process
     that never accepts the ProcSignalBarrier DROP DATABASE waits for), the gsnap worker is

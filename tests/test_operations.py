@@ -22,6 +22,7 @@ from ops_helpers import (
     PGBENCH_ENV,
     asof,
     configure,
+    declare_in_background,
     digest,
     drop_database,
     in_flight,
@@ -228,13 +229,7 @@ def test_a_declaration_waits_for_room_in_the_capture_queue_and_says_so(ops):
                 configure(conn, max_queued_snapshots=1)
                 first = val(conn, "SELECT gsnap_snapshot(false)")
                 wait_capturing(conn, first)
-                told: list[str] = []
-
-                def declare(c):
-                    c.add_notice_handler(lambda d: told.append(d.message_primary))
-                    return val(c, "SELECT gsnap_snapshot(false)")
-
-                bg = Bg(ops, declare)
+                bg, told = declare_in_background(ops)
                 wait_until(lambda: progress(conn)["declarations_held"] == 1, 10,
                            "gsnap_progress().declarations_held = 1")
                 wait_until(lambda: told, 10, "a NOTICE to the waiting session")
@@ -276,13 +271,7 @@ def test_declaration_waits_for_an_open_rewrite(ops, kind):
             writer.execute(REWRITES[kind].format(t=t))
             writer.execute(f"DELETE FROM {t} WHERE id > 10")
             writer.execute(f"INSERT INTO {t} VALUES (-1, -1, 'inside the rewrite')")
-            told: list[str] = []
-
-            def declare(c):
-                c.add_notice_handler(lambda d: told.append(d.message_primary))
-                return val(c, "SELECT gsnap_snapshot(false)")
-
-            bg = Bg(ops, declare)
+            bg, told = declare_in_background(ops)
             wait_until(lambda: progress(conn)["waiting_for_table"] == oid, 10,
                        f"gsnap_progress().waiting_for_table = {t}")
             # The session is told what it waits for, once, after a second.

@@ -17,7 +17,7 @@
 pub mod groups;
 mod state;
 
-pub use state::{Phase, ProgressShared, WorkerShared, WorkerState};
+pub use state::{Phase, Progress, ProgressShared, WorkerShared, WorkerState};
 
 use crate::gucs;
 use gsnap_shmem::cache::{CacheHeader, CacheIndex, SlotMeta};

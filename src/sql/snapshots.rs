@@ -65,10 +65,8 @@ pub(super) fn declare(
     let mut told_table = 0;
     let mut told_queue = false;
     let reply = ipc::call_watching(request, &mut || {
-        if asked.elapsed() >= TELL_WAITS_AFTER {
-            tell_wait(&mut told_table, &mut told_queue);
-        }
-        let relid = shmem::progress().read().waiting_for;
+        let progress = shmem::progress().read();
+        let relid = progress.waiting_for;
         let blocked_by_us = relid != 0 && crate::locks::holds_any(relid);
         if blocked_by_us {
             // This request gives up: the worker sets the table again if a declaration still
@@ -111,6 +109,9 @@ pub(super) fn declare(
             .hint("Retry once that session's command (TRUNCATE, ALTER TABLE, ...) is done.")
             .raise();
         }
+        if asked.elapsed() >= TELL_WAITS_AFTER {
+            tell_wait(&progress, &mut told_table, &mut told_queue);
+        }
     });
     match reply {
         Reply::Declared { snap, exported } => (snap, exported),
@@ -121,10 +122,10 @@ pub(super) fn declare(
 /// How long a declaration waits before the session is told why.
 const TELL_WAITS_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Tells the session what its declaration waits for, if the worker says it waits, and it
-/// was not told yet: a table's lock (`told_table`), or room in the capture queue.
-fn tell_wait(told_table: &mut u32, told_queue: &mut bool) {
-    let p = shmem::progress().read();
+/// Tells the session what its declaration waits for, if the worker's progress `p` says it
+/// waits, and it was not told yet: a table's lock (`told_table`), or room in the capture
+/// queue. (A wait this session's own locks cause is an ERROR instead, raised before this.)
+fn tell_wait(p: &shmem::Progress, told_table: &mut u32, told_queue: &mut bool) {
     if p.waiting_for != 0 && p.waiting_for != *told_table {
         *told_table = p.waiting_for;
         let table = relation_name(pg_sys::Oid::from(p.waiting_for));
