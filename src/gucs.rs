@@ -139,9 +139,10 @@ pub fn init() {
         c"gsnap.max_dirty_pages",
         c"Pages a span's dirty set can record before falling back to full captures.",
         c"Each gsnap write records its page in the dirty set of the current span (8 bytes per \
-          page, two sets). When a set is full, the table of a page that does not fit is \
-          captured completely at the next snapshot instead: correct, but slower. Raise it if \
-          the log reports dirty-set overflows.",
+          page, three sets: the current span's, the first part of a span split for copies \
+          made ahead, and the one drained last). When a set is full, the table of a page that \
+          does not fit is captured completely at the next snapshot instead: correct, but \
+          slower. Raise it if the log reports dirty-set overflows.",
         &MAX_DIRTY_PAGES,
         1024,
         1 << 28,
@@ -275,9 +276,9 @@ pub fn init() {
         c"How long before a periodic snapshot the worker copies the pages written so far.",
         c"With gsnap.snapshot_interval set and gsnap.capture_page_copies on, the worker copies \
           the pages written in the span this long before the next periodic snapshot (at most a \
-          quarter of the interval), without holding any snapshot; the capture then only checks \
-          by its page LSN that each is unchanged, which shortens the time it holds VACUUM \
-          back. Tables that are not WAL-logged are read at the snapshot as before. The copies \
+          quarter of the interval), without holding any snapshot; the capture then takes the \
+          copy of a page nobody wrote since without looking at it, and of a page written since \
+          when its LSN is unchanged, which shortens the time it holds VACUUM back. Tables that are not WAL-logged are read at the snapshot as before. The copies \
           count against gsnap.capture_memory. 0: off.",
         &CAPTURE_COPY_AHEAD_MS,
         0,

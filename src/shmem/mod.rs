@@ -9,7 +9,7 @@
 //! | cache metadata | [`SlotMeta`] per cache slot, then the cache's hash table |
 //! | cache data | `gsnap.image_cache_size` of 8 KB slots |
 //! | group cache | its metadata region, then `gsnap.index_cache_size` of group bytes |
-//! | dirty sets | two arrays of `gsnap.max_dirty_pages` keys |
+//! | dirty sets | three arrays of `gsnap.max_dirty_pages` keys |
 //!
 //! The data structures live in the pure `gsnap-shmem` crate; this module only places them
 //! in PostgreSQL's shared memory and gives the rest of the extension safe accessors.
@@ -21,7 +21,7 @@ pub use state::{Phase, Progress, ProgressShared, WorkerShared, WorkerState};
 
 use crate::gucs;
 use gsnap_shmem::cache::{CacheHeader, CacheIndex, SlotMeta};
-use gsnap_shmem::dirty::{DirtySets, SpansHeader};
+use gsnap_shmem::dirty::{DirtySets, SpansHeader, SETS};
 use gsnap_shmem::requests::RequestSlot;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -88,7 +88,7 @@ impl Layout {
         let groups_meta_at = align(data_at + cache_slots * CACHE_SLOT_BYTES);
         let groups_data_at = align(groups_meta_at + groups::meta_size());
         let dirty_at = align(groups_data_at + groups_data);
-        let total = dirty_at + 2 * dirty_capacity * size_of::<AtomicU64>();
+        let total = dirty_at + SETS * dirty_capacity * size_of::<AtomicU64>();
         Layout {
             request_slots,
             cache_slots,
@@ -295,18 +295,17 @@ unsafe fn cache_arrays(
     }
 }
 
-/// The dirty sets of the current and the retired span.
+/// The dirty sets: the current span's, the held first part of a split span, the retired one.
 pub fn dirty_sets() -> DirtySets<'static> {
     let shared = shared();
     let l = layout(shared);
-    // SAFETY: shmem_startup reserved two arrays of `dirty_capacity` zero-initialized
+    let first = base_of(shared).wrapping_add(l.dirty_at).cast::<AtomicU64>();
+    // SAFETY: shmem_startup reserved SETS arrays of `dirty_capacity` zero-initialized
     // AtomicU64 at `dirty_at`; the segment lives as long as the process.
-    unsafe {
-        let first = base_of(shared).add(l.dirty_at).cast::<AtomicU64>();
-        let set0 = std::slice::from_raw_parts(first, l.dirty_capacity);
-        let set1 = std::slice::from_raw_parts(first.add(l.dirty_capacity), l.dirty_capacity);
-        DirtySets::new(&shared.spans, set0, set1)
-    }
+    let set = |i: usize| unsafe {
+        std::slice::from_raw_parts(first.add(i * l.dirty_capacity), l.dirty_capacity)
+    };
+    DirtySets::new(&shared.spans, std::array::from_fn(set))
 }
 
 /// The worker's shared state.

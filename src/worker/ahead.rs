@@ -3,26 +3,36 @@
 //! A capture holds its MVCC snapshot until it has copied every page it must read, and on a
 //! busy machine most of that time is the copying waiting for a core. With
 //! `gsnap.snapshot_interval` set the worker knows when the next snapshot is due: shortly
-//! before (`gsnap.capture_copy_ahead`), it copies the pages written so far in the span
-//! (whole, with each page's LSN), holding no snapshot. The capture that follows takes a
-//! copy instead of the page when the page's LSN is still the copy's: no WAL-logged change
-//! since, so the copy holds the same tuple versions (hint bits aside) and its view at the
-//! snapshot, decided after the release like any page copy, is the page's. Checking an LSN
-//! is a pin and a share lock; the copy is an 8 kB memcpy and its memory, made before the
-//! snapshot.
+//! before (`gsnap.capture_copy_ahead`), it *splits* the span's dirty set (writers go on in a
+//! second part, `DirtySets::split_span`) and copies the pages of the first part (whole, with
+//! each page's LSN), holding no snapshot. The capture that follows takes a copy instead of
+//! the page:
+//!
+//! - when the page is not recorded in the span's second part: nobody wrote it since the
+//!   split, so since the copy (made after it). What can still have changed it unrecorded is
+//!   what never changes a view (docs/design.md, "why this is correct"): pruning and VACUUM
+//!   remove only versions no snapshot sees (v's is taken later), freezing and hint bits
+//!   re-stamp versions without changing who sees them. The copy's view at v, decided after
+//!   the release like any page copy, is the page's, and the capture does not touch the
+//!   buffer at all;
+//! - else when the page's LSN is still the copy's (a pin and a share lock): no WAL-logged
+//!   change since the copy, so the copy holds the same tuple versions (hint bits aside).
 //!
 //! Only WAL-logged tables are copied ahead (an unlogged table's page LSNs do not change),
 //! only pages whose LSN is set (not 0) and whose tuples can be decided on a copy (no
 //! out-of-line TOAST values: those must be copied under the snapshot), and only while the
 //! copies fit `gsnap.capture_memory` beside the capture in flight. A copy is used only with
-//! the table's storage unchanged (the same relfilenode) and never by the first capture after
-//! a start, whose blocks follow their own LSN rule (`restart.rs`). Copies are a cache: a
-//! copy not taken is dropped when its capture has read every page, and losing them (an
-//! error, a restart) loses nothing.
+//! the table's storage unchanged (the same relfilenode), only by the snapshot whose span was
+//! split (its declaration takes the copies), and never by the first capture after a start,
+//! whose blocks follow their own LSN rule (`restart.rs`). Copies are a cache: a copy not
+//! taken is dropped when its capture has read every page, and losing them (an error, a
+//! restart) loses nothing: the split span's first part stays in shared memory until the
+//! span ends.
 
 use super::page;
 use super::xact::BulkRead;
 use crate::ffi::relation::OpenRelation;
+use gsnap_shmem::carry::CarryForward;
 use pgrx::pg_sys;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -51,17 +61,29 @@ pub(super) struct Ahead {
     next: usize,
     copies: HashMap<(u32, u32), AheadCopy>,
     strategy: BulkRead,
+    /// What the span recorded after its split, once the snapshot is declared: a copy of a
+    /// page not in it is taken without looking at the page. None: every copy's page is
+    /// checked.
+    written_since: Option<CarryForward>,
 }
 
 impl Ahead {
-    /// Copies of `pages` (recorded in the span), to be made.
+    /// Copies of `pages` (the first part of a split span), to be made.
     pub fn new(pages: Vec<(u32, u32)>) -> Ahead {
         Ahead {
             todo: pages,
             next: 0,
             copies: HashMap::new(),
             strategy: BulkRead::new(),
+            written_since: None,
         }
+    }
+
+    /// The snapshot is declared and its span's second part is `written`: the pages recorded
+    /// after the split (which was before every copy), and the tables marked for a full
+    /// capture since.
+    pub fn written_since_split(&mut self, written: CarryForward) {
+        self.written_since = Some(written);
     }
 
     /// The copies held.
@@ -157,8 +179,9 @@ impl Ahead {
     }
 
     /// The copy of `block` of `rel` (open, locked by the snapshot being captured,
-    /// WAL-logged), if one was made and the page is unchanged since: no WAL-logged change
-    /// to it, in the same storage. The copy is taken either way.
+    /// WAL-logged), if one was made and the page is unchanged since, in the same storage: not
+    /// written since the split, or without a WAL-logged change since the copy. The copy is
+    /// taken either way.
     ///
     /// # Safety
     /// `rel` is open and locked against storage replacement, `block` below its size; in a
@@ -176,12 +199,19 @@ impl Ahead {
             )
         };
         let copy = self.copies.remove(&(relid, block))?;
+        if !logged || copy.relfilenode != relfilenode {
+            return None;
+        }
+        let written = self.written_since.as_ref().is_none_or(|w| {
+            w.needs_full(relid) || w.pages().binary_search(&(relid, block)).is_ok()
+        });
+        if !written {
+            return Some(copy.page);
+        }
         // SAFETY: the caller's promise.
-        let unchanged = logged
-            && copy.relfilenode == relfilenode
-            && unsafe {
-                page::unchanged_since(rel, block, self.strategy.as_ptr(), copy.lsn, copy.buffer)
-            };
+        let unchanged = unsafe {
+            page::unchanged_since(rel, block, self.strategy.as_ptr(), copy.lsn, copy.buffer)
+        };
         unchanged.then_some(copy.page)
     }
 }
@@ -205,17 +235,27 @@ impl super::Worker {
             if Instant::now() < copies_from(due) {
                 return false;
             }
-            // Once per periodic snapshot: the pages recorded so far (a declaration on
-            // request in between takes the copies; none are made again for this one).
+            // Once per periodic snapshot: the span is split and the pages of its first part
+            // copied (a declaration on request in between takes the copies; none are made
+            // again for this one).
             self.ahead_for = Some(due);
-            let pages = crate::shmem::dirty_sets().current_pages();
+            let pages = crate::shmem::dirty_sets().split_span(|| {
+                // SAFETY: a short sleep while a writer finishes recording.
+                unsafe { pg_sys::pg_usleep(10) }
+            });
             self.ahead = Some(Ahead::new(pages));
         }
         let Some(ahead) = self.ahead.as_mut().filter(|a| a.copying()) else {
             return false;
         };
+        // Beside the capture in flight and the copies declared snapshots hold.
+        let queued: usize = self
+            .queue
+            .iter()
+            .map(|d| d.ahead.as_ref().map_or(0, Ahead::bytes))
+            .sum();
         let memory = crate::gucs::capture_memory_bytes()
-            .saturating_sub(self.job.as_ref().map_or(0, |j| j.read_bytes()));
+            .saturating_sub(self.job.as_ref().map_or(0, |j| j.read_bytes()) + queued);
         let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
         self.xact.ensure_open();
         // SAFETY: in the worker's transaction, on the main thread.

@@ -197,7 +197,7 @@ impl Worker {
         if self.job.is_some() {
             return;
         }
-        let (Some(store), Some(decl)) = (self.store.clone(), self.queue.pop_front()) else {
+        let (Some(store), Some(mut decl)) = (self.store.clone(), self.queue.pop_front()) else {
             return;
         };
         shmem::progress().set_queued(self.queue.len() as u32);
@@ -272,6 +272,7 @@ impl Worker {
             total,
         );
         shmem::progress().set_copies_ahead(0);
+        let ahead = decl.ahead.take();
         self.job = Some(CaptureJob {
             decl,
             capture: Some(capture),
@@ -283,7 +284,7 @@ impl Worker {
             covered,
             pages_done: 0,
             pages_unchanged: 0,
-            ahead: self.ahead.take(),
+            ahead,
             pages_ahead: 0,
             strategy: BulkRead::new(),
             read: std::collections::VecDeque::new(),

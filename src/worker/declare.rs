@@ -14,6 +14,7 @@
 //! half a millisecond to read), and the snapshot joins the capture queue. Writers never
 //! wait for any of this.
 
+use super::ahead::Ahead;
 use super::catalog::{self, TableInfo};
 use super::restart::{RestartBase, Resumed};
 use super::serve::encode_answer;
@@ -106,6 +107,8 @@ pub(crate) struct Declared {
     pub tables: Vec<DeclaredTable>,
     /// The span's written pages, plus leftovers of failed declarations.
     pub pages: CarryForward,
+    /// Pages copied ahead of this snapshot, when its span was split for them (`ahead.rs`).
+    pub ahead: Option<Ahead>,
     /// Tables locked for this snapshot (released when its capture ends).
     pub locked: Vec<u32>,
 }
@@ -268,16 +271,21 @@ impl Worker {
             // SAFETY: a short sleep while a writer finishes recording.
             unsafe { pg_sys::pg_usleep(10) }
         });
-        // The retired set is read once the declaration is answered (below): it only tells the
-        // capture which pages to read (and which tables overflowed it, captured in full),
-        // and no other span begins before this function returns.
+        // The retired sets are read once the declaration is answered (below): they only tell
+        // the capture which pages to read (and which tables overflowed them, captured in
+        // full), and no other span begins before this function returns. The pages of a
+        // split span's second part also tell which copies made ahead are current.
         let drain = |leftover: &mut CarryForward| {
-            let drained = dirty.drain(retired);
-            if drained.overflowed_relations > 0 || drained.all_full {
-                let tables = if drained.all_full {
+            let last = dirty.drain(retired.last);
+            let earlier = retired.earlier.map(|set| dirty.drain(set));
+            let overflowed = earlier.iter().chain([&last]);
+            let all = overflowed.clone().any(|d| d.all_full);
+            let relations: u32 = overflowed.map(|d| d.overflowed_relations).sum();
+            if relations > 0 || all {
+                let tables = if all {
                     "every table".to_string()
                 } else {
-                    format!("{} table(s)", drained.overflowed_relations)
+                    format!("{relations} table(s)")
                 };
                 pgrx::warning!(
                     "gsnap: written pages of {tables} did not fit the dirty set \
@@ -285,9 +293,14 @@ impl Worker {
                     crate::gucs::MAX_DIRTY_PAGES.get()
                 );
             }
-            let mut pages = CarryForward::from_drained(drained);
+            let mut pages = CarryForward::from_drained(last);
+            let written_since_split = earlier.map(|first| {
+                let second = pages.clone();
+                pages.absorb(CarryForward::from_drained(first));
+                second
+            });
             pages.absorb(std::mem::take(leftover));
-            pages
+            (pages, written_since_split)
         };
 
         // The requests this snapshot answers: one with a label or rank, or all without.
@@ -332,13 +345,19 @@ impl Worker {
                     // session seeing it, against 0.2 / 0.3 ms with this pause.
                     std::thread::sleep(HAND_OVER);
                 }
-                let pages = drain(&mut self.span_leftover);
+                let (pages, written_since_split) = drain(&mut self.span_leftover);
+                // The copies made ahead belong to the snapshot whose span was split for them.
+                let ahead = self.ahead.take().and_then(|mut ahead| {
+                    ahead.written_since_split(written_since_split?);
+                    Some(ahead)
+                });
                 self.queue.push_back(Declared {
                     snap,
                     mvcc: Some(mvcc),
                     declared_at_us: prepared.declared_at_us,
                     tables,
                     pages,
+                    ahead,
                     locked,
                 });
                 shmem::progress().set_queued(self.queue.len() as u32);
@@ -347,7 +366,10 @@ impl Worker {
             Err(e) => {
                 self.note_store_error(&e);
                 release(&locked, Some(mvcc));
-                self.span_leftover = drain(&mut self.span_leftover);
+                // The span's pages go to the next one, and the copies made ahead with them:
+                // the next span does not record what was written after this split.
+                self.span_leftover = drain(&mut self.span_leftover).0;
+                self.ahead = None;
                 let message = format!("could not declare a snapshot: {}", e.message());
                 pgrx::warning!("{message}");
                 let error = WorkerError::new(super::code_of(&e), message);

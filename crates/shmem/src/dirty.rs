@@ -1,22 +1,31 @@
 //! Dirty sets: which pages were written in the current span.
 //!
 //! Every write to a gsnap table adds its (relation, block) to the dirty set of the current span;
-//! declaring a snapshot switches writers to the other set and hands the old one to the capture.
-//! The structure lives in shared memory, so it is built only from atomics over memory the
-//! caller provides (an ordinary `Vec` in tests, a shared-memory segment in PostgreSQL).
+//! declaring a snapshot switches writers to an empty set and hands the old one to the capture.
+//! A span may also be *split* once before its end ([`DirtySets::split_span`]): writers move to
+//! another set while the first part of the span stays held, so the worker can copy the pages
+//! written so far and later tell which of them were written again after the split (a page
+//! not recorded after it is unchanged since, apart from what the design's correctness
+//! argument allows: pruning, freezing, hint bits). Hence three sets: the current one, the
+//! held first part of a split span, and the one that was drained last. The structure lives in
+//! shared memory, so it is built only from atomics over memory the caller provides (an
+//! ordinary `Vec` in tests, a shared-memory segment in PostgreSQL).
 //!
 //! Invariants:
 //! - A write is never lost. If a set is too full to take a page, the page's relation is
 //!   marked for *full capture*; if the list of such relations is full too, the set is marked
 //!   "every relation needs a full capture". Both fallbacks are conservative.
-//! - [`DirtySets::begin_span`] returns only when no writer can still be adding to the set it
-//!   retired: a writer announces itself in `writers[set]` *before* it checks which set is
-//!   current, and the switch waits for that counter to drop to zero after changing `current`.
-//!   With sequentially consistent atomics either the writer sees the new set, or the switch
-//!   sees the writer and waits for it. So the capture never drains a set that is still being
-//!   filled, and a write recorded after the switch lands in the next span.
-//! - Only the switching process drains and clears a retired set, and it does so before the
-//!   next switch makes that set current again.
+//! - A switch ([`DirtySets::begin_span`], [`DirtySets::split_span`]) returns only when no
+//!   writer can still be adding to the set it left: a writer announces itself in
+//!   `writers[set]` *before* it checks which set is current, and the switch waits for that
+//!   counter to drop to zero after changing `current`. With sequentially consistent atomics
+//!   either the writer sees the new set, or the switch sees the writer and waits for it. So
+//!   the capture never drains a set that is still being filled, a write recorded after the
+//!   span's end lands in the next span, and a write recorded after a split lands in the
+//!   split span's second part (or a later span).
+//! - A switch always moves writers to a set that is neither current nor held, which is empty:
+//!   only the switching process drains and clears the sets a span's end retired, and it does
+//!   so before the next switch.
 
 use std::sync::atomic::{
     AtomicU32, AtomicU64,
@@ -42,27 +51,36 @@ pub struct SetHeader {
     full_relations: [AtomicU32; FULL_CAPTURE_RELATIONS],
 }
 
-/// The shared header of both sets.
+/// The number of dirty sets: the current one, the held first part of a split span, and a
+/// drained one for the next switch.
+pub const SETS: usize = 3;
+
+/// The shared header of the sets.
 #[repr(C)]
 pub struct SpansHeader {
-    /// Index (0 or 1) of the set that receives writes.
+    /// Index of the set that receives writes.
     current: AtomicU32,
+    /// 1 + index of the set holding the first part of the current span once it was split,
+    /// 0 while it is not.
+    held: AtomicU32,
     /// Number of writers currently inside each set.
-    writers: [AtomicU32; 2],
-    /// Number of spans begun so far (a new span begins with each snapshot).
+    writers: [AtomicU32; SETS],
+    /// Number of spans begun so far (a new span begins with each snapshot; a split does not
+    /// begin one).
     spans: AtomicU64,
-    sets: [SetHeader; 2],
+    sets: [SetHeader; SETS],
 }
 
 impl SpansHeader {
-    /// A zeroed header: set 0 is current, both sets empty.
+    /// A zeroed header: set 0 is current, every set empty, the span not split.
     pub fn new() -> SpansHeader {
         // SAFETY-free construction: every field is an atomic integer whose zero is valid.
         SpansHeader {
             current: AtomicU32::new(0),
-            writers: [AtomicU32::new(0), AtomicU32::new(0)],
+            held: AtomicU32::new(0),
+            writers: std::array::from_fn(|_| AtomicU32::new(0)),
             spans: AtomicU64::new(0),
-            sets: [SetHeader::new(), SetHeader::new()],
+            sets: std::array::from_fn(|_| SetHeader::new()),
         }
     }
 }
@@ -105,10 +123,19 @@ impl Drained {
     }
 }
 
-/// Both dirty sets: a view over shared memory.
+/// The sets a span's end retired, to be drained before the next switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retired {
+    /// The first part of the span, when it was split.
+    pub earlier: Option<usize>,
+    /// The span's (last part's) set.
+    pub last: usize,
+}
+
+/// The dirty sets: a view over shared memory.
 pub struct DirtySets<'a> {
     header: &'a SpansHeader,
-    slots: [&'a [AtomicU64]; 2],
+    slots: [&'a [AtomicU64]; SETS],
 }
 
 fn key_of(rel: u32, block: u32) -> u64 {
@@ -122,19 +149,17 @@ fn home_slot(key: u64, capacity: usize) -> usize {
 }
 
 impl<'a> DirtySets<'a> {
-    /// Views `header` and two equally long slot arrays (zeroed at creation) as the dirty sets.
+    /// Views `header` and [`SETS`] equally long slot arrays (zeroed at creation) as the dirty
+    /// sets.
     ///
     /// # Panics
     /// If the slot arrays are empty or of different lengths.
-    pub fn new(header: &'a SpansHeader, set0: &'a [AtomicU64], set1: &'a [AtomicU64]) -> Self {
+    pub fn new(header: &'a SpansHeader, slots: [&'a [AtomicU64]; SETS]) -> Self {
         assert!(
-            !set0.is_empty() && set0.len() == set1.len(),
+            !slots[0].is_empty() && slots.iter().all(|s| s.len() == slots[0].len()),
             "dirty sets need equal capacity"
         );
-        DirtySets {
-            header,
-            slots: [set0, set1],
-        }
+        DirtySets { header, slots }
     }
 
     /// Slots per set.
@@ -224,14 +249,64 @@ impl<'a> DirtySets<'a> {
         header.all_full.swap(1, SeqCst) == 0
     }
 
-    /// Switches writers to the other set and returns the index of the retired one, once no
-    /// writer can still add to it. `pause` is called while waiting for writers to leave.
+    /// Ends the current span: switches writers to an empty set and returns the sets the span
+    /// filled, once no writer can still add to them. `pause` is called while waiting for
+    /// writers to leave.
     ///
-    /// The retired set must be drained with [`DirtySets::drain`] before the next switch.
-    pub fn begin_span(&self, mut pause: impl FnMut()) -> usize {
+    /// Both retired sets must be drained with [`DirtySets::drain`] before the next switch.
+    pub fn begin_span(&self, pause: impl FnMut()) -> Retired {
+        let earlier = self.held();
+        let last = self.switch(pause, false);
+        Retired { earlier, last }
+    }
+
+    /// Splits the current span (once): writers move to an empty set while the pages recorded
+    /// so far stay held, as the span's first part, until the span ends. Returns the pages
+    /// of the first part, sorted, once no writer can still add to it; a page written again
+    /// after the split is also recorded in the second part. If the span is split already,
+    /// the first part's pages (the second part goes on).
+    pub fn split_span(&self, pause: impl FnMut()) -> Vec<(u32, u32)> {
+        let held = match self.held() {
+            Some(held) => held,
+            None => self.switch(pause, true),
+        };
+        self.recorded_in(held, |_| true)
+    }
+
+    /// The set holding the first part of a split span.
+    fn held(&self) -> Option<usize> {
+        match self.header.held.load(SeqCst) {
+            0 => None,
+            h => Some(h as usize - 1),
+        }
+    }
+
+    /// Moves writers from the current set to the set that is neither current nor held, which
+    /// is empty, and returns the old set once no writer is in it. `hold`: a split, which holds
+    /// the old set as the span's first part (the span must not be split yet); else the end
+    /// of the span, which lets the held set go (the caller drains it).
+    fn switch(&self, mut pause: impl FnMut(), hold: bool) -> usize {
         let old = self.header.current.load(SeqCst) as usize;
-        self.header.current.store((1 - old) as u32, SeqCst);
-        self.header.spans.fetch_add(1, SeqCst);
+        let held = self.held();
+        debug_assert!(!(hold && held.is_some()), "a span is split once");
+        let next = (0..SETS)
+            .find(|&s| s != old && Some(s) != held)
+            .expect("three sets leave one free");
+        debug_assert_eq!(
+            self.header.sets[next].used.load(SeqCst),
+            0,
+            "the next set was drained"
+        );
+        if hold {
+            // Held before writers leave it, so that a look at the span (`current_for`) in
+            // between sees its pages twice rather than not at all.
+            self.header.held.store(old as u32 + 1, SeqCst);
+            self.header.current.store(next as u32, SeqCst);
+        } else {
+            self.header.current.store(next as u32, SeqCst);
+            self.header.held.store(0, SeqCst);
+            self.header.spans.fetch_add(1, SeqCst);
+        }
         while self.header.writers[old].load(SeqCst) != 0 {
             pause();
         }
@@ -240,7 +315,7 @@ impl<'a> DirtySets<'a> {
 
     /// Takes everything out of the retired set `set` and leaves it empty.
     ///
-    /// Only the process that called [`DirtySets::begin_span`] may call this, for the set it
+    /// Only the process that called [`DirtySets::begin_span`] may call this, for the sets it
     /// returned, before switching again.
     pub fn drain(&self, set: usize) -> Drained {
         assert_ne!(
@@ -248,6 +323,7 @@ impl<'a> DirtySets<'a> {
             self.header.current.load(SeqCst) as usize,
             "cannot drain the current dirty set"
         );
+        assert_ne!(Some(set), self.held(), "cannot drain the held dirty set");
         let header = &self.header.sets[set];
         // The set is retired: no writer records into it any more, so `used` is the number of
         // used slots (a writer counts a slot after claiming it), and the scan ends when it
@@ -284,27 +360,41 @@ impl<'a> DirtySets<'a> {
         }
     }
 
-    /// The blocks of `rel` recorded so far in the current span (sorted), and whether `rel` is
-    /// marked for a full capture. For diagnostics and tests; O(capacity).
+    /// The blocks of `rel` recorded so far in the current span, both parts of it if it was
+    /// split (sorted, distinct), and whether `rel` is marked for a full capture. For
+    /// diagnostics and estimates; O(capacity).
     pub fn current_for(&self, rel: u32) -> (Vec<u32>, bool) {
-        self.with_current(|set| {
-            let blocks = self
-                .recorded_in(set, |r| r == rel)
-                .into_iter()
-                .map(|(_, b)| b)
-                .collect();
-            let header = &self.header.sets[set];
-            let full = header.all_full.load(SeqCst) != 0
-                || header.full_relations.iter().any(|e| e.load(SeqCst) == rel);
-            (blocks, full)
-        })
+        let (pages, full) = self.span(|r| r == rel);
+        (pages.into_iter().map(|(_, b)| b).collect(), full)
     }
 
-    /// The pages recorded so far in the current span, (relation, block) sorted: what the
-    /// worker copies ahead of a periodic snapshot. Relations marked for a full capture are
-    /// not expanded (their recorded pages are listed). O(capacity).
+    /// The pages recorded so far in the current span, both parts of it if it was split,
+    /// (relation, block) sorted and distinct. Relations marked for a full capture are not
+    /// expanded (their recorded pages are listed). O(capacity).
     pub fn current_pages(&self) -> Vec<(u32, u32)> {
-        self.with_current(|set| self.recorded_in(set, |_| true))
+        self.span(|_| true).0
+    }
+
+    /// The pages of the current span whose relation `rel` accepts, and whether one of them
+    /// is marked for a full capture.
+    fn span(&self, rel: impl Fn(u32) -> bool) -> (Vec<(u32, u32)>, bool) {
+        self.with_current(|set| {
+            let parts = [Some(set), self.held().filter(|&h| h != set)];
+            let mut pages = Vec::new();
+            let mut full = false;
+            for part in parts.into_iter().flatten() {
+                pages.extend(self.recorded_in(part, &rel));
+                let header = &self.header.sets[part];
+                full |= header.all_full.load(SeqCst) != 0
+                    || header
+                        .full_relations
+                        .iter()
+                        .any(|e| matches!(e.load(SeqCst), r if r != 0 && rel(r)));
+            }
+            pages.sort_unstable();
+            pages.dedup();
+            (pages, full)
+        })
     }
 
     /// The pages recorded in `set` whose relation `rel` accepts, sorted.
@@ -333,28 +423,34 @@ mod tests {
 
     struct Owned {
         header: SpansHeader,
-        a: Vec<AtomicU64>,
-        b: Vec<AtomicU64>,
+        slots: [Vec<AtomicU64>; SETS],
     }
 
     fn owned(capacity: usize) -> Owned {
         Owned {
             header: SpansHeader::new(),
-            a: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
-            b: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            slots: std::array::from_fn(|_| (0..capacity).map(|_| AtomicU64::new(0)).collect()),
         }
     }
 
     impl Owned {
         fn sets(&self) -> DirtySets<'_> {
-            DirtySets::new(&self.header, &self.a, &self.b)
+            DirtySets::new(&self.header, std::array::from_fn(|i| &self.slots[i][..]))
         }
 
         /// The slots of `set` still in use (a drain that stops early must leave none).
         fn left_in(&self, set: usize) -> usize {
-            let slots = if set == 0 { &self.a } else { &self.b };
-            slots.iter().filter(|s| s.load(SeqCst) != 0).count()
+            self.slots[set]
+                .iter()
+                .filter(|s| s.load(SeqCst) != 0)
+                .count()
         }
+    }
+
+    /// Ends the span and drains what it retired: (first part if split, last part).
+    fn end_span(d: &DirtySets<'_>) -> (Option<Drained>, Drained) {
+        let r = d.begin_span(|| {});
+        (r.earlier.map(|s| d.drain(s)), d.drain(r.last))
     }
 
     #[test]
@@ -368,21 +464,79 @@ mod tests {
         assert_eq!(d.current_for(10), (vec![1, 3], false));
         assert_eq!(d.current_pages(), vec![(10, 1), (10, 3), (11, 0)]);
         let old = d.begin_span(|| {});
+        assert_eq!(old.earlier, None, "the span was not split");
         d.record(10, 7);
-        let drained = d.drain(old);
+        let drained = d.drain(old.last);
         assert_eq!(drained.pages, vec![(10, 1), (10, 3), (11, 0)]);
-        assert_eq!(o.left_in(old), 0, "a drained set is empty");
+        assert_eq!(o.left_in(old.last), 0, "a drained set is empty");
         assert!(!drained.needs_full_capture(10));
         assert_eq!(d.current_for(10), (vec![7], false));
         assert_eq!(d.current_pages(), vec![(10, 7)]);
         assert_eq!(d.spans(), 1);
         // The drained set is empty again and can become current.
-        let old2 = d.begin_span(|| {});
-        assert_eq!(old2, 1 - old);
-        assert_eq!(d.drain(old2).pages, vec![(10, 7)]);
+        let (_, second) = end_span(&d);
+        assert_eq!(second.pages, vec![(10, 7)]);
         d.record(12, 1);
-        let old3 = d.begin_span(|| {});
-        assert_eq!(d.drain(old3).pages, vec![(12, 1)]);
+        let (_, third) = end_span(&d);
+        assert_eq!(third.pages, vec![(12, 1)]);
+        assert_eq!(d.spans(), 3);
+    }
+
+    #[test]
+    fn a_split_span_tells_the_pages_written_again_after_the_split() {
+        let o = owned(1024);
+        let d = o.sets();
+        d.record(10, 1);
+        d.record(10, 2);
+        d.record(11, 5);
+        let first = d.split_span(|| {});
+        assert_eq!(first, vec![(10, 1), (10, 2), (11, 5)]);
+        assert_eq!(d.spans(), 0, "a split begins no span");
+        d.record(10, 2); // written again after the split
+        d.record(10, 9);
+        d.mark_full(12);
+        // The span is both parts.
+        assert_eq!(d.current_for(10), (vec![1, 2, 9], false));
+        assert_eq!(d.current_for(12), (vec![], true));
+        assert_eq!(d.current_pages(), vec![(10, 1), (10, 2), (10, 9), (11, 5)]);
+        // A second split goes on with the same parts.
+        assert_eq!(d.split_span(|| {}), first);
+        d.record(11, 6);
+        let (earlier, last) = end_span(&d);
+        assert_eq!(earlier.expect("split").pages, first);
+        assert_eq!(last.pages, vec![(10, 2), (10, 9), (11, 6)]);
+        assert!(last.needs_full_capture(12));
+        assert_eq!(d.spans(), 1);
+        for set in 0..SETS {
+            assert_eq!(o.left_in(set), 0, "set {set} drained");
+        }
+        // The next spans, split or not, rotate through the sets.
+        for round in 0..6u32 {
+            d.record(20, round);
+            if round % 2 == 0 {
+                assert_eq!(d.split_span(|| {}), vec![(20, round)]);
+                d.record(20, 100 + round);
+            }
+            let (earlier, last) = end_span(&d);
+            if round % 2 == 0 {
+                assert_eq!(earlier.expect("split").pages, vec![(20, round)]);
+                assert_eq!(last.pages, vec![(20, 100 + round)]);
+            } else {
+                assert!(earlier.is_none());
+                assert_eq!(last.pages, vec![(20, round)]);
+            }
+            assert_eq!(d.current_pages(), vec![]);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot drain the held dirty set")]
+    fn draining_the_held_set_is_refused() {
+        let o = owned(8);
+        let d = o.sets();
+        d.record(1, 1);
+        d.split_span(|| {});
+        d.drain(0);
     }
 
     #[test]
@@ -395,7 +549,7 @@ mod tests {
                 d.record(5, b);
             }
         }
-        let drained = d.drain(d.begin_span(|| {}));
+        let (_, drained) = end_span(&d);
         assert_eq!(
             drained.overflowed_relations, 1,
             "one relation overflowed, however many of its writes did not fit"
@@ -416,7 +570,7 @@ mod tests {
         for rel in 1..=(FULL_CAPTURE_RELATIONS as u32 + 1) {
             d.mark_full(rel);
         }
-        let drained = d.drain(d.begin_span(|| {}));
+        let (_, drained) = end_span(&d);
         assert!(drained.all_full);
         assert!(drained.needs_full_capture(9999));
     }
@@ -429,8 +583,8 @@ mod tests {
         d.drain(0);
     }
 
-    /// Writers race with span switches: every write lands in exactly the span it was recorded
-    /// in or a later one, and nothing is lost.
+    /// Writers race with span switches and splits: every write lands in exactly the span it
+    /// was recorded in or a later one, and nothing is lost.
     #[test]
     fn concurrent_writers_and_switches_lose_nothing() {
         let o = Arc::new(owned(1 << 16));
@@ -449,23 +603,83 @@ mod tests {
             .collect();
         let d = o.sets();
         let mut seen = BTreeSet::new();
+        let mut split = false;
         while handles.iter().any(|h| !h.is_finished()) {
-            let old = d.begin_span(std::thread::yield_now);
-            seen.extend(d.drain(old).pages);
+            // Every other span is split in the middle.
+            split = !split;
+            if split {
+                let first = d.split_span(std::thread::yield_now);
+                let (earlier, last) = end_span(&d);
+                assert_eq!(earlier.expect("split").pages, first);
+                seen.extend(first);
+                seen.extend(last.pages);
+            } else {
+                seen.extend(end_span(&d).1.pages);
+            }
         }
         for h in handles {
             h.join().unwrap();
         }
-        let old = d.begin_span(|| {});
-        seen.extend(d.drain(old).pages);
-        let old = d.begin_span(|| {});
-        seen.extend(d.drain(old).pages);
+        seen.extend(end_span(&d).1.pages);
+        seen.extend(end_span(&d).1.pages);
         assert_eq!(seen.len(), (writers * per_writer) as usize);
-        assert_eq!(
-            o.left_in(old),
-            0,
-            "the drains, ending early, left nothing behind"
-        );
-        assert_eq!(o.left_in(1 - old), 0);
+        for set in 0..SETS {
+            assert_eq!(
+                o.left_in(set),
+                0,
+                "the drains, ending early, left nothing behind"
+            );
+        }
+    }
+
+    /// A write finished before a split began is in the split span's first part, and a write
+    /// begun after the split returned is not (it is in the second part).
+    #[test]
+    fn a_split_holds_exactly_the_writes_before_it() {
+        let o = Arc::new(owned(1 << 16));
+        let done = Arc::new(AtomicU32::new(0));
+        let total = 20_000u32;
+        let writer = {
+            let (o, done) = (Arc::clone(&o), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let d = o.sets();
+                for b in 0..total {
+                    d.record(1, b);
+                    done.store(b + 1, SeqCst);
+                }
+            })
+        };
+        let d = o.sets();
+        let mut splits = 0;
+        while !writer.is_finished() {
+            let before = done.load(SeqCst);
+            let first = d.split_span(std::thread::yield_now);
+            let after = done.load(SeqCst);
+            let (earlier, last) = end_span(&d);
+            let earlier = earlier.expect("split").pages;
+            assert_eq!(earlier, first);
+            let span_start = [first.first(), last.pages.first()]
+                .into_iter()
+                .flatten()
+                .map(|p| p.1)
+                .min();
+            if let Some(start) = span_start {
+                // Writes of this span finished before the split: in its first part.
+                for b in start..before {
+                    assert!(
+                        first.binary_search(&(1, b)).is_ok(),
+                        "write {b} before the split"
+                    );
+                }
+            }
+            // Writes begun after the split returned: in the second part only.
+            assert!(
+                first.iter().all(|p| p.1 <= after),
+                "a later write in the first part"
+            );
+            splits += 1;
+        }
+        writer.join().unwrap();
+        assert!(splits > 0);
     }
 }
