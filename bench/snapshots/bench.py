@@ -391,6 +391,7 @@ def bench_tps(b: Bench) -> None:
                             "p50": round(pct(held_ms, 50), 1) if held_ms else None,
                             "p95": round(pct(held_ms, 95), 1) if held_ms else None,
                             "max": round(max(held_ms), 1) if held_ms else None,
+                            "each": [round(v, 1) for v in held_ms],
                             "target_p95": "<= 200 (issue 8)"},
         "worst_second_gsnap": {"captures": len(worst),
                                "p5": round(pct(worst, 5), 3) if worst else None,

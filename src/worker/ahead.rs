@@ -61,6 +61,8 @@ pub(super) struct Ahead {
     next: usize,
     copies: HashMap<(u32, u32), AheadCopy>,
     strategy: BulkRead,
+    /// The pages written since the split were listed again to be copied anew.
+    refreshed: bool,
     /// What the span recorded after its split, once the snapshot is declared: a copy of a
     /// page not in it is taken without looking at the page. None: every copy's page is
     /// checked.
@@ -76,7 +78,17 @@ impl Ahead {
             copies: HashMap::new(),
             strategy: BulkRead::new(),
             written_since: None,
+            refreshed: false,
         }
+    }
+
+    /// Copies `pages` (written since the split) again, replacing their copies: shortly
+    /// before the snapshot, so that fewer of them change before it. The capture checks
+    /// their LSN, as for every page written after the split.
+    pub fn refresh(&mut self, pages: Vec<(u32, u32)>) {
+        self.todo = pages;
+        self.next = 0;
+        self.refreshed = true;
     }
 
     /// The snapshot is declared and its span's second part is `written`: the pages recorded
@@ -170,6 +182,9 @@ impl Ahead {
                             page,
                         };
                         self.copies.insert((relid, block), copy);
+                    } else {
+                        // (a copy made before, now out of date, is of no use)
+                        self.copies.remove(&(relid, block));
                     }
                 }
             }
@@ -245,9 +260,17 @@ impl super::Worker {
             });
             self.ahead = Some(Ahead::new(pages));
         }
-        let Some(ahead) = self.ahead.as_mut().filter(|a| a.copying()) else {
+        let Some(ahead) = self.ahead.as_mut() else {
             return false;
         };
+        if !ahead.copying() {
+            if ahead.refreshed || Instant::now() < refresh_from(due) {
+                return false;
+            }
+            // Shortly before the snapshot, the pages written since the split are copied
+            // again (the capture checks their LSN): fewer are left to read under it.
+            ahead.refresh(crate::shmem::dirty_sets().second_part_pages());
+        }
         // Beside the capture in flight and the copies declared snapshots hold.
         let queued: usize = self
             .queue
@@ -277,7 +300,14 @@ impl super::Worker {
     /// need not).
     pub(super) fn copy_ahead_at(&self) -> Option<Instant> {
         let due = self.next_periodic.filter(|_| ahead_wanted())?;
-        (self.ahead_for != Some(due) && !self.ahead_waits()).then(|| copies_from(due))
+        if self.ahead_waits() {
+            None
+        } else if self.ahead_for != Some(due) {
+            Some(copies_from(due))
+        } else {
+            self.ahead.as_ref().filter(|a| !a.refreshed)?;
+            Some(refresh_from(due))
+        }
     }
 
     /// No copies are made now: a capture is reading its pages (they come first), or the
@@ -290,6 +320,12 @@ impl super::Worker {
 /// When the copies for the periodic snapshot due at `due` begin.
 fn copies_from(due: Instant) -> Instant {
     due.checked_sub(lead()).unwrap_or(due)
+}
+
+/// When the pages written since the split are copied again: a fifth of the lead before the
+/// periodic snapshot due at `due` (a copy made earlier is more likely written since).
+fn refresh_from(due: Instant) -> Instant {
+    due.checked_sub(lead() / 5).unwrap_or(due)
 }
 
 /// Copies ahead are made: `gsnap.capture_copy_ahead` is set, and captures copy pages whole

@@ -375,8 +375,19 @@ impl Worker {
             }
             job.next_batch_at = now + std::time::Duration::from_millis(pause as u64);
         }
+        // Batches follow one another for up to PHASE_ONE_SLICE (one with the test hook's
+        // pause), unless a request comes: each step costs the worker's loop and a
+        // subtransaction, and the snapshot is held meanwhile (with 256 pages a batch, that
+        // was half of phase one's CPU when the pages were copied ahead).
         let budget = crate::gucs::CAPTURE_BATCH_PAGES.get().max(1) as usize;
-        match xact::in_subtransaction(|| job.run(index, budget)) {
+        let until = std::time::Instant::now() + PHASE_ONE_SLICE;
+        let slice = || loop {
+            let more = job.run(index, budget)?;
+            if !more || pause > 0 || latch::is_set() || std::time::Instant::now() >= until {
+                return Ok(more);
+            }
+        };
+        match xact::in_subtransaction(slice) {
             Ok(Ok(true)) => true,
             Ok(Ok(false)) => {
                 // Every page is read: the snapshot is released; the pages copied whole are
@@ -832,6 +843,9 @@ const REQUEST_CHECK_PAGES: usize = 32;
 
 /// The memory a page copied whole holds.
 const PAGE_BYTES: usize = pg_sys::BLCKSZ as usize;
+
+/// How long phase one reads batch after batch before the worker looks at its other work.
+const PHASE_ONE_SLICE: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// A page phase one copied whole, decided after the snapshot is released.
 struct CopiedPage {

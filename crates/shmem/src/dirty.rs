@@ -375,6 +375,15 @@ impl<'a> DirtySets<'a> {
         self.span(|_| true).0
     }
 
+    /// The pages recorded since the current span was split (its second part so far), sorted;
+    /// none if it was not split. O(capacity).
+    pub fn second_part_pages(&self) -> Vec<(u32, u32)> {
+        self.with_current(|set| match self.held() {
+            Some(held) if held != set => self.recorded_in(set, |_| true),
+            _ => Vec::new(),
+        })
+    }
+
     /// The pages of the current span whose relation `rel` accepts, and whether one of them
     /// is marked for a full capture.
     fn span(&self, rel: impl Fn(u32) -> bool) -> (Vec<(u32, u32)>, bool) {
@@ -489,12 +498,14 @@ mod tests {
         d.record(10, 1);
         d.record(10, 2);
         d.record(11, 5);
+        assert_eq!(d.second_part_pages(), vec![], "not split");
         let first = d.split_span(|| {});
         assert_eq!(first, vec![(10, 1), (10, 2), (11, 5)]);
         assert_eq!(d.spans(), 0, "a split begins no span");
         d.record(10, 2); // written again after the split
         d.record(10, 9);
         d.mark_full(12);
+        assert_eq!(d.second_part_pages(), vec![(10, 2), (10, 9)]);
         // The span is both parts.
         assert_eq!(d.current_for(10), (vec![1, 2, 9], false));
         assert_eq!(d.current_for(12), (vec![], true));
