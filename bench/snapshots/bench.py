@@ -254,12 +254,15 @@ def bench_tps(b: Bench) -> None:
 
     runs = []
     series = []
-    held_ms: list[float] = []  # how long each capture held its MVCC snapshot (gsnap_progress)
+    # How long each capture held its MVCC snapshot (gsnap_progress), by snapshot id: only the
+    # snapshots declared in the timed runs count (the value a run starts with may be the
+    # capture after the warm-up, declared with no load and without copies made ahead).
+    held_by_snap: dict[int, float] = {}
     worst: list[float] = []  # each capture's worst second as gsnap_progress reports it
 
     def sample_horizon(c: Cluster, stop: threading.Event, run_worst: list) -> None:
-        """Polls gsnap_progress().horizon_held_ms and worst_second; each new value is one
-        capture's (worst_second is published about a second after the capture's end, and
+        """Polls gsnap_progress().horizon_held_ms (with the snapshot it belongs to) and
+        worst_second; each new value is one capture's (worst_second is published about a second after the capture's end, and
         kept in `run_worst` with its snapshot's id)."""
         last = None
         with c.connect() as conn:
@@ -267,10 +270,10 @@ def bench_tps(b: Bench) -> None:
             # have spanned the end of its pgbench)
             last_durable = conn.execute("SELECT last_durable FROM gsnap_progress()").fetchone()[0]
             while not stop.wait(0.25):
-                v, w, d = conn.execute(
-                    "SELECT horizon_held_ms, worst_second, last_durable FROM gsnap_progress()").fetchone()
+                sid, v, w, d = conn.execute(
+                    "SELECT snap_id, horizon_held_ms, worst_second, last_durable FROM gsnap_progress()").fetchone()
                 if v is not None and v != last:
-                    held_ms.append(v)
+                    held_by_snap[sid] = v
                     last = v
                 if w is not None and d != last_durable:
                     run_worst.append((d, w))
@@ -369,6 +372,8 @@ def bench_tps(b: Bench) -> None:
     cpu_ratio = {name: [cpu[(r, name)] / cpu[(r, "heap")] for r in range(rounds)] for name in ("gsnap", "gsnap+snap")}
     cpu_med = {name: statistics.median([cpu[(r, name)] for r in range(rounds)]) for name in configs}
     lat = {name: statistics.median([x["lat_avg_ms"] for x in runs if x["config"] == name]) for name in configs}
+    timed = [x["snap_id"] for x in series if x["kind"] == "snapshot" and x["config"] == "gsnap+snap"]
+    held_ms = [held_by_snap[sid] for sid in timed if sid in held_by_snap]
     res = {
         "scale": scale, "clients": a.clients, "threads": a.threads, "seconds": secs, "rounds": rounds,
         "interval_s": a.interval, "synchronous_commit": "on" if a.sync_commit else "off",
@@ -388,6 +393,7 @@ def bench_tps(b: Bench) -> None:
             [x["worker_cpu_share"] for x in runs if x["config"] == "gsnap"]), 4),
         "tables_after_runs": bloat,
         "horizon_held_ms": {"captures": len(held_ms),
+                            "missed": len(timed) - len(held_ms),
                             "p50": round(pct(held_ms, 50), 1) if held_ms else None,
                             "p95": round(pct(held_ms, 95), 1) if held_ms else None,
                             "max": round(max(held_ms), 1) if held_ms else None,
@@ -419,7 +425,8 @@ def bench_tps(b: Bench) -> None:
         f"pages ({bloat[name]['pgbench_tellers']['hot_update_pct']}% HOT)" for name in configs))
     h = res["horizon_held_ms"]
     log(f"   MVCC snapshot held per capture (declaration to last page read, gsnap_progress): "
-        f"{h['captures']} captures, p50 {h['p50']} ms, p95 {h['p95']} ms, max {h['max']} ms")
+        f"{h['captures']} captures of the timed runs ({h['missed']} not seen), p50 {h['p50']} ms, "
+        f"p95 {h['p95']} ms, max {h['max']} ms")
     ws = res["worst_second_gsnap"]
     log(f"   worst second of each capture as gsnap_progress().worst_second reports it (write transactions in "
         f"its worst second over the minute before): {ws['captures']} captures, p50 {ws['p50']}, p5 {ws['p5']}, "
