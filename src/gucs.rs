@@ -278,8 +278,9 @@ pub fn init() {
           the pages written in the span this long before the next periodic snapshot (at most a \
           quarter of the interval), without holding any snapshot; the capture then takes the \
           copy of a page nobody wrote since without looking at it, and of a page written since \
-          when its LSN is unchanged, which shortens the time it holds VACUUM back. Tables that are not WAL-logged are read at the snapshot as before. The copies \
-          count against gsnap.capture_memory. 0: off.",
+          when its LSN is unchanged, which shortens the time it holds VACUUM back. Tables \
+          that are not WAL-logged are read at the snapshot as before. The copies count \
+          against gsnap.capture_memory. 0: off.",
         &CAPTURE_COPY_AHEAD_MS,
         0,
         3_600_000,

@@ -546,6 +546,18 @@ def wait_for_copies_ahead(conn, what: str) -> None:
     wait_until(lambda: progress(conn)["copies_ahead"] > 0, 30, f"copies ahead of {what}")
 
 
+def copies_made_ahead(conn) -> int:
+    """Waits until the worker has made its copies ahead of the next periodic snapshot (their
+    count steady for 0.3 s) and returns how many it holds."""
+    wait_for_copies_ahead(conn, "the periodic snapshot")
+
+    def settled():
+        first = progress(conn)["copies_ahead"]
+        time.sleep(0.3)
+        return first if first == progress(conn)["copies_ahead"] else None
+    return wait_until(settled, 10, "the copies ahead to be made")
+
+
 def test_copies_made_ahead_are_taken_only_for_pages_unchanged_since(ocluster):
     """With gsnap.snapshot_interval set, the worker copies the span's written pages shortly
     before the next periodic snapshot (gsnap.capture_copy_ahead), holding no snapshot; the
@@ -598,13 +610,7 @@ def test_a_copy_made_ahead_is_taken_for_a_page_nobody_wrote_since_even_if_vacuum
             # Copies made 3 s before the periodic snapshot: the writes, the VACUUM and the
             # declaration below fit between the copies and that snapshot.
             set_settings(conn, snapshot_interval="12s", capture_copy_ahead="3s")
-            wait_for_copies_ahead(conn, "the periodic snapshot")
-
-            def settled():
-                first = progress(conn)["copies_ahead"]
-                time.sleep(0.3)
-                return first if first == progress(conn)["copies_ahead"] else None
-            held = wait_until(settled, 10, "the copies ahead to be made")
+            held = copies_made_ahead(conn)
             conn.execute("UPDATE ord12 SET v = 2 WHERE id % 300 = 0")  # ~10 rows after the split
             changed = block_of(conn, "ord12", "id % 300 = 0")
             listed = written_blocks(conn, "ord12")
@@ -645,13 +651,7 @@ def test_pages_of_unlogged_tables_are_not_copied_ahead(ocluster):
                      for t in ("ord11_logged", "ord11_unlogged")}
             assert pages["ord11_unlogged"] > 3 * pages["ord11_logged"], pages
             set_settings(conn, snapshot_interval="8s", capture_copy_ahead="2s")
-            wait_for_copies_ahead(conn, "the periodic snapshot")
-
-            def settled():
-                first = progress(conn)["copies_ahead"]
-                time.sleep(0.3)
-                return first if first == progress(conn)["copies_ahead"] else None
-            held = wait_until(settled, 10, "the copies ahead to be made")
+            held = copies_made_ahead(conn)
             assert 0 < held <= pages["ord11_logged"], (
                 f"{held} copies held for {pages['ord11_logged']} pages of the logged table: "
                 f"pages of the unlogged one ({pages['ord11_unlogged']}) were copied ahead")
