@@ -262,8 +262,8 @@ def bench_tps(b: Bench) -> None:
 
     def sample_horizon(c: Cluster, stop: threading.Event, run_worst: list) -> None:
         """Polls gsnap_progress().horizon_held_ms (with the snapshot it belongs to) and
-        worst_second; each new value is one capture's (worst_second is published about a second after the capture's end, and
-        kept in `run_worst` with its snapshot's id)."""
+        worst_second; each new value is one capture's (worst_second is published about a
+        second after the capture's end, and kept in `run_worst` with its snapshot's id)."""
         last = None
         with c.connect() as conn:
             # (the value when the run starts is the previous run's last capture's, which may

@@ -370,7 +370,9 @@ impl<'a> DirtySets<'a> {
 
     /// The pages recorded so far in the current span, both parts of it if it was split,
     /// (relation, block) sorted and distinct. Relations marked for a full capture are not
-    /// expanded (their recorded pages are listed). O(capacity).
+    /// expanded (their recorded pages are listed). O(capacity). For the tests: the worker
+    /// takes its copy list from [`DirtySets::split_span`].
+    #[cfg(test)]
     pub fn current_pages(&self) -> Vec<(u32, u32)> {
         self.span(|_| true).0
     }
