@@ -327,7 +327,7 @@ def bench_tps(b: Bench) -> None:
                     "FROM gsnap_snapshots() ORDER BY snap_id OFFSET %s", (before,)).fetchall()
             for (sid, at, pages, nbytes, state) in snaps:
                 series.append({"round": r, "config": name, "kind": "snapshot", "t": round(at - t0, 3),
-                               "snap_id": sid, "pages": pages, "bytes": nbytes, "state": state})
+                               "second": int(at) - int(t0), "snap_id": sid, "pages": pages, "bytes": nbytes, "state": state})
             # A snapshot declared as pgbench stops has the quiet after the run in its capture:
             # its worst second says nothing about the capture (0 when no write followed).
             declared = {sid: at - t0 for (sid, at, *_rest) in snaps}
@@ -403,6 +403,7 @@ def bench_tps(b: Bench) -> None:
                                "p5": round(pct(worst, 5), 3) if worst else None,
                                "p50": round(pct(worst, 50), 3) if worst else None,
                                "min": round(min(worst), 3) if worst else None},
+        "worst_of_3s_after_declaration": worst_after_declarations(series, configs),
         "snapshots_total": snap_stats[0], "snapshots_committed": snap_stats[1],
         "target_gsnap": ">= 0.98", "target_snap": ">= 0.95 (aim 0.97)",
     }
@@ -431,10 +432,39 @@ def bench_tps(b: Bench) -> None:
     log(f"   worst second of each capture as gsnap_progress().worst_second reports it (write transactions in "
         f"its worst second over the minute before): {ws['captures']} captures, p50 {ws['p50']}, p5 {ws['p5']}, "
         f"min {ws['min']}")
+    wa = res["worst_of_3s_after_declaration"]
+    log("   worst of the 3 seconds after each declaration / the run's median second (pgbench's log; heap and "
+        "gsnap at the same seconds of their rounds, the machine's own dips): " + "; ".join(
+            f"{name} p50 {v['p50']}, p5 {v['p5']} ({v['n']})" for name, v in wa.items()))
     log(f"   the gsnap worker used {100 * res['worker_cpu_share_snap_median']:.1f}% of the server CPU in the runs "
         f"with snapshots (median), {100 * res['worker_cpu_share_gsnap_median']:.2f}% without")
     for c in list(cl.values()):
         b.drop(c)
+
+
+def worst_after_declarations(series: list[dict], configs) -> dict:
+    """For each declaration of a gsnap+snap round, the lowest of the three whole seconds after it
+    over the run's median second (pgbench's per-transaction log), and the same statistic at the
+    same seconds of the heap and gsnap rounds of that round: what this machine's seconds do with
+    no capture at all (the noise floor of the issue's "worst second after a declaration")."""
+    out = {}
+    for name in configs:
+        ratios = []
+        for r in sorted({x["round"] for x in series}):
+            secs = {x["t"]: x["tps"] for x in series
+                    if x["round"] == r and x["config"] == name and x["kind"] == "second"}
+            whole = sorted(secs)[1:-1]  # the partial first and last seconds left out
+            if not whole:
+                continue
+            med = statistics.median(secs[t] for t in whole)
+            for x in series:
+                if x["round"] == r and x["config"] == "gsnap+snap" and x["kind"] == "snapshot":
+                    after = [secs[t] for t in range(x["second"] + 1, x["second"] + 4) if t in whole]
+                    if len(after) == 3 and med > 0:
+                        ratios.append(min(after) / med)
+        out[name] = {"n": len(ratios), "p50": round(pct(ratios, 50), 3) if ratios else None,
+                     "p5": round(pct(ratios, 5), 3) if ratios else None}
+    return out
 
 
 # -- 2. declaration latency ------------------------------------------------------------------
