@@ -330,6 +330,43 @@ impl Rng {
 
 // ---- what reclamation frees ----------------------------------------------------------------
 
+/// A commit writes the counts of the images it stored without reading them (they have none)
+/// and adds to the counts of the older images it maps: two pages with the same new content
+/// count twice, an older image mapped again once more, also after a batch of the capture was
+/// written before its commit.
+#[test]
+fn a_commit_counts_each_mapping_of_new_and_older_images() {
+    let store = SnapshotStore::open(
+        MemBackend::new(),
+        StoreOptions {
+            max_batch_bytes: 1,
+            ..options()
+        },
+    )
+    .unwrap();
+    let (rels, decl) = setup(&store, 1, 8);
+    let p: Vec<PageKey> = (0..5).map(|b| page_key(rels[0], b)).collect();
+    let v = |n: u64| view(n, 600);
+    let (_, first) = commit_views(&store, &decl, &[(p[0], &v(1), &[]), (p[1], &v(2), &[])]);
+    let (_, second) = commit_views(
+        &store,
+        &decl,
+        &[
+            (p[1], &v(1), &[]),
+            (p[2], &v(3), &[]),
+            (p[3], &v(3), &[]),
+            (p[4], &v(4), &[]),
+        ],
+    );
+    assert_eq!(second[0], first[0], "the older image, found by its content");
+    assert_eq!(second[1], second[2], "the same new content, one image");
+    assert_eq!(store.image_refs(first[0]).unwrap(), Some(2));
+    assert_eq!(store.image_refs(first[1]).unwrap(), Some(1));
+    assert_eq!(store.image_refs(second[1]).unwrap(), Some(2));
+    assert_eq!(store.image_refs(second[3]).unwrap(), Some(1));
+    check_invariants(&store);
+}
+
 #[test]
 fn reclaiming_a_deleted_snapshot_frees_exactly_what_only_it_used() {
     let store = SnapshotStore::open(MemBackend::new(), options()).unwrap();
