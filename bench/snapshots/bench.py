@@ -433,7 +433,7 @@ def bench_tps(b: Bench) -> None:
         f"its worst second over the minute before): {ws['captures']} captures, p50 {ws['p50']}, p5 {ws['p5']}, "
         f"min {ws['min']}")
     wa = res["worst_of_3s_after_declaration"]
-    log("   worst of the 3 seconds after each declaration / the run's median second (pgbench's log; heap and "
+    log("   worst of the 3 seconds from each declaration on / the run's median second (pgbench's log; heap and "
         "gsnap at the same seconds of their rounds, the machine's own dips): " + "; ".join(
             f"{name} p50 {v['p50']}, p5 {v['p5']} ({v['n']})" for name, v in wa.items()))
     log(f"   the gsnap worker used {100 * res['worker_cpu_share_snap_median']:.1f}% of the server CPU in the runs "
@@ -443,8 +443,8 @@ def bench_tps(b: Bench) -> None:
 
 
 def worst_after_declarations(series: list[dict], configs) -> dict:
-    """For each declaration of a gsnap+snap round, the lowest of the three whole seconds after it
-    over the run's median second (pgbench's per-transaction log), and the same statistic at the
+    """For each declaration of a gsnap+snap round, the lowest of the second it falls in and the two
+    after it over the run's median second (pgbench's per-transaction log), and the same statistic at the
     same seconds of the heap and gsnap rounds of that round: what this machine's seconds do with
     no capture at all (the noise floor of the issue's "worst second after a declaration")."""
     out = {}
@@ -459,7 +459,8 @@ def worst_after_declarations(series: list[dict], configs) -> dict:
             med = statistics.median(secs[t] for t in whole)
             for x in series:
                 if x["round"] == r and x["config"] == "gsnap+snap" and x["kind"] == "snapshot":
-                    after = [secs[t] for t in range(x["second"] + 1, x["second"] + 4) if t in whole]
+                    # the second the declaration falls in (mostly after it), and the next two
+                    after = [secs[t] for t in range(x["second"], x["second"] + 3) if t in whole]
                     if len(after) == 3 and med > 0:
                         ratios.append(min(after) / med)
         out[name] = {"n": len(ratios), "p50": round(pct(ratios, 50), 3) if ratios else None,
