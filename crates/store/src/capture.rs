@@ -747,7 +747,7 @@ impl<B: KvBackend> Capture<B> {
         for (id, n) in images {
             if self.stored_image(id) {
                 self.batch
-                    .put(Cf::Refs, &keys::image_refs_key(id), &1u64.to_be_bytes());
+                    .put(Cf::Refs, &keys::image_refs_key(id), &n.to_be_bytes());
             } else {
                 older.push((n, keys::image_refs_key(id)));
             }
