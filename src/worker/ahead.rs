@@ -91,6 +91,13 @@ impl Ahead {
         self.refreshed = true;
     }
 
+    /// When the pages written since the split are to be copied again, for the periodic
+    /// snapshot due at `due`: a fifth of the lead before it (a copy made earlier is more
+    /// likely written since). None once they were.
+    fn refresh_at(&self, due: Instant) -> Option<Instant> {
+        (!self.refreshed).then(|| due.checked_sub(lead() / 5).unwrap_or(due))
+    }
+
     /// The snapshot is declared and its span's second part is `written`: the pages recorded
     /// after the split (which was before every copy), and the tables marked for a full
     /// capture since.
@@ -264,7 +271,7 @@ impl super::Worker {
             return false;
         };
         if !ahead.copying() {
-            if ahead.refreshed || Instant::now() < refresh_from(due) {
+            if ahead.refresh_at(due).is_none_or(|at| Instant::now() < at) {
                 return false;
             }
             // Shortly before the snapshot, the pages written since the split are copied
@@ -305,8 +312,7 @@ impl super::Worker {
         } else if self.ahead_for != Some(due) {
             Some(copies_from(due))
         } else {
-            self.ahead.as_ref().filter(|a| !a.refreshed)?;
-            Some(refresh_from(due))
+            self.ahead.as_ref()?.refresh_at(due)
         }
     }
 
@@ -320,12 +326,6 @@ impl super::Worker {
 /// When the copies for the periodic snapshot due at `due` begin.
 fn copies_from(due: Instant) -> Instant {
     due.checked_sub(lead()).unwrap_or(due)
-}
-
-/// When the pages written since the split are copied again: a fifth of the lead before the
-/// periodic snapshot due at `due` (a copy made earlier is more likely written since).
-fn refresh_from(due: Instant) -> Instant {
-    due.checked_sub(lead() / 5).unwrap_or(due)
 }
 
 /// Copies ahead are made: `gsnap.capture_copy_ahead` is set, and captures copy pages whole
