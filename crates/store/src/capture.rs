@@ -368,7 +368,7 @@ impl<B: KvBackend> Capture<B> {
         }
         let rank = self.info.decl.rank;
         let id = keys::image_id(rank, self.alloc(Counter::Image)?);
-        let record = sealed.encode();
+        let record = sealed.record;
         let st = &mut self.info.stats;
         st.new_images += 1;
         st.image_bytes_raw += view.len() as u64;

@@ -11,6 +11,7 @@
 //! smaller.
 
 use crate::error::{Result, StoreError};
+use std::cell::RefCell;
 
 /// Payload stored as is.
 pub const CODEC_RAW: u8 = 0;
@@ -25,6 +26,14 @@ impl Enc {
     /// An encoder whose first byte is `version`.
     pub fn with_version(version: u8) -> Self {
         Enc(vec![version])
+    }
+
+    /// An encoder whose first byte is `version`, with room for `len` more bytes (a record
+    /// built in one allocation).
+    pub fn with_version_and_room(version: u8, len: usize) -> Self {
+        let mut v = Vec::with_capacity(1 + len);
+        v.push(version);
+        Enc(v)
     }
 
     /// An encoder with no version byte (for fixed layouts such as the format record).
@@ -201,14 +210,41 @@ impl<'a> Dec<'a> {
     }
 }
 
-/// Compresses `raw` with LZ4 if that makes it smaller. Returns (codec, payload).
-pub fn compress(raw: &[u8]) -> (u8, Vec<u8>) {
-    let lz = lz4_flex::block::compress(raw);
-    if lz.len() < raw.len() {
-        (CODEC_LZ4, lz)
-    } else {
-        (CODEC_RAW, raw.to_vec())
+/// Compresses `raw` with LZ4 if that makes it smaller and hands `f` the codec and the
+/// payload, which is `raw` itself or lies in a buffer of the calling thread. That buffer and
+/// LZ4's hash table are reused from one call to the next: a capture compresses every page it
+/// stores, and allocating and zeroing both for each page (~17 KB) showed in its profile.
+/// `f` must not compress (the buffer is borrowed while it runs).
+///
+/// The output is LZ4's for a fresh table either way: an image's dedup key is the fingerprint
+/// of its compressed form, so the same view must compress to the same bytes whatever was
+/// compressed before it (a table is only reused below 64 KiB, where LZ4 always takes the
+/// same kind of table; see the test `compression_output_is_pinned`).
+pub fn with_compressed<R>(raw: &[u8], f: impl FnOnce(u8, &[u8]) -> R) -> R {
+    use lz4_flex::block::{compress_into, compress_into_with_table, get_maximum_output_size};
+    thread_local! {
+        static SCRATCH: RefCell<(lz4_flex::block::CompressTable, Vec<u8>)> =
+            RefCell::new((lz4_flex::block::CompressTable::small(), Vec::new()));
     }
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let (table, out) = &mut *scratch;
+        let max = get_maximum_output_size(raw.len());
+        if out.len() < max {
+            out.resize(max, 0);
+        }
+        let written = if raw.len() < usize::from(u16::MAX) {
+            compress_into_with_table(raw, &mut out[..max], table)
+        } else {
+            compress_into(raw, &mut out[..max])
+        }
+        .expect("the output buffer has LZ4's maximum size");
+        if written < raw.len() {
+            f(CODEC_LZ4, &out[..written])
+        } else {
+            f(CODEC_RAW, raw)
+        }
+    })
 }
 
 /// Reverses [`compress`] into `out`, whose length is the recorded uncompressed length.
@@ -253,6 +289,10 @@ pub fn output_for(payload: &[u8], raw_len: usize, what: &str) -> Result<Vec<u8>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn compress(raw: &[u8]) -> (u8, Vec<u8>) {
+        with_compressed(raw, |codec, payload| (codec, payload.to_vec()))
+    }
 
     /// Reverses [`compress`]; `raw_len` is the recorded uncompressed length.
     fn decompress(codec: u8, payload: &[u8], raw_len: usize, what: &str) -> Result<Vec<u8>> {
@@ -319,5 +359,41 @@ mod tests {
         );
         assert!(decompress(9, &p, noise.len(), "t").is_err());
         assert!(decompress(CODEC_RAW, b"abc", 4, "t").is_err());
+    }
+
+    /// Rows of text, like a heap page's: compressible, with matches near and far.
+    fn rows(n: usize, seed: u32) -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| {
+                let k = (i as u32).wrapping_mul(2_654_435_761) ^ seed;
+                format!("{i:06}|{k:010}|{}|", " ".repeat(k as usize % 90)).into_bytes()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn compression_output_is_pinned() {
+        // Images are deduplicated by the fingerprint of their compressed form, across captures
+        // and across gsnap versions: the same view must compress to the same bytes whatever was
+        // compressed before it in the thread, and an LZ4 upgrade that changes its output would
+        // store every unchanged page that a capture reads again as a new image.
+        let page = rows(80, 7);
+        let expected = "2ae39383";
+        let digest = |raw: &[u8]| {
+            let (c, p) = compress(raw);
+            assert_eq!(c, CODEC_LZ4);
+            assert_eq!(
+                p,
+                lz4_flex::block::compress(raw),
+                "LZ4's output for a fresh table"
+            );
+            blake3::hash(&p).to_hex()[..8].to_string()
+        };
+        assert_eq!(digest(&page), expected);
+        // After inputs of other sizes, on both sides of 64 KiB, the same output.
+        for n in [3, 900, 1300, 5000] {
+            digest(&rows(n, n as u32));
+        }
+        assert_eq!(digest(&page), expected);
     }
 }

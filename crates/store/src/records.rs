@@ -439,12 +439,15 @@ pub(crate) fn decode_rel(v: &[u8]) -> Result<RelIncarnation> {
 
 /// Encodes an image record: version, codec, raw length, fingerprint, payload.
 pub(crate) fn encode_image(raw: &[u8], fp: &Fingerprint) -> Vec<u8> {
-    let (codec, payload) = codec::compress(raw);
-    encode_stored(codec, raw.len(), fp, &payload)
+    codec::with_compressed(raw, |codec, payload| {
+        encode_stored(codec, raw.len(), fp, payload)
+    })
 }
 
+/// The record in one allocation of its exact size (it is kept as is: in the write batch, and
+/// in the cache of recent images).
 fn encode_stored(codec: u8, raw_len: usize, fp: &Fingerprint, payload: &[u8]) -> Vec<u8> {
-    Enc::with_version(RECORD_VERSION)
+    Enc::with_version_and_room(RECORD_VERSION, 1 + 4 + fp.0.len() + payload.len())
         .u8(codec)
         .u32(raw_len as u32)
         .fixed(&fp.0)
@@ -472,31 +475,22 @@ fn stored_fingerprint(codec: u8, raw_len: usize, payload: &[u8]) -> Fingerprint 
     Fingerprint(*h.finalize().as_bytes())
 }
 
-/// A page view compressed for its image record, with its fingerprint (the dedup key).
+/// A page view's image record, with its fingerprint (the dedup key).
 pub(crate) struct SealedImage {
-    codec: u8,
-    raw_len: usize,
-    payload: Vec<u8>,
     pub fp: Fingerprint,
+    pub record: Vec<u8>,
 }
 
-/// Compresses `view` and fingerprints its stored form.
+/// Compresses `view`, fingerprints its stored form and builds its record.
 pub(crate) fn seal_image(view: &[u8]) -> SealedImage {
-    let (codec, payload) = codec::compress(view);
-    let codec = codec | STORED_FINGERPRINT;
-    SealedImage {
-        codec,
-        raw_len: view.len(),
-        fp: stored_fingerprint(codec, view.len(), &payload),
-        payload,
-    }
-}
-
-impl SealedImage {
-    /// The image record.
-    pub fn encode(&self) -> Vec<u8> {
-        encode_stored(self.codec, self.raw_len, &self.fp, &self.payload)
-    }
+    codec::with_compressed(view, |codec, payload| {
+        let codec = codec | STORED_FINGERPRINT;
+        let fp = stored_fingerprint(codec, view.len(), payload);
+        SealedImage {
+            record: encode_stored(codec, view.len(), &fp, payload),
+            fp,
+        }
+    })
 }
 
 /// The fingerprint an image record carries (read from its header, nothing decompressed).
@@ -802,7 +796,12 @@ mod tests {
         assert_ne!(sealed.fp, seal_image(&b).fp);
         assert_eq!(Fingerprint::of_image(&a), sealed.fp);
         assert_ne!(sealed.fp, Fingerprint::of(&a), "not the view's own hash");
-        let record = sealed.encode();
+        let record = sealed.record.clone();
+        assert_eq!(
+            record.capacity(),
+            record.len(),
+            "built in one allocation of its size"
+        );
         assert!(record.len() < a.len() / 2, "compressed");
         assert_eq!(image_fingerprint(&record).unwrap(), sealed.fp);
         assert_eq!(decoded(&record, true).unwrap(), a);
@@ -830,8 +829,8 @@ mod tests {
             })
             .collect();
         let raw = seal_image(&noise);
-        assert_eq!(raw.codec, codec::CODEC_RAW | STORED_FINGERPRINT);
-        assert_eq!(decoded(&raw.encode(), true).unwrap(), noise);
+        assert_eq!(raw.record[1], codec::CODEC_RAW | STORED_FINGERPRINT);
+        assert_eq!(decoded(&raw.record, true).unwrap(), noise);
     }
 
     #[test]
