@@ -247,7 +247,7 @@ pub fn with_compressed<R>(raw: &[u8], f: impl FnOnce(u8, &[u8]) -> R) -> R {
     })
 }
 
-/// Reverses [`compress`] into `out`, whose length is the recorded uncompressed length.
+/// Reverses [`with_compressed`] into `out`, whose length is the recorded uncompressed length.
 pub fn decompress_into(codec: u8, payload: &[u8], out: &mut [u8], what: &str) -> Result<()> {
     let written = match codec {
         CODEC_RAW if payload.len() == out.len() => {
