@@ -103,6 +103,24 @@ def cpu_ms(pid: int) -> float:
     return proc_stat(pid)[0]
 
 
+def threads_cpu_ms(pid: int) -> float:
+    """CPU time of a process's live threads, in ms at nanosecond resolution (the first field of
+    each thread's `schedstat`): for spans in which none of its threads ends, such as one query's
+    (`cpu_ms` counts clock ticks of 10 ms). nan once the process is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return float("nan")
+    total = 0
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            pass
+    return total / 1e6
+
+
 def installed_gsnap() -> dict:
     """Which gsnap is measured: the installed library (hash, install time) and the repository's
     state (HEAD and the number of modified tracked files)."""

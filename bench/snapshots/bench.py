@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import (PGBIN, BenchBase, Cluster, arg_parser, cpu_ms, log, md_table,  # noqa: E402
-                    pct, perf_report, read_stat, stat_cpu_ms, worker_pid, write_csv)
+                    pct, perf_report, read_stat, stat_cpu_ms, threads_cpu_ms, worker_pid, write_csv)
 
 GSNAP_AM = {"PGOPTIONS": "-c default_table_access_method=gsnap"}
 
@@ -927,12 +927,15 @@ def bench_asof(b: Bench) -> None:
         sql = QUERIES[q][0].format(src=srcs[src])
         wpid = worker_pid(conn)
         bpid = conn.info.backend_pid
-        w0, b0 = cpu_ms(wpid), cpu_ms(bpid)
+        # (per thread, to the nanosecond: a read's CPU is a few hundred ms, and clock ticks of
+        # 10 ms could not resolve a change of 10%)
+        w0, b0 = threads_cpu_ms(wpid), threads_cpu_ms(bpid)
         p0 = time.perf_counter()
         val = conn.execute(sql).fetchone()
         ms = (time.perf_counter() - p0) * 1000
         rows.append({"query": q, "source": src, "mode": mode, "phase": phase, "i": i, "ms": round(ms, 2),
-                     "backend_cpu_ms": round(cpu_ms(bpid) - b0), "worker_cpu_ms": round(cpu_ms(wpid) - w0),
+                     "backend_cpu_ms": round(threads_cpu_ms(bpid) - b0),
+                     "worker_cpu_ms": round(threads_cpu_ms(wpid) - w0),
                      "result": str(val[0])})
         return val
 
