@@ -31,6 +31,7 @@ impl FreesThread {
         let handle = std::thread::Builder::new()
             .name("gsnap-frees".into())
             .spawn(move || {
+                gsnap_store::RocksBackend::quiet_counters();
                 let mut found = Vec::with_capacity(snaps.len());
                 for snap in snaps {
                     if stop.load(Ordering::Relaxed) {
@@ -97,7 +98,10 @@ impl CompactionThread {
     fn spawn(work: impl FnOnce() -> Vec<String> + Send + 'static) -> std::io::Result<Self> {
         let handle = std::thread::Builder::new()
             .name("gsnap-compact".into())
-            .spawn(work)?;
+            .spawn(|| {
+                gsnap_store::RocksBackend::quiet_counters();
+                work()
+            })?;
         Ok(CompactionThread { handle })
     }
 
@@ -127,6 +131,7 @@ impl LogRewriteThread {
         let handle = std::thread::Builder::new()
             .name("gsnap-log".into())
             .spawn(move || {
+                gsnap_store::RocksBackend::quiet_counters();
                 store
                     .rewrite_log(batch_bytes)
                     .map_err(|e| e.message().to_string())

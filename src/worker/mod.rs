@@ -131,6 +131,7 @@ pub extern "C-unwind" fn gsnap_worker_main(_arg: pg_sys::Datum) {
         );
         pg_sys::BackgroundWorkerUnblockSignals();
     }
+    gsnap_store::RocksBackend::quiet_counters();
     let db = gucs::database();
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
     // SAFETY: MyProc and MyProcPid are set for a connected background worker.
@@ -242,6 +243,9 @@ pub(crate) struct Worker {
     /// Bumped whenever the catalog changes: every estimate is computed again, in the
     /// background.
     frees_generation: u64,
+    /// The records of the images a request loads, read into this buffer (kept between
+    /// requests: at most one request's records, a few MB).
+    read_buffer: Vec<u8>,
     /// The thread computing estimates, if one runs (`background.rs`).
     frees_thread: Option<background::FreesThread>,
     /// The thread compacting freed image ranges or a retired log generation, if one runs.
@@ -308,6 +312,7 @@ impl Worker {
             reclaimed_total: gsnap_store::Freed::default(),
             frees: HashMap::new(),
             frees_generation: 1,
+            read_buffer: Vec::new(),
             frees_thread: None,
             compaction: None,
             retired_log: None,

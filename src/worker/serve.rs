@@ -17,7 +17,10 @@ use gsnap_protocol::{
     ErrorCode, Kind, Page, PinnedEntry, Reply, Request, WorkerError, DELTA_OF, MAX_PINNED_PER_REPLY,
 };
 use gsnap_shmem::cache::{CacheError, CacheKey};
-use gsnap_store::{ErrorKind, ImageId, RelId, SnapId, SnapshotState, StoreError, ToastId};
+use gsnap_store::{
+    ErrorKind, ImageId, ImageRecord, ImageRecordRef, RelId, SnapId, SnapshotState, StoreError,
+    ToastId,
+};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -160,11 +163,11 @@ impl Worker {
                 record_access,
             } => self.index_pin(first, last, record_access),
             Request::LoadImages { ids } => Ok(Reply::ImagesPinned {
-                entries: load_images(store, &ids)?,
+                entries: load_images(store, &ids, &mut self.read_buffer)?,
             }),
             Request::Prefetch { ids } => {
                 // Left in the cache for the scan's next LoadImages, but not pinned.
-                ipc::unpin_images(&load_images(store, &ids)?);
+                ipc::unpin_images(&load_images(store, &ids, &mut self.read_buffer)?);
                 Ok(Reply::Done)
             }
             Request::Groups { offset } => {
@@ -462,7 +465,13 @@ fn pin_budget(asked: usize) -> usize {
     asked.clamp(1, MAX_PINNED_PER_REPLY).min(share)
 }
 
-fn load_images(store: &Store, ids: &[ImageId]) -> Result<Vec<PinnedEntry>, WorkerError> {
+/// Loads images `ids` into the cache and pins them for the requester. Their records are read
+/// into `buf`, which the worker keeps from one request to the next.
+fn load_images(
+    store: &Store,
+    ids: &[ImageId],
+    buf: &mut Vec<u8>,
+) -> Result<Vec<PinnedEntry>, WorkerError> {
     let budget = pin_budget(ids.len());
     let wanted: Vec<(u32, CacheKey)> = ids
         .iter()
@@ -480,8 +489,11 @@ fn load_images(store: &Store, ids: &[ImageId]) -> Result<Vec<PinnedEntry>, Worke
             at.iter().map(|&i| ImageId(keys[i].id & !bit)).collect()
         };
         let mut out: Vec<Option<Image>> = (0..keys.len()).map(|_| None).collect();
-        for (i, r) in images.iter().zip(store.image_records(&ids(&images, 0))?) {
-            out[*i] = Some(Image::Record(r, verify));
+        for (i, r) in images
+            .iter()
+            .zip(store.image_records_in(&ids(&images, 0), buf)?)
+        {
+            out[*i] = Some(Image::Stored(r, verify));
         }
         for (i, r) in deltas.iter().zip(store.deltas(&ids(&deltas, DELTA_OF))?) {
             out[*i] = Some(match r {
@@ -543,16 +555,19 @@ impl Loaded for Vec<u8> {
     }
 }
 
-/// A stored page image or delta, decompressed straight into its slot (checked against its
-/// fingerprint when the flag says so), or what stands for a delta that was not stored.
-enum Image {
-    Record(gsnap_store::ImageRecord, bool),
+/// A stored page image (its record in the worker's read buffer) or delta, decompressed
+/// straight into its slot (checked against its fingerprint when the flag says so), or what
+/// stands for a delta that was not stored.
+enum Image<'a> {
+    Stored(ImageRecordRef<'a>, bool),
+    Record(ImageRecord, bool),
     Absent(Vec<u8>),
 }
 
-impl Loaded for Image {
+impl Loaded for Image<'_> {
     fn len(&self) -> usize {
         match self {
+            Image::Stored(r, _) => r.len(),
             Image::Record(r, _) => r.len(),
             Image::Absent(bytes) => bytes.len(),
         }
@@ -560,6 +575,7 @@ impl Loaded for Image {
 
     fn write_into(&self, out: &mut [u8]) -> Result<(), StoreError> {
         match self {
+            Image::Stored(r, verify) => r.decode_into(out, *verify),
             Image::Record(r, verify) => r.decode_into(out, *verify),
             Image::Absent(bytes) => bytes.write_into(out),
         }

@@ -92,6 +92,7 @@ impl Storing {
         let handle = std::thread::Builder::new()
             .name("gsnap-store".into())
             .spawn(move || {
+                gsnap_store::RocksBackend::quiet_counters();
                 let mut capture = capture;
                 let mut carried = Vec::new();
                 let result = catch_unwind(AssertUnwindSafe(|| {

@@ -74,8 +74,8 @@ pub use maplog::LogRewrite;
 pub use mem::MemBackend;
 pub use reclaim::ReclaimJob;
 pub use records::{
-    CaptureStats, ImageRecord, Pin, RelIncarnation, RelationSnapshot, SnapshotDecl, SnapshotInfo,
-    SnapshotState, StoreIdentity, ToastInfo, FORMAT_VERSION,
+    CaptureStats, ImageRecord, ImageRecordRef, Pin, RelIncarnation, RelationSnapshot, SnapshotDecl,
+    SnapshotInfo, SnapshotState, StoreIdentity, ToastInfo, FORMAT_VERSION,
 };
 pub use refs::Freed;
 pub use rocks::{RocksBackend, RocksConfig};

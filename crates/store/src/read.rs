@@ -9,8 +9,9 @@ use crate::backend::KvBackend;
 use crate::error::{Result, StoreError};
 use crate::ids::{ImageId, Rank, ToastId};
 use crate::keys::{self, Cf};
-use crate::records::{self, ImageRecord, ToastInfo};
+use crate::records::{self, ImageRecord, ImageRecordRef, ToastInfo};
 use crate::store::SnapshotStore;
+use std::ops::Range;
 
 impl<B: KvBackend> SnapshotStore<B> {
     /// The decompressed view stored as image `id`.
@@ -26,7 +27,8 @@ impl<B: KvBackend> SnapshotStore<B> {
         let verify = self
             .verify_images
             .load(std::sync::atomic::Ordering::Relaxed);
-        self.image_records(ids)?
+        let mut buf = Vec::new();
+        self.image_records_in(ids, &mut buf)?
             .into_iter()
             .zip(ids)
             .map(|(r, id)| {
@@ -39,10 +41,17 @@ impl<B: KvBackend> SnapshotStore<B> {
     }
 
     /// The records of several images (one batched read per rank), in the order of `ids`, to
-    /// be decompressed by the caller where the images go ([`ImageRecord::decode_into`], with
-    /// [`SnapshotStore::verifies_images`]).
-    pub fn image_records(&self, ids: &[ImageId]) -> Result<Vec<ImageRecord>> {
-        let mut values: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
+    /// be decompressed by the caller where the images go ([`ImageRecordRef::decode_into`],
+    /// with [`SnapshotStore::verifies_images`]). The records are copied into `buf` (cleared
+    /// first), which the caller keeps from one batch to the next: a read then allocates
+    /// nothing per record, nor a new buffer per batch.
+    pub fn image_records_in<'b>(
+        &self,
+        ids: &[ImageId],
+        buf: &'b mut Vec<u8>,
+    ) -> Result<Vec<ImageRecordRef<'b>>> {
+        buf.clear();
+        let mut spans: Vec<Option<Range<usize>>> = vec![None; ids.len()];
         let mut ranks: Vec<Rank> = ids.iter().map(|&id| keys::image_rank(id)).collect();
         ranks.sort_unstable();
         ranks.dedup();
@@ -51,17 +60,17 @@ impl<B: KvBackend> SnapshotStore<B> {
                 .filter(|&i| keys::image_rank(ids[i]) == rank)
                 .collect();
             let keys: Vec<[u8; 8]> = at.iter().map(|&i| keys::image_key(ids[i])).collect();
-            for (i, v) in
-                at.into_iter()
-                    .zip(read_in_key_order(&self.backend, Cf::Images(rank), &keys)?)
-            {
-                values[i] = v;
-            }
+            visit_in_key_order(&self.backend, Cf::Images(rank), &keys, |k, v| {
+                let start = buf.len();
+                buf.extend_from_slice(v);
+                spans[at[k]] = Some(start..buf.len());
+            })?;
         }
+        let buf: &'b [u8] = buf;
         ids.iter()
-            .zip(values)
-            .map(|(id, v)| match v {
-                Some(v) => ImageRecord::parse(v).map_err(|e| self.in_store(e, *id)),
+            .zip(spans)
+            .map(|(id, span)| match span {
+                Some(span) => ImageRecordRef::parse(&buf[span]).map_err(|e| self.in_store(e, *id)),
                 None => Err(self.missing(*id)),
             })
             .collect()
@@ -160,21 +169,35 @@ impl<B: KvBackend> SnapshotStore<B> {
 /// Entries a cursor steps over to reach the next key before it seeks instead.
 const MAX_STEPS: usize = 16;
 
-/// The values of `keys` of `cf`, in the order of `keys`, read in key order with one cursor
-/// that steps from one to the next when they are near (the images of a scan's batch are
-/// mostly consecutive: a capture numbers a table's new images in block order) and seeks
-/// otherwise. A point lookup per key searched the family's index and a data block for each
-/// one: a third of the worker's CPU serving a sequential AS OF scan.
-pub(crate) fn read_in_key_order<B: KvBackend>(
+/// The values of `keys` of `cf`, in the order of `keys`, read by [`visit_in_key_order`] (the
+/// tests compare them with point lookups).
+#[cfg(test)]
+fn read_in_key_order<B: KvBackend>(
     backend: &B,
     cf: Cf,
     keys: &[[u8; 8]],
 ) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut values: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+    visit_in_key_order(backend, cf, keys, |i, v| values[i] = Some(v.to_vec()))?;
+    Ok(values)
+}
+
+/// Calls `found(i, value)` for each of `keys` that `cf` holds (`i` its position in `keys`),
+/// in key order, walking one cursor that steps from one key to the next when they are near
+/// (the images of a scan's batch are mostly consecutive: a capture numbers a table's new
+/// images in block order) and seeks otherwise. A point lookup per key searched the family's
+/// index and a data block for each one: a third of the worker's CPU serving a sequential AS OF
+/// scan. The value is borrowed from the cursor: the caller copies what it keeps.
+pub(crate) fn visit_in_key_order<B: KvBackend>(
+    backend: &B,
+    cf: Cf,
+    keys: &[[u8; 8]],
+    mut found: impl FnMut(usize, &[u8]),
+) -> Result<()> {
     let mut order: Vec<usize> = (0..keys.len()).collect();
     order.sort_unstable_by_key(|&i| keys[i]);
-    let mut values: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
     let Some(&first) = order.first() else {
-        return Ok(values);
+        return Ok(());
     };
     let mut cursor = backend.cursor(cf)?;
     cursor.seek(&keys[first])?;
@@ -193,12 +216,13 @@ pub(crate) fn read_in_key_order<B: KvBackend>(
             cursor.next()?;
             steps += 1;
         }
-        values[i] = match cursor.current() {
-            Some((k, v)) if k == key => Some(v.to_vec()),
-            _ => None,
-        };
+        if let Some((k, v)) = cursor.current() {
+            if k == key {
+                found(i, v);
+            }
+        }
     }
-    Ok(values)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -520,8 +520,16 @@ pub struct ImageRecord {
 impl ImageRecord {
     /// Checks the record's header (Corrupt if it is damaged).
     pub(crate) fn parse(record: Vec<u8>) -> Result<ImageRecord> {
-        let (_, raw_len, _, _) = content_header(&record, "image")?;
+        let raw_len = ImageRecordRef::parse(&record)?.raw_len;
         Ok(ImageRecord { record, raw_len })
+    }
+
+    /// The record, borrowed.
+    pub fn as_ref(&self) -> ImageRecordRef<'_> {
+        ImageRecordRef {
+            record: &self.record,
+            raw_len: self.raw_len,
+        }
     }
 
     /// The length of the image.
@@ -537,7 +545,40 @@ impl ImageRecord {
     /// Decompresses the image into `out` (of [`ImageRecord::len`] bytes), checking it
     /// against its BLAKE3 fingerprint if `check_fingerprint`.
     pub fn decode_into(&self, out: &mut [u8], check_fingerprint: bool) -> Result<()> {
-        let (codec, raw_len, fp, payload) = content_header(&self.record, "image")?;
+        self.as_ref().decode_into(out, check_fingerprint)
+    }
+}
+
+/// A stored image record borrowed from a buffer the caller keeps (a batch of records read
+/// together, [`crate::SnapshotStore::image_records_in`]): an [`ImageRecord`] without an
+/// allocation of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageRecordRef<'a> {
+    record: &'a [u8],
+    raw_len: usize,
+}
+
+impl<'a> ImageRecordRef<'a> {
+    /// Checks the record's header (Corrupt if it is damaged).
+    pub(crate) fn parse(record: &'a [u8]) -> Result<ImageRecordRef<'a>> {
+        let (_, raw_len, _, _) = content_header(record, "image")?;
+        Ok(ImageRecordRef { record, raw_len })
+    }
+
+    /// The length of the image.
+    pub fn len(&self) -> usize {
+        self.raw_len
+    }
+
+    /// True for an empty image.
+    pub fn is_empty(&self) -> bool {
+        self.raw_len == 0
+    }
+
+    /// Decompresses the image into `out` (of [`ImageRecordRef::len`] bytes), checking it
+    /// against its BLAKE3 fingerprint if `check_fingerprint`.
+    pub fn decode_into(&self, out: &mut [u8], check_fingerprint: bool) -> Result<()> {
+        let (codec, raw_len, fp, payload) = content_header(self.record, "image")?;
         if out.len() != raw_len {
             return Err(StoreError::invalid(format!(
                 "an image of {raw_len} bytes cannot be decoded into {} bytes",

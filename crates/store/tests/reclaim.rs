@@ -559,6 +559,11 @@ fn images_are_freed_from_their_rank_and_reported_per_rank() {
     assert_eq!(keys::image_rank(a[0]), Rank(1));
     assert_eq!(keys::image_rank(b[0]), Rank(2));
     assert!(c.iter().all(|id| keys::image_rank(*id) == Rank(0)));
+    // One batched read across the three ranks, unsorted and repeated, gives each image.
+    let asked = [b[0], c[1], a[0], c[0], b[0]];
+    let each: Vec<Vec<u8>> = asked.iter().map(|&i| store.image(i).unwrap()).collect();
+    assert_eq!(store.images(&asked).unwrap(), each);
+    assert_eq!(each[2], b"rank one");
     // A rank given later moves nothing.
     store.set_explicit_rank(s1, Rank(5)).unwrap();
     assert_eq!(store.snapshot(s1).unwrap().explicit_rank, Rank(5));
