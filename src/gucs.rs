@@ -392,8 +392,8 @@ pub fn init() {
         c"gsnap.verify_images",
         c"Check every page image read from the store against its BLAKE3 fingerprint.",
         c"RocksDB checks the CRC32c checksum of every block it reads either way; this adds an \
-          end-to-end check of each image, at the cost of hashing it (about 40% of the \
-          worker's time serving AS OF reads). TOAST values are always checked.",
+          end-to-end check of each image, at the cost of hashing it (the worker spends about \
+          a third more CPU serving AS OF reads). TOAST values are always checked.",
         &VERIFY_IMAGES,
         GucContext::Sighup,
         GucFlags::default(),
