@@ -16,6 +16,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// Starts a thread of the worker's that uses the store, named `name`: RocksDB's
+/// per-operation counters are off on it, as on the worker's main thread (`gsnap_worker_main`).
+pub(super) fn spawn_store_thread<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<JoinHandle<T>> {
+    std::thread::Builder::new().name(name.into()).spawn(|| {
+        gsnap_store::RocksBackend::quiet_counters();
+        work()
+    })
+}
+
 /// Estimates of `would_free` being computed on a thread, for one catalog generation.
 pub(super) struct FreesThread {
     pub generation: u64,
@@ -28,20 +40,17 @@ impl FreesThread {
     pub fn start(store: Store, generation: u64, snaps: Vec<SnapId>) -> std::io::Result<Self> {
         let cancel = Arc::new(AtomicBool::new(false));
         let stop = Arc::clone(&cancel);
-        let handle = std::thread::Builder::new()
-            .name("gsnap-frees".into())
-            .spawn(move || {
-                gsnap_store::RocksBackend::quiet_counters();
-                let mut found = Vec::with_capacity(snaps.len());
-                for snap in snaps {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let bytes = store.would_free(snap).ok().flatten().map(|f| f.bytes);
-                    found.push((snap.0, bytes));
+        let handle = spawn_store_thread("gsnap-frees", move || {
+            let mut found = Vec::with_capacity(snaps.len());
+            for snap in snaps {
+                if stop.load(Ordering::Relaxed) {
+                    break;
                 }
-                found
-            })?;
+                let bytes = store.would_free(snap).ok().flatten().map(|f| f.bytes);
+                found.push((snap.0, bytes));
+            }
+            found
+        })?;
         Ok(FreesThread {
             generation,
             cancel,
@@ -96,12 +105,7 @@ impl CompactionThread {
     }
 
     fn spawn(work: impl FnOnce() -> Vec<String> + Send + 'static) -> std::io::Result<Self> {
-        let handle = std::thread::Builder::new()
-            .name("gsnap-compact".into())
-            .spawn(|| {
-                gsnap_store::RocksBackend::quiet_counters();
-                work()
-            })?;
+        let handle = spawn_store_thread("gsnap-compact", work)?;
         Ok(CompactionThread { handle })
     }
 
@@ -128,14 +132,11 @@ pub(super) struct LogRewriteThread {
 impl LogRewriteThread {
     /// Starts writing the rewrite, in batches of about `batch_bytes`.
     pub fn start(store: Store, batch_bytes: usize) -> std::io::Result<Self> {
-        let handle = std::thread::Builder::new()
-            .name("gsnap-log".into())
-            .spawn(move || {
-                gsnap_store::RocksBackend::quiet_counters();
-                store
-                    .rewrite_log(batch_bytes)
-                    .map_err(|e| e.message().to_string())
-            })?;
+        let handle = spawn_store_thread("gsnap-log", move || {
+            store
+                .rewrite_log(batch_bytes)
+                .map_err(|e| e.message().to_string())
+        })?;
         Ok(LogRewriteThread { handle })
     }
 

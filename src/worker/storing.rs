@@ -89,36 +89,33 @@ impl Storing {
             ..Shared::default()
         });
         let theirs = Arc::clone(&shared);
-        let handle = std::thread::Builder::new()
-            .name("gsnap-store".into())
-            .spawn(move || {
-                gsnap_store::RocksBackend::quiet_counters();
-                let mut capture = capture;
-                let mut carried = Vec::new();
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    store_all(
-                        &mut capture,
-                        pages,
-                        &targets,
-                        previous.as_deref(),
-                        window,
-                        &theirs,
-                        &mut carried,
-                    )
-                }));
-                let result = match result {
-                    Ok(r) => r,
-                    Err(panic) => Err(Err(format!(
-                        "phase two panicked: {}",
-                        panic_message(&*panic)
-                    ))),
-                };
-                Stored {
-                    capture,
-                    carried,
-                    result,
-                }
-            })?;
+        let handle = super::background::spawn_store_thread("gsnap-store", move || {
+            let mut capture = capture;
+            let mut carried = Vec::new();
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                store_all(
+                    &mut capture,
+                    pages,
+                    &targets,
+                    previous.as_deref(),
+                    window,
+                    &theirs,
+                    &mut carried,
+                )
+            }));
+            let result = match result {
+                Ok(r) => r,
+                Err(panic) => Err(Err(format!(
+                    "phase two panicked: {}",
+                    panic_message(&*panic)
+                ))),
+            };
+            Stored {
+                capture,
+                carried,
+                result,
+            }
+        })?;
         Ok(Storing {
             shared,
             handle: Some(handle),
