@@ -26,7 +26,7 @@ use crate::shmem::{self, Phase};
 use gsnap_format::visibility::SnapshotXids;
 use gsnap_protocol::{ErrorCode, WorkerError};
 use gsnap_shmem::carry::CarryForward;
-use gsnap_store::{Capture, ImageId, PageKey, RelId, RocksBackend, SnapId, StoreError};
+use gsnap_store::{Capture, ImageId, PageKey, RelId, RocksBackend, SealedView, SnapId, StoreError};
 use pgrx::pg_sys;
 
 /// The blocks of one table a capture visits.
@@ -793,7 +793,7 @@ impl CaptureJob {
                 } else {
                     self.stored_while_reading += 1;
                     let previous = |page| index.latest_image(page).map_err(index_error);
-                    store_one(&previous, capture, target, page, &mut self.carried)
+                    store_one(&previous, capture, target, page, None, &mut self.carried)
                 }
             };
             let result = (|| {
@@ -927,12 +927,15 @@ unsafe fn read_one(
 
 /// Stores a page phase one read: its view unless it is the previous page table's image, a
 /// mapping where it changed, and a note if it is unsettled. `previous` looks a page up in the
-/// previous page table (the newest one in the index).
+/// previous page table (the newest one in the index). `sealed` is the page's view sealed
+/// ahead with others (`storing.rs`), given exactly when the view has tuples; else the view is
+/// sealed here.
 pub(super) fn store_one(
     previous: &dyn Fn(PageKey) -> Result<Option<ImageId>, StoreError>,
     capture: &mut Capture<RocksBackend>,
     target: &Target,
     page: ReadPage,
+    sealed: Option<SealedView>,
     carried: &mut Vec<(u32, u32)>,
 ) -> Result<(), StoreError> {
     let ReadPage {
@@ -948,7 +951,10 @@ pub(super) fn store_one(
     let previous = if target.fresh { None } else { previous(page)? };
     // A page with no mapping reads as empty, so an empty view needs no mapping then.
     if view.tuples > 0 || previous.is_some() {
-        let image = capture.put_image(&view.view, &toasts)?;
+        let image = match sealed {
+            Some(sealed) => capture.put_sealed(sealed, &toasts)?,
+            None => capture.put_image(&view.view, &toasts)?,
+        };
         if previous != Some(image) {
             capture.add_mapping(page, image)?;
             if let Some(base) = previous.filter(|_| target.deltas) {

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Pages stored between two looks at the pace (about a millisecond of work).
+/// Pages stored between two looks at the pace (about a millisecond of work), their views
+/// sealed and their keys read ahead together.
 const CHUNK: usize = 64;
 /// The longest the thread sleeps before looking at its flags again.
 const NAP: Duration = Duration::from_millis(10);
@@ -194,33 +195,48 @@ fn store_all(
     let start = Instant::now();
     let total = pages.len();
     let mut pages = pages;
-    let mut n = 0;
-    while let Some(page) = pages.pop_front() {
-        if n % CHUNK == 0 {
-            pace(start, share_of(window, n, total), shared);
-            if shared.cancel.load(Relaxed) {
-                return Err(Err("the worker stopped it".into()));
-            }
-            publish(capture, total - n, shared);
-            // The open key entries of this chunk's pages, read ahead with one cursor.
-            let keyed: Vec<(PageKey, gsnap_store::SnapId)> = std::iter::once(&page)
-                .chain(pages.iter().take(CHUNK - 1))
-                .filter_map(|p| {
-                    let t = &targets[p.item];
-                    let page = PageKey {
-                        rel: t.rel,
-                        block: p.block,
-                    };
-                    t.key_map.map(|map| (page, map))
-                })
-                .collect();
-            if !keyed.is_empty() {
-                capture.prefetch_block_keys(&keyed).map_err(Ok)?;
-            }
+    let mut done = 0;
+    while !pages.is_empty() {
+        pace(start, share_of(window, done, total), shared);
+        if shared.cancel.load(Relaxed) {
+            return Err(Err("the worker stopped it".into()));
         }
-        n += 1;
-        let target = &targets[page.item];
-        store_one(&lookup, capture, target, page, carried).map_err(Ok)?;
+        publish(capture, total - done, shared);
+        let chunk: Vec<ReadPage> = pages.drain(..CHUNK.min(pages.len())).collect();
+        // The open key entries of the chunk's pages, read ahead with one cursor.
+        let keyed: Vec<(PageKey, gsnap_store::SnapId)> = chunk
+            .iter()
+            .filter_map(|p| {
+                let t = &targets[p.item];
+                let page = PageKey {
+                    rel: t.rel,
+                    block: p.block,
+                };
+                t.key_map.map(|map| (page, map))
+            })
+            .collect();
+        if !keyed.is_empty() {
+            capture.prefetch_block_keys(&keyed).map_err(Ok)?;
+        }
+        // The views the chunk stores whatever the previous page table says (those with
+        // tuples, `store_one`), sealed and looked up in the dedup index together: one batched
+        // read instead of one per page.
+        let views: Vec<&[u8]> = chunk
+            .iter()
+            .filter(|p| p.view.tuples > 0)
+            .map(|p| p.view.view.as_slice())
+            .collect();
+        let mut sealed = capture.seal_views(&views).map_err(Ok)?.into_iter();
+        for page in chunk {
+            let seal = if page.view.tuples > 0 {
+                sealed.next()
+            } else {
+                None
+            };
+            done += 1;
+            let target = &targets[page.item];
+            store_one(&lookup, capture, target, page, seal, carried).map_err(Ok)?;
+        }
     }
     publish(capture, 0, shared);
     Ok(())

@@ -60,6 +60,11 @@ pub struct Capture<B: KvBackend> {
     batch: WriteBatch,
     pending_images: HashMap<Fingerprint, ImageId>,
     pending_toast: HashMap<Fingerprint, ToastId>,
+    /// How many of its batches the capture has written so far: the pending entries above are
+    /// forgotten at each (the store has them then), so a view sealed ahead
+    /// ([`Capture::seal_views`]) trusts the dedup index's miss only if no batch was written
+    /// since it was looked up.
+    batches_written: u64,
     /// Images stored before this capture that it maps (a dedup hit): reclamation must not
     /// free one even if its count drops to zero meanwhile (the commit adds to it).
     existing: HashSet<ImageId>,
@@ -248,6 +253,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             batch,
             pending_images: HashMap::new(),
             pending_toast: HashMap::new(),
+            batches_written: 0,
             existing: HashSet::new(),
             toast_refs: HashMap::new(),
             first_image_seq: marker.first_image_seq,
@@ -350,15 +356,78 @@ impl<B: KvBackend> Capture<B> {
     /// earlier (by any capture) if there is one.
     pub fn put_image(&mut self, view: &[u8], toasts: &[ToastId]) -> Result<ImageId> {
         self.usable()?;
-        if view.len() > MAX_VIEW_BYTES {
+        check_view(view)?;
+        let sealed = SealedView {
+            sealed: records::seal_image(view),
+            raw_len: view.len(),
+            found: Probe::NotYet,
+            capture: self.info.id,
+        };
+        self.put_sealed(sealed, toasts)
+    }
+
+    /// Seals page views ahead of their [`Capture::put_sealed`] (at most [`MAX_VIEW_BYTES`]
+    /// each): compresses and fingerprints each, and looks all their fingerprints up in the
+    /// dedup index with one batched read instead of one read per view (phase two seals its
+    /// pages a chunk at a time). The views may be stored in any order, or not at all.
+    pub fn seal_views(&mut self, views: &[&[u8]]) -> Result<Vec<SealedView>> {
+        self.usable()?;
+        for view in views {
+            check_view(view)?;
+        }
+        let sealed: Vec<records::SealedImage> =
+            views.iter().map(|v| records::seal_image(v)).collect();
+        let keys: Vec<_> = sealed
+            .iter()
+            .map(|s| keys::dedup_key(DedupKind::Image, &s.fp))
+            .collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        let found = self.store.backend.multi_get(Cf::Dedup, &refs)?;
+        let written = self.batches_written;
+        sealed
+            .into_iter()
+            .zip(views)
+            .zip(found)
+            .map(|((sealed, view), found)| {
+                let found = match found {
+                    Some(v) => Probe::Found(keys::decode_u64_value(&v, "dedup entry")?),
+                    None => Probe::Missing { written },
+                };
+                Ok(SealedView {
+                    sealed,
+                    raw_len: view.len(),
+                    found,
+                    capture: self.info.id,
+                })
+            })
+            .collect()
+    }
+
+    /// Stores a view sealed by [`Capture::seal_views`] as [`Capture::put_image`] stores the
+    /// view itself. InvalidArgument if another capture sealed it (what the dedup index said
+    /// then is not this capture's to trust).
+    pub fn put_sealed(&mut self, view: SealedView, toasts: &[ToastId]) -> Result<ImageId> {
+        self.usable()?;
+        let SealedView {
+            sealed,
+            raw_len,
+            found,
+            capture,
+        } = view;
+        if capture != self.info.id {
             return Err(StoreError::invalid(format!(
-                "page view of {} bytes is larger than the {MAX_VIEW_BYTES}-byte maximum",
-                view.len()
+                "a page view sealed by the capture of snapshot {}, stored by that of snapshot {}",
+                capture.0, self.info.id.0
             )));
         }
-        let sealed = records::seal_image(view);
         let fp = sealed.fp;
-        if let Some(id) = self.find(DedupKind::Image, &fp)? {
+        let known = match (self.pending_images.get(&fp), found) {
+            (Some(id), _) => Some(id.0),
+            (None, Probe::Found(id)) => Some(id),
+            (None, Probe::Missing { written }) if written == self.batches_written => None,
+            (None, _) => self.find(DedupKind::Image, &fp)?,
+        };
+        if let Some(id) = known {
             self.info.stats.dedup_hits += 1;
             let id = ImageId(id);
             if keys::image_seq(id) < self.first_new_image_seq() {
@@ -371,7 +440,7 @@ impl<B: KvBackend> Capture<B> {
         let record = sealed.record;
         let st = &mut self.info.stats;
         st.new_images += 1;
-        st.image_bytes_raw += view.len() as u64;
+        st.image_bytes_raw += raw_len as u64;
         st.image_bytes_stored += record.len() as u64;
         self.batch
             .put(Cf::Images(rank), &keys::image_key(id), &record);
@@ -837,6 +906,7 @@ impl<B: KvBackend> Capture<B> {
         let r = self.store.backend.write(&self.batch, false);
         self.batch.clear();
         self.poison_on_error(r)?;
+        self.batches_written += 1;
         self.pending_images.clear();
         self.pending_toast.clear();
         Ok(())
@@ -848,6 +918,37 @@ impl<B: KvBackend> Capture<B> {
         }
         r
     }
+}
+
+/// A page view sealed ahead of its storing ([`Capture::seal_views`]): its record, its
+/// fingerprint and what the dedup index said of it.
+pub struct SealedView {
+    sealed: records::SealedImage,
+    raw_len: usize,
+    found: Probe,
+    /// The snapshot whose capture sealed it (only that capture may store it).
+    capture: SnapId,
+}
+
+/// What the dedup index held for a sealed view's fingerprint when it was looked up.
+#[derive(Clone, Copy)]
+enum Probe {
+    /// Not looked up yet.
+    NotYet,
+    /// An image with that content.
+    Found(u64),
+    /// Nothing, when the capture had written `written` batches.
+    Missing { written: u64 },
+}
+
+fn check_view(view: &[u8]) -> Result<()> {
+    if view.len() > MAX_VIEW_BYTES {
+        return Err(StoreError::invalid(format!(
+            "page view of {} bytes is larger than the {MAX_VIEW_BYTES}-byte maximum",
+            view.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The open key entries (hash, from) of `page` under key map `map`, ascending by hash, read

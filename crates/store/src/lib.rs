@@ -62,7 +62,7 @@ mod store;
 mod verify;
 
 pub use backend::{BatchOp, CfEstimate, KvBackend, KvCursor, Scan, WriteBatch};
-pub use capture::{Capture, MAX_TOAST_BYTES, MAX_VIEW_BYTES, TOAST_CHUNK_BYTES};
+pub use capture::{Capture, SealedView, MAX_TOAST_BYTES, MAX_VIEW_BYTES, TOAST_CHUNK_BYTES};
 pub use error::{ErrorKind, Result, StoreError};
 pub use faulty::{Fault, FaultyBackend};
 pub use groups::GroupMeta;

@@ -3,8 +3,8 @@
 //! Each case runs a sequence of captures (random pages, random contents from a small pool so
 //! dedup happens, some aborted, some dropped, some followed by a deletion) with a random
 //! batch size and mapping log shape (tiny nodes, so that nodes fill and Skippy levels grow),
-//! and after every step compares every page table ("latest mapping at or before v"), the
-//! mapping log and dedup against the model.
+//! images stored one by one or sealed ahead in chunks, and after every step compares every
+//! page table ("latest mapping at or before v"), the mapping log and dedup against the model.
 
 mod common;
 
@@ -29,6 +29,9 @@ struct Step {
     mappings: Vec<(u32, u32, u64)>,
     outcome: Outcome,
     delete_earlier: Option<usize>,
+    /// None: each view stored with `put_image`; Some(k): sealed ahead k at a time
+    /// (`seal_views`, then `put_sealed`), as phase two stores its chunks.
+    seal_chunk: Option<usize>,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -36,8 +39,14 @@ fn step() -> impl Strategy<Value = Step> {
         prop::collection::vec((0..RELS, 0..BLOCKS, 0u64..10), 0..30),
         prop_oneof![6 => Just(Outcome::Commit), 1 => Just(Outcome::Abort), 1 => Just(Outcome::Drop)],
         prop::option::weighted(0.2, 0usize..8),
+        prop::option::of(1usize..8),
     )
-        .prop_map(|(mappings, outcome, delete_earlier)| Step { mappings, outcome, delete_earlier })
+        .prop_map(|(mappings, outcome, delete_earlier, seal_chunk)| Step {
+            mappings,
+            outcome,
+            delete_earlier,
+            seal_chunk,
+        })
 }
 
 fn content(n: u64) -> Vec<u8> {
@@ -138,17 +147,32 @@ proptest! {
             let mut cap = store.declare_and_begin(decl.clone()).unwrap();
             let snap = cap.snapshot();
             let mut mine = BTreeMap::new();
+            let mut todo = Vec::new();
             for (r, b, c) in &st.mappings {
                 let page = page_key(rels[*r as usize], *b);
-                if mine.contains_key(&page) {
-                    // A page is mapped at most once per capture (a second mapping is refused).
-                    continue;
+                // A page is mapped at most once per capture (a second mapping is refused).
+                if let std::collections::btree_map::Entry::Vacant(e) = mine.entry(page) {
+                    e.insert(*c);
+                    todo.push((page, *c));
                 }
-                let id = cap.put_image(&content(*c), &[]).unwrap();
-                // Dedup: one content, one image id, across all captures (aborted ones too).
-                prop_assert_eq!(*model.image_of.entry(*c).or_insert(id), id);
-                cap.add_mapping(page, id).unwrap();
-                mine.insert(page, *c);
+            }
+            for chunk in todo.chunks(st.seal_chunk.unwrap_or(1)) {
+                let views: Vec<Vec<u8>> = chunk.iter().map(|(_, c)| content(*c)).collect();
+                let ids: Vec<ImageId> = match st.seal_chunk {
+                    None => views.iter().map(|v| cap.put_image(v, &[]).unwrap()).collect(),
+                    Some(_) => {
+                        let refs: Vec<&[u8]> = views.iter().map(Vec::as_slice).collect();
+                        let sealed = cap.seal_views(&refs).unwrap();
+                        sealed.into_iter().map(|s| cap.put_sealed(s, &[]).unwrap()).collect()
+                    }
+                };
+                for (&(page, c), id) in chunk.iter().zip(ids) {
+                    // Dedup: one content, one image id, across all captures (aborted ones
+                    // too), also when a batch is written between a view's sealing and its
+                    // storing.
+                    prop_assert_eq!(*model.image_of.entry(c).or_insert(id), id);
+                    cap.add_mapping(page, id).unwrap();
+                }
             }
             match st.outcome {
                 Outcome::Commit => {

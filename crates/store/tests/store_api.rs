@@ -194,6 +194,55 @@ fn dedup_across_captures_and_distinct_views_get_distinct_ids() {
 }
 
 #[test]
+fn views_sealed_ahead_dedup_against_older_captures_and_store_only_what_is_put() {
+    let store = SnapshotStore::open(MemBackend::new(), small_batches()).unwrap();
+    let (rels, decl) = setup(&store, 1, 10);
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+    let old = cap.put_image(&view(1, 3000), &[]).unwrap();
+    cap.add_mapping(page_key(rels[0], 0), old).unwrap();
+    let stale = cap.seal_views(&[&view(2, 3000)]).unwrap().pop().unwrap();
+    cap.commit().unwrap();
+
+    let mut cap = store.declare_and_begin(decl).unwrap();
+    let too_big = vec![0u8; MAX_VIEW_BYTES + 1];
+    let (a, b, c) = (view(1, 3000), view(2, 3000), view(3, 3000));
+    assert_eq!(
+        cap.seal_views(&[&a, &too_big]).err().map(|e| e.kind()),
+        Some(ErrorKind::InvalidArgument)
+    );
+    let mut sealed = cap.seal_views(&[&a, &b, &c, &b]).unwrap().into_iter();
+    // Only the capture that sealed a view stores it.
+    assert_eq!(
+        cap.put_sealed(stale, &[]).err().map(|e| e.kind()),
+        Some(ErrorKind::InvalidArgument)
+    );
+    // The older capture's image, found by the batched lookup, is kept for this capture.
+    let found = cap.put_sealed(sealed.next().unwrap(), &[]).unwrap();
+    assert_eq!(found, old);
+    cap.add_mapping(page_key(rels[0], 1), found).unwrap();
+    assert!(cap.older_images_mapped().contains(&old));
+    assert!(cap.existing_images().contains(&old));
+    // A new view, then the same content again (written in between: 3000-byte views fill
+    // the 2048-byte batches), is one image.
+    let new = cap.put_sealed(sealed.next().unwrap(), &[]).unwrap();
+    let _not_stored = sealed.next().unwrap();
+    assert_eq!(cap.put_sealed(sealed.next().unwrap(), &[]).unwrap(), new);
+    cap.add_mapping(page_key(rels[0], 2), new).unwrap();
+    let stats = cap.stats();
+    assert_eq!((stats.new_images, stats.dedup_hits), (1, 2));
+    cap.commit().unwrap();
+    // The view sealed and never stored left nothing: two images in all.
+    assert_eq!(
+        Scan::range(store.backend(), Cf::Images(Rank(0)), &[], None)
+            .unwrap()
+            .count(),
+        2
+    );
+    assert_eq!(store.image(new).unwrap(), b);
+    check_invariants(&store);
+}
+
+#[test]
 fn page_tables_see_latest_mapping_at_or_before_and_nothing_uncommitted() {
     let store = SnapshotStore::open_in_memory(42);
     let (rels, decl) = setup(&store, 1, 4);
