@@ -5,18 +5,19 @@
 //! figures of one build are only comparable with another build's from the same machine and
 //! the same hour.
 //!
-//! `cargo run --release -p gsnap-store --example capture_cost -- OUT_DIR [TABLE_PAGES]
-//! [CHANGED_PER_SNAPSHOT] [SNAPSHOTS]` (defaults 40000, 10000, 12). The first snapshot stores
+//! `capture_cost OUT_DIR [TABLE_PAGES] [CHANGED_PER_SNAPSHOT] [SNAPSHOTS]` (defaults 40000,
+//! 10000, 12; how to build it: `common/mod.rs`). The first snapshot stores
 //! every page (not timed); each later one changes one row of CHANGED_PER_SNAPSHOT random
 //! pages and stores them. Prints, per snapshot, the CPU of every thread of the process
 //! (RocksDB's own included) per page, and the median; writes `OUT_DIR/capture_cost.json`.
 //! The store is built in `OUT_DIR/capture_cost_store` and removed at the end.
 
+mod common;
+
+use common::{arg, first_or_usage, one_table};
 use std::time::Instant;
 
-use gsnap_store::{
-    PageKey, RelIncarnation, RelationSnapshot, SnapId, SnapshotDecl, SnapshotStore, StoreOptions,
-};
+use gsnap_store::{PageKey, SnapId, SnapshotStore, StoreOptions};
 
 /// Rows per page and bytes per row of pgbench_accounts (int, int, int, char(84)).
 const ROWS: usize = 61;
@@ -76,18 +77,9 @@ fn cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
-fn arg(n: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(n)
-        .map(|v| v.parse().expect("a number"))
-        .unwrap_or(default)
-}
-
 fn main() {
-    let Some(out) = std::env::args().nth(1).map(std::path::PathBuf::from) else {
-        eprintln!("usage: capture_cost OUT_DIR [TABLE_PAGES] [CHANGED_PER_SNAPSHOT] [SNAPSHOTS]");
-        std::process::exit(2);
-    };
+    let out =
+        first_or_usage("capture_cost OUT_DIR [TABLE_PAGES] [CHANGED_PER_SNAPSHOT] [SNAPSHOTS]");
     let (table_pages, changed, snapshots) = (arg(2, 40_000), arg(3, 10_000), arg(4, 12));
     assert!(
         changed <= table_pages,
@@ -103,24 +95,7 @@ fn main() {
         ..StoreOptions::new(1)
     };
     let store = SnapshotStore::open_dir(&path, options).expect("a new store");
-    let rel = store
-        .allocate_rel(&RelIncarnation {
-            pg_relid: 1,
-            relfilenode: 1,
-            name: "public.accounts".into(),
-        })
-        .unwrap();
-    let decl = SnapshotDecl {
-        relations: vec![RelationSnapshot {
-            pg_relid: 1,
-            rel,
-            relfilenode: 1,
-            nblocks: table_pages as u32,
-            row_type: store.put_row_type(b"row type").unwrap(),
-            name: "public.accounts".into(),
-        }],
-        ..SnapshotDecl::default()
-    };
+    let (decl, rel) = one_table(&store, "public.accounts", table_pages as u32);
 
     let n = table_pages as usize;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);

@@ -1,6 +1,6 @@
 //! What each column family of a gsnap store holds on disk, for finding where the space goes:
-//! `cargo run --release -p gsnap-store --example cf_sizes -- STORE_DIR` (read-only; the server
-//! may be running or stopped). Per column family: the table files' size, RocksDB's estimate of
+//! `cf_sizes STORE_DIR` (read-only; the server may be running or stopped; how to build it:
+//! `common/mod.rs`). Per column family: the table files' size, RocksDB's estimate of
 //! its live data, its keys, and its files per level. With a column family's name after the
 //! directory, its table files too: level, size, entries, deletions and key range (to see
 //! which files a compaction must rewrite together).

@@ -2,22 +2,23 @@
 //! mappings, deletes most snapshots and reclaims them, then rewrites the log without its dead
 //! mappings and reports the time and the process's memory while it runs.
 //!
-//! `cargo run --release -p gsnap-store --example log_rewrite -- OUT_DIR [SNAPSHOTS]
-//! [PAGES_PER_SNAPSHOT] [TABLE_PAGES] [KEEP_EVERY]` (defaults 1000, 10000, 200000, 4).
+//! `log_rewrite OUT_DIR [SNAPSHOTS] [PAGES_PER_SNAPSHOT] [TABLE_PAGES] [KEEP_EVERY]` (defaults
+//! 1000, 10000, 200000, 4; how to build it: `common/mod.rs`).
 //! Each snapshot maps half its pages to a hot set (the same pages every time: pgbench's
 //! branches and tellers) and half to pages spread over the table; every KEEP_EVERY-th
 //! snapshot and the newest are kept. Writes `OUT_DIR/log_rewrite.json` (the figures) and
 //! `OUT_DIR/log_rewrite_rss.csv` (the resident memory every 20 ms during the rewrite); the
 //! store is built in `OUT_DIR/log_rewrite_store` and removed at the end.
 
+mod common;
+
+use common::{arg, first_or_usage, one_table};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gsnap_store::{
-    PageKey, RelIncarnation, RelationSnapshot, SnapId, SnapshotDecl, SnapshotStore, StoreOptions,
-};
+use gsnap_store::{PageKey, SnapId, SnapshotStore, StoreOptions};
 
 /// A field of /proc/self/status, in kB.
 fn status_kb(field: &str) -> u64 {
@@ -42,18 +43,10 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn arg(n: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(n)
-        .map(|v| v.parse().expect("a number"))
-        .unwrap_or(default)
-}
-
 fn main() {
-    let Some(out) = std::env::args().nth(1).map(std::path::PathBuf::from) else {
-        eprintln!("usage: log_rewrite OUT_DIR [SNAPSHOTS] [PAGES_PER_SNAPSHOT] [TABLE_PAGES] [KEEP_EVERY]");
-        std::process::exit(2);
-    };
+    let out = first_or_usage(
+        "log_rewrite OUT_DIR [SNAPSHOTS] [PAGES_PER_SNAPSHOT] [TABLE_PAGES] [KEEP_EVERY]",
+    );
     let (snapshots, per_snapshot, table_pages, keep_every) = (
         arg(2, 1000),
         arg(3, 10_000),
@@ -68,25 +61,7 @@ fn main() {
     let store = SnapshotStore::open_dir(&path, StoreOptions::new(1)).expect("a new store");
 
     let t = Instant::now();
-    let rel = store
-        .allocate_rel(&RelIncarnation {
-            pg_relid: 1,
-            relfilenode: 1,
-            name: "public.t".into(),
-        })
-        .unwrap();
-    let row_type = store.put_row_type(b"row type").unwrap();
-    let decl = SnapshotDecl {
-        relations: vec![RelationSnapshot {
-            pg_relid: 1,
-            rel,
-            relfilenode: 1,
-            nblocks: table_pages as u32,
-            row_type,
-            name: "public.t".into(),
-        }],
-        ..SnapshotDecl::default()
-    };
+    let (decl, rel) = one_table(&store, "public.t", table_pages as u32);
     let mut ids = Vec::new();
     let spread = table_pages - hot;
     for s in 0..snapshots {
