@@ -9,7 +9,10 @@
 //! 10000, 12; how to build it: `common/mod.rs`). The first snapshot stores
 //! every page (not timed); each later one changes one row of CHANGED_PER_SNAPSHOT random
 //! pages and stores them. Prints, per snapshot, the CPU of every thread of the process
-//! (RocksDB's own included) per page, and the median; writes `OUT_DIR/capture_cost.json`.
+//! (RocksDB's own included) per page, and the median; then the time of the estimate the
+//! worker makes after each commit while someone reads `gsnap_snapshots()` (what deleting the
+//! snapshot before would free), per page of that snapshot. Writes
+//! `OUT_DIR/capture_cost.json`.
 //! The store is built in `OUT_DIR/capture_cost_store` and removed at the end.
 
 mod common;
@@ -104,6 +107,8 @@ fn main() {
     let mut images = vec![None; n];
     let mut map: Option<SnapId> = None;
     let mut per_page_us = Vec::new();
+    let mut estimate_us = Vec::new();
+    let mut last: Option<(SnapId, usize)> = None;
     let mut next_xid = 2u32;
     for s in 0..=snapshots {
         let blocks: Vec<usize> = if s == 0 {
@@ -177,7 +182,7 @@ fn main() {
                 cap.record_keys(page, keys_map, &hashes).unwrap();
             }
         }
-        cap.commit().unwrap();
+        let snap = cap.commit().unwrap().id;
         map = Some(keys_map);
         let (cpu, wall) = (cpu_ns() - cpu0, wall0.elapsed());
         let us = cpu as f64 / 1e3 / blocks.len() as f64;
@@ -195,14 +200,36 @@ fn main() {
         if s > 0 {
             per_page_us.push(us);
         }
+        // What the worker's estimates thread does after each commit while someone reads
+        // gsnap_snapshots(): what deleting the snapshot before this one would free.
+        if let Some((prev, pages)) = last.replace((snap, blocks.len())).filter(|_| s > 1) {
+            let t = Instant::now();
+            let freed = store.would_free(prev).unwrap().expect("an estimate");
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            eprintln!(
+                "  estimate of snapshot {}: {ms:.1} ms ({:.2} us per page; {} images, {} bytes)",
+                prev.0,
+                ms * 1e3 / pages as f64,
+                freed.images,
+                freed.bytes
+            );
+            estimate_us.push(ms * 1e3 / pages as f64);
+        }
     }
     let mut sorted = per_page_us.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
     println!("median {median:.1} us of CPU per changed page over {snapshots} captures");
+    estimate_us.sort_by(f64::total_cmp);
+    let estimate = estimate_us
+        .get(estimate_us.len() / 2)
+        .copied()
+        .unwrap_or(0.0);
+    println!("median {estimate:.2} us per page of the snapshot estimated (wall time)");
     let json = format!(
         "{{\"table_pages\": {table_pages}, \"changed_per_snapshot\": {changed}, \
-         \"us_per_page\": {per_page_us:?}, \"median_us_per_page\": {median:.2}}}\n"
+         \"us_per_page\": {per_page_us:?}, \"median_us_per_page\": {median:.2}, \
+         \"median_estimate_us_per_page\": {estimate:.2}}}\n"
     );
     std::fs::write(out.join("capture_cost.json"), json).expect("writing the figures");
     drop(store);
