@@ -191,6 +191,17 @@ pub trait KvBackend: Send + Sync {
         keys.iter().map(|k| self.get(cf, k)).collect()
     }
 
+    /// The sizes of the values of several keys of `cf` (None: absent), in the order of
+    /// `keys`, for when only the size matters (what removing the records would give back):
+    /// a backend that can do so reads them without copying the values out.
+    fn value_sizes(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<usize>>> {
+        Ok(self
+            .multi_get(cf, keys)?
+            .into_iter()
+            .map(|v| v.map(|v| v.len()))
+            .collect())
+    }
+
     /// A cursor over `cf`.
     fn cursor(&self, cf: Cf) -> Result<Box<dyn KvCursor + '_>>;
 
@@ -319,6 +330,10 @@ impl<T: KvBackend + ?Sized> KvBackend for std::sync::Arc<T> {
 
     fn multi_get(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         (**self).multi_get(cf, keys)
+    }
+
+    fn value_sizes(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<usize>>> {
+        (**self).value_sizes(cf, keys)
     }
 
     fn cursor(&self, cf: Cf) -> Result<Box<dyn KvCursor + '_>> {

@@ -116,6 +116,10 @@ impl<B: KvBackend> KvBackend for FaultyBackend<B> {
         self.inner.multi_get(cf, keys)
     }
 
+    fn value_sizes(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<usize>>> {
+        self.inner.value_sizes(cf, keys)
+    }
+
     fn cursor(&self, cf: Cf) -> Result<Box<dyn KvCursor + '_>> {
         self.inner.cursor(cf)
     }

@@ -233,9 +233,10 @@ mod tests {
     use crate::rocks::RocksBackend;
     use proptest::prelude::*;
 
-    /// Reading in key order gives what a point lookup per key gives: keys present and
-    /// missing, repeated, unsorted, near each other (steps) and far apart (seeks), before the
-    /// first entry and past the last, some deleted, some in the memtable and some flushed.
+    /// Reading in key order (and a batched read, and the values' sizes) gives what a point
+    /// lookup per key gives: keys present and missing, repeated, unsorted, near each other
+    /// (steps) and far apart (seeks), before the first entry and past the last, some deleted,
+    /// some in the memtable and some flushed.
     fn same_as_point_lookups<B: KvBackend>(
         backend: &B,
         stored: &[u64],
@@ -263,6 +264,8 @@ mod tests {
             refs.iter().map(|k| backend.get(cf, k).unwrap()).collect();
         assert_eq!(read_in_key_order(backend, cf, &keys).unwrap(), expected);
         assert_eq!(backend.multi_get(cf, &refs).unwrap(), expected);
+        let sizes: Vec<Option<usize>> = expected.iter().map(|v| v.as_ref().map(Vec::len)).collect();
+        assert_eq!(backend.value_sizes(cf, &refs).unwrap(), sizes);
     }
 
     proptest! {

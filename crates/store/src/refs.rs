@@ -138,12 +138,12 @@ impl<B: KvBackend> SnapshotStore<B> {
             for part in run.chunks(AT_ONCE) {
                 let image_keys: Vec<[u8; 8]> = part.iter().map(|&i| keys::image_key(i)).collect();
                 let refs: Vec<&[u8]> = image_keys.iter().map(|k| k.as_slice()).collect();
-                let records = self.backend.multi_get(cf, &refs)?;
+                let sizes = self.backend.value_sizes(cf, &refs)?;
                 let present: Vec<ImageId> = part
                     .iter()
-                    .zip(&records)
-                    .filter_map(|(&id, r)| {
-                        let len = r.as_ref()?.len() as u64;
+                    .zip(&sizes)
+                    .filter_map(|(&id, size)| {
+                        let len = (*size)? as u64;
                         freed.add(Freed {
                             images: 1,
                             toast_values: 0,

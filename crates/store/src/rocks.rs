@@ -495,6 +495,18 @@ impl KvBackend for RocksBackend {
             .collect()
     }
 
+    fn value_sizes(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<usize>>> {
+        let handle = self.handle(cf)?;
+        self.db
+            .batched_multi_get_cf(handle, keys.iter().copied(), false)
+            .into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(v.map(|s| s.len())),
+                Err(e) => Err(self.err("reading", &e)),
+            })
+            .collect()
+    }
+
     fn cursor(&self, cf: Cf) -> Result<Box<dyn KvCursor + '_>> {
         let it = self.db.raw_iterator_cf(self.handle(cf)?);
         Ok(Box::new(RocksCursor { it, backend: self }))
