@@ -229,6 +229,25 @@ impl RocksBackend {
     fn err(&self, what: &str, e: &rocksdb::Error) -> StoreError {
         rocks_error(&self.path, what, e)
     }
+
+    /// One batched read of `keys` in `cf`, keeping `keep` of each value RocksDB pins (a
+    /// copy, or only its size).
+    fn batched_read<T>(
+        &self,
+        cf: Cf,
+        keys: &[&[u8]],
+        keep: impl Fn(&[u8]) -> T,
+    ) -> Result<Vec<Option<T>>> {
+        let handle = self.handle(cf)?;
+        self.db
+            .batched_multi_get_cf(handle, keys.iter().copied(), false)
+            .into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(v.map(|s| keep(&s))),
+                Err(e) => Err(self.err("reading", &e)),
+            })
+            .collect()
+    }
 }
 
 /// Options of one column family: no compression, the shared block cache, a Bloom filter where
@@ -484,27 +503,11 @@ impl KvBackend for RocksBackend {
     }
 
     fn multi_get(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
-        let handle = self.handle(cf)?;
-        self.db
-            .batched_multi_get_cf(handle, keys.iter().copied(), false)
-            .into_iter()
-            .map(|r| match r {
-                Ok(v) => Ok(v.map(|s| s.to_vec())),
-                Err(e) => Err(self.err("reading", &e)),
-            })
-            .collect()
+        self.batched_read(cf, keys, <[u8]>::to_vec)
     }
 
     fn value_sizes(&self, cf: Cf, keys: &[&[u8]]) -> Result<Vec<Option<usize>>> {
-        let handle = self.handle(cf)?;
-        self.db
-            .batched_multi_get_cf(handle, keys.iter().copied(), false)
-            .into_iter()
-            .map(|r| match r {
-                Ok(v) => Ok(v.map(|s| s.len())),
-                Err(e) => Err(self.err("reading", &e)),
-            })
-            .collect()
+        self.batched_read(cf, keys, <[u8]>::len)
     }
 
     fn cursor(&self, cf: Cf) -> Result<Box<dyn KvCursor + '_>> {
