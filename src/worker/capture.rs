@@ -928,8 +928,7 @@ unsafe fn read_one(
 /// Stores a page phase one read: its view unless it is the previous page table's image, a
 /// mapping where it changed, and a note if it is unsettled. `previous` looks a page up in the
 /// previous page table (the newest one in the index). `sealed` is the page's view sealed
-/// ahead with others (`storing.rs`), given exactly when the view has tuples; else the view is
-/// sealed here.
+/// ahead with others (`storing.rs`), or None to seal it here.
 pub(super) fn store_one(
     previous: &dyn Fn(PageKey) -> Result<Option<ImageId>, StoreError>,
     capture: &mut Capture<RocksBackend>,

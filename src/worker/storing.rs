@@ -218,24 +218,14 @@ fn store_all(
         if !keyed.is_empty() {
             capture.prefetch_block_keys(&keyed).map_err(Ok)?;
         }
-        // The views the chunk stores whatever the previous page table says (those with
-        // tuples, `store_one`), sealed and looked up in the dedup index together: one batched
-        // read instead of one per page.
-        let views: Vec<&[u8]> = chunk
-            .iter()
-            .filter(|p| p.view.tuples > 0)
-            .map(|p| p.view.view.as_slice())
-            .collect();
-        let mut sealed = capture.seal_views(&views).map_err(Ok)?.into_iter();
-        for page in chunk {
-            let seal = if page.view.tuples > 0 {
-                sealed.next()
-            } else {
-                None
-            };
+        // The chunk's views, sealed and looked up in the dedup index together: one batched
+        // read instead of one per page (an empty view `store_one` does not store is dropped).
+        let views: Vec<&[u8]> = chunk.iter().map(|p| p.view.view.as_slice()).collect();
+        let sealed = capture.seal_views(&views).map_err(Ok)?;
+        for (page, seal) in chunk.into_iter().zip(sealed) {
             done += 1;
             let target = &targets[page.item];
-            store_one(&lookup, capture, target, page, seal, carried).map_err(Ok)?;
+            store_one(&lookup, capture, target, page, Some(seal), carried).map_err(Ok)?;
         }
     }
     publish(capture, 0, shared);
