@@ -46,8 +46,12 @@ impl FreesThread {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let bytes = store.would_free(snap).ok().flatten().map(|f| f.bytes);
-                found.push((snap.0, bytes));
+                let estimate = store.would_free_unless(snap, &|| stop.load(Ordering::Relaxed));
+                if stop.load(Ordering::Relaxed) {
+                    // Given up midway (or just finished): not an estimate; done again later.
+                    break;
+                }
+                found.push((snap.0, estimate.ok().flatten().map(|f| f.bytes)));
             }
             found
         })?;
@@ -58,7 +62,8 @@ impl FreesThread {
         })
     }
 
-    /// Asks the thread to stop after the snapshot it is on.
+    /// Asks the thread to stop: within milliseconds, leaving the snapshot it is on without
+    /// an estimate (`would_free_unless`).
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::Relaxed);
     }

@@ -200,6 +200,7 @@ impl Worker {
         let (Some(store), Some(mut decl)) = (self.store.clone(), self.queue.pop_front()) else {
             return;
         };
+        self.stop_frees();
         shmem::progress().set_queued(self.queue.len() as u32);
         let mut covered = std::mem::take(&mut self.carry);
         covered.absorb(decl.pages.clone());

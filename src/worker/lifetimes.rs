@@ -645,6 +645,16 @@ impl Worker {
         }
     }
 
+    /// Stops the estimates' thread now, if one runs: a capture is starting, and its phase
+    /// one, which holds back VACUUM, should have the cores (an estimate under way competed
+    /// with it for up to a second; bench/snapshots/README.md, 2026-11-29). The thread is
+    /// joined, and started again once the worker is quiet, by [`Self::refresh_frees`].
+    pub(super) fn stop_frees(&self) {
+        if let Some(thread) = &self.frees_thread {
+            thread.cancel();
+        }
+    }
+
     /// True while a thread works for the worker (it is polled soon).
     pub(super) fn threads_running(&self) -> bool {
         self.frees_thread.is_some() || self.compaction.is_some()

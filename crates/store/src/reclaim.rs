@@ -30,7 +30,7 @@ use crate::error::{Result, StoreError};
 use crate::ids::{ImageId, PageKey, SnapId, ToastId};
 use crate::keys::{self, Cf};
 use crate::records::{self, SnapshotState, RECORD_VERSION};
-use crate::refs::Freed;
+use crate::refs::{Freed, ESTIMATE_BATCH};
 use crate::store::{SnapSummary, SnapshotStore};
 
 /// The reclamation of one deleted snapshot.
@@ -297,6 +297,15 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// while it is the newest) and for snapshots that are not in it (failed, reclaimed,
     /// capturing). Reads the log from d's retained neighbours; writes nothing.
     pub fn would_free(&self, d: SnapId) -> Result<Option<Freed>> {
+        self.would_free_unless(d, &|| false)
+    }
+
+    /// [`Self::would_free`], given up (None) as soon as `stop` says so. It is asked after
+    /// each read of the log and before each batch of counts and images, so that a thread
+    /// computing estimates leaves the cores to a capture within milliseconds of its
+    /// declaration instead of finishing a snapshot's estimate (up to a second for a large
+    /// one). A caller whose `stop` said so has no estimate, whatever this returned.
+    pub fn would_free_unless(&self, d: SnapId, stop: &dyn Fn() -> bool) -> Result<Option<Freed>> {
         let (r, newest) = self.unreclaimed();
         if Some(d) == newest || r.binary_search(&d).is_err() {
             return Ok(None);
@@ -306,6 +315,9 @@ impl<B: KvBackend> SnapshotStore<B> {
             return Ok(None);
         };
         let job = self.job(d, prev, next)?;
+        if stop() {
+            return Ok(None);
+        }
         let mut named: HashMap<ImageId, u64> = HashMap::new();
         for (_, image) in &job.dead {
             *named.entry(*image).or_default() += 1;
@@ -314,14 +326,22 @@ impl<B: KvBackend> SnapshotStore<B> {
             .keys()
             .map(|&i| (i, keys::image_refs_key(i)))
             .collect();
-        let dying: Vec<ImageId> = self
-            .counts(&items)?
-            .into_iter()
-            .filter(|&(image, _, count)| count <= named[&image])
-            .map(|(image, _, _)| image)
-            .collect();
+        let mut dying: Vec<ImageId> = Vec::new();
+        for part in items.chunks(ESTIMATE_BATCH) {
+            if stop() {
+                return Ok(None);
+            }
+            dying.extend(
+                self.counts(part)?
+                    .into_iter()
+                    .filter(|&(image, _, count)| count <= named[&image])
+                    .map(|(image, _, _)| image),
+            );
+        }
         let mut toast_decrements = HashMap::new();
-        let mut freed = self.would_free_images(&dying, &mut toast_decrements)?;
+        let Some(mut freed) = self.would_free_images(&dying, &mut toast_decrements, stop)? else {
+            return Ok(None);
+        };
         // The TOAST values' removals go into a batch that is never written: the same code as
         // a real step.
         let mut scratch = WriteBatch::new();

@@ -22,6 +22,10 @@ use crate::keys::{self, Cf, DedupKind};
 use crate::records;
 use crate::store::SnapshotStore;
 
+/// Images (or counts) an estimate of what deleting a snapshot would free reads at once; it
+/// asks whether to stop before each such read.
+pub(crate) const ESTIMATE_BATCH: usize = 512;
+
 /// What freeing content released.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Freed {
@@ -123,19 +127,23 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// records, and the TOAST values they name counted into `toast_decrements`, as
     /// [`Self::free_image`] counts them (a missing record frees nothing). Reads the records
     /// and lists many at a time: the estimates of what deleting a snapshot would free
-    /// (`reclaim.rs`, `would_free`) ask this for every page a capture changed.
+    /// (`reclaim.rs`, `would_free`) ask this for every page a capture changed. None if
+    /// `stop` said so before one of those reads.
     pub(crate) fn would_free_images(
         &self,
         ids: &[ImageId],
         toast_decrements: &mut HashMap<ToastId, u64>,
-    ) -> Result<Freed> {
-        const AT_ONCE: usize = 512;
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<Freed>> {
         let mut ids = ids.to_vec();
         ids.sort_unstable();
         let mut freed = Freed::default();
         for run in ids.chunk_by(|a, b| keys::image_rank(*a) == keys::image_rank(*b)) {
             let cf = Cf::Images(keys::image_rank(run[0]));
-            for part in run.chunks(AT_ONCE) {
+            for part in run.chunks(ESTIMATE_BATCH) {
+                if stop() {
+                    return Ok(None);
+                }
                 let image_keys: Vec<[u8; 8]> = part.iter().map(|&i| keys::image_key(i)).collect();
                 let refs: Vec<&[u8]> = image_keys.iter().map(|k| k.as_slice()).collect();
                 let sizes = self.backend.value_sizes(cf, &refs)?;
@@ -162,7 +170,7 @@ impl<B: KvBackend> SnapshotStore<B> {
                 }
             }
         }
-        Ok(freed)
+        Ok(Some(freed))
     }
 
     /// Puts into `batch` the removal of TOAST value `id` (header, chunks, dedup entry,

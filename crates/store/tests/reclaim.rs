@@ -2844,3 +2844,53 @@ fn a_format_4_store_is_read_and_becomes_format_5_with_its_first_capture() {
     assert_eq!(store.image(image).unwrap(), b"b");
     assert_eq!(store.page_table(s2).unwrap(), vec![(p, image)]);
 }
+
+#[test]
+fn an_estimate_gives_up_as_soon_as_it_is_told_to_stop() {
+    let store = SnapshotStore::open(MemBackend::new(), options()).unwrap();
+    let (rels, decl) = setup(&store, 1, 1_200);
+    // Enough dying images that the estimate reads them in several batches (512 at a time).
+    let pages: Vec<_> = (0..1_200).map(|b| page_key(rels[0], b)).collect();
+    let first: Vec<Vec<u8>> = (0..pages.len())
+        .map(|i| format!("a{i}").into_bytes())
+        .collect();
+    let second: Vec<Vec<u8>> = (0..pages.len())
+        .map(|i| format!("b{i}").into_bytes())
+        .collect();
+    let commit = |contents: &[Vec<u8>]| {
+        let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+        for (page, content) in pages.iter().zip(contents) {
+            let image = cap.put_image(content, &[]).unwrap();
+            cap.add_mapping(*page, image).unwrap();
+        }
+        cap.commit().unwrap().id
+    };
+    let s1 = commit(&first);
+    commit(&second);
+    let whole = store.would_free(s1).unwrap().expect("s1 is not the newest");
+    assert_eq!(whole.images, 1_200);
+
+    // Never told to stop: the same estimate.
+    assert_eq!(store.would_free_unless(s1, &|| false).unwrap(), Some(whole));
+    // Told to stop at any of its looks (one after reading the log, then one before each
+    // batch: three batches of counts and three of images here): no estimate.
+    for allowed in 0..7 {
+        let asked = std::cell::Cell::new(0);
+        let stop = || {
+            asked.set(asked.get() + 1);
+            asked.get() > allowed
+        };
+        assert_eq!(
+            store.would_free_unless(s1, &stop).unwrap(),
+            None,
+            "stopped after {allowed} looks"
+        );
+        assert_eq!(
+            asked.get(),
+            allowed + 1,
+            "it stops at the first look that says so"
+        );
+    }
+    // The store is unchanged by estimates given up: the whole one again.
+    assert_eq!(store.would_free(s1).unwrap(), Some(whole));
+}
