@@ -556,7 +556,7 @@ impl Worker {
         }
         shmem::progress().set_queued(0);
         // The store closes with its last handle: the index and the capture job held the
-        // others and are gone, the estimates' thread stops after its snapshot (a compaction
+        // others and are gone, the estimates' thread stops within a batch (a compaction
         // in flight holds one until it ends: reopening waits for it); requests are answered
         // within one loop iteration.
         if let Some(thread) = self.frees_thread.take() {
