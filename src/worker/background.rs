@@ -10,7 +10,7 @@
 //! one that found nothing (the estimates are computed again after the next change).
 
 use super::Store;
-use gsnap_store::{ImageId, LogRewrite, SnapId};
+use gsnap_store::{Freed, ImageId, LogRewrite, SnapId};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,20 +28,29 @@ pub(super) fn spawn_store_thread<T: Send + 'static>(
     })
 }
 
+/// What an estimates' thread found: the store's estimates epoch it started at (what the
+/// store needs to keep them, `SnapshotStore::keep_estimates`), and per snapshot what
+/// deleting it would free (None: nothing can be said).
+pub(super) struct FoundFrees {
+    pub epoch: u64,
+    pub estimates: Vec<(SnapId, Option<Freed>)>,
+}
+
 /// Estimates of `would_free` being computed on a thread, for one catalog generation.
 pub(super) struct FreesThread {
     pub generation: u64,
     cancel: Arc<AtomicBool>,
-    handle: JoinHandle<Vec<(u64, Option<u64>)>>,
+    handle: JoinHandle<FoundFrees>,
 }
 
 impl FreesThread {
-    /// Starts computing what deleting each of `snaps` would free (bytes), in order.
+    /// Starts computing what deleting each of `snaps` would free, in order.
     pub fn start(store: Store, generation: u64, snaps: Vec<SnapId>) -> std::io::Result<Self> {
         let cancel = Arc::new(AtomicBool::new(false));
         let stop = Arc::clone(&cancel);
         let handle = spawn_store_thread("gsnap-frees", move || {
-            let mut found = Vec::with_capacity(snaps.len());
+            let epoch = store.estimates_epoch();
+            let mut estimates = Vec::with_capacity(snaps.len());
             for snap in snaps {
                 if stop.load(Ordering::Relaxed) {
                     break;
@@ -51,9 +60,9 @@ impl FreesThread {
                     // Given up midway (or just finished): not an estimate; done again later.
                     break;
                 }
-                found.push((snap.0, estimate.ok().flatten().map(|f| f.bytes)));
+                estimates.push((snap, estimate.ok().flatten()));
             }
-            found
+            FoundFrees { epoch, estimates }
         })?;
         Ok(FreesThread {
             generation,
@@ -73,9 +82,13 @@ impl FreesThread {
         self.handle.is_finished()
     }
 
-    /// The estimates of an ended thread (what it computed before it was cancelled, if it was).
-    pub fn join(self) -> Vec<(u64, Option<u64>)> {
-        self.handle.join().unwrap_or_default()
+    /// The estimates of an ended thread (what it computed before it was cancelled, if it was;
+    /// none if it panicked).
+    pub fn join(self) -> FoundFrees {
+        self.handle.join().unwrap_or(FoundFrees {
+            epoch: 0,
+            estimates: Vec::new(),
+        })
     }
 }
 

@@ -19,14 +19,14 @@
 //! - What deleting each snapshot would free is estimated on a thread too, once the catalog is
 //!   quiet and no capture or reclamation runs.
 
-use super::background::{CompactionThread, FreesThread, LogRewriteThread};
+use super::background::{CompactionThread, FoundFrees, FreesThread, LogRewriteThread};
 use super::{Store, Worker};
 use crate::gucs;
 use crate::shmem::{self, groups};
 use gsnap_lifetimes::{self as lifetimes, Decision, Policy};
 use gsnap_protocol::listing::{self, DecisionRow, ReportRow};
 use gsnap_protocol::{ErrorCode, Kind, Reply, Request, SnapId, WorkerError};
-use gsnap_store::{ImageId, Pin, Rank, ReclaimJob, SnapshotInfo, SnapshotState, StoreError};
+use gsnap_store::{Freed, ImageId, Pin, Rank, ReclaimJob, SnapshotInfo, SnapshotState, StoreError};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -616,12 +616,8 @@ impl Worker {
             let thread = self.frees_thread.take().expect("checked above");
             let generation = thread.generation;
             let found = thread.join();
-            if generation == self.frees_generation && !found.is_empty() {
-                for (snap, bytes) in found {
-                    self.frees.insert(snap, (generation, bytes));
-                }
-                self.answers
-                    .remove(&super::serve::answer_key(Kind::Snapshots, 0));
+            if generation == self.frees_generation && !found.estimates.is_empty() {
+                self.found_frees(generation, found);
             }
         }
         let Some(store) = self.store.clone() else {
@@ -642,6 +638,44 @@ impl Worker {
         match FreesThread::start(store, generation, todo) {
             Ok(thread) => self.frees_thread = Some(thread),
             Err(e) => pgrx::log!("gsnap: cannot start the estimates' thread yet: {e}"),
+        }
+    }
+
+    /// Records the estimates a thread computed at the current generation, and keeps them in
+    /// the store too (if no count changed meanwhile), so that a restarted worker starts from
+    /// them instead of computing them all again (`gsnap_store::SnapshotStore::keep_estimates`).
+    fn found_frees(&mut self, generation: u64, found: FoundFrees) {
+        for &(snap, freed) in &found.estimates {
+            self.frees
+                .insert(snap.0, (generation, freed.map(|f| f.bytes)));
+        }
+        self.answers
+            .remove(&super::serve::answer_key(Kind::Snapshots, 0));
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let known: Vec<(SnapId, Freed)> = found
+            .estimates
+            .into_iter()
+            .filter_map(|(snap, freed)| Some((snap, freed?)))
+            .collect();
+        if let Err(e) = store.keep_estimates(found.epoch, &known) {
+            self.note_store_error(&e);
+            pgrx::log!("gsnap: the estimates could not be kept in the store: {e}");
+        }
+    }
+
+    /// Starts from the estimates the store kept (`SnapshotStore::kept_estimates`), once it is
+    /// open: only the others are computed when someone reads them.
+    pub(super) fn load_kept_frees(&mut self, store: &Store) {
+        match store.kept_estimates() {
+            Ok(kept) => {
+                let generation = self.frees_generation;
+                for (snap, freed) in kept {
+                    self.frees.insert(snap.0, (generation, Some(freed.bytes)));
+                }
+            }
+            Err(e) => pgrx::log!("gsnap: the kept estimates could not be read: {e}"),
         }
     }
 

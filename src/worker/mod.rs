@@ -492,6 +492,7 @@ impl Worker {
                     log!("gsnap store at \"{dir}\" is open again");
                 }
                 self.record_failures(&store);
+                self.load_kept_frees(&store);
                 self.last_declared_at_us = store.latest_declared_at_us();
                 // The mappings reclamation killed before this start, if the last rewrite did
                 // not drop them: counted as many as the log holds (a rewrite is due).

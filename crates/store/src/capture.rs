@@ -725,6 +725,9 @@ impl<B: KvBackend> Capture<B> {
         let mut info = self.info.clone();
         info.state = SnapshotState::Committed;
         let snap = info.id;
+        // Counts of older content change: the kept estimates of what deleting a snapshot
+        // would free go in the same batch (`estimates.rs`).
+        let shares_older = self.shares_older_content();
         let mappings = sorted_mappings(snap, std::mem::take(&mut self.mappings));
         info.stats.pages_captured = mappings.len() as u64;
         let r = self.store.append_to_log(snap, &mappings, &mut self.batch);
@@ -757,8 +760,13 @@ impl<B: KvBackend> Capture<B> {
                 }
             }
         }
-        let batch = std::mem::take(&mut self.batch);
-        if let Err(e) = self.store.backend.write(&batch, true) {
+        let mut batch = std::mem::take(&mut self.batch);
+        let written = if shares_older {
+            self.store.write_forgetting_estimates(&mut batch, true)
+        } else {
+            self.store.backend.write(&batch, true)
+        };
+        if let Err(e) = written {
             self.failed = Some(e.clone());
             return Err(e);
         }

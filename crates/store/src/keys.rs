@@ -174,6 +174,9 @@ pub const TAG_KEPT_TOAST: u8 = b'W';
 /// `catalog`: `'Y' rel` -> key map record: the snapshot it starts at (u64 BE), then the
 /// caller's definition of the key (opaque bytes).
 pub const TAG_KEY_MAP: u8 = b'Y';
+/// `catalog`: `'E' snap` -> what deleting snapshot `snap` would free, as last computed, with
+/// the neighbours it was computed against (`estimates.rs`).
+pub const TAG_ESTIMATE: u8 = b'E';
 
 pub(crate) fn tagged_u64(tag: u8, n: u64) -> [u8; 9] {
     let mut k = [0; 9];
@@ -190,6 +193,11 @@ pub fn snapshot_key(snap: SnapId) -> [u8; 9] {
 /// `catalog` key of snapshot `snap`'s capturing marker.
 pub fn capturing_key(snap: SnapId) -> [u8; 9] {
     tagged_u64(TAG_CAPTURING, snap.0)
+}
+
+/// `catalog` key of the kept estimate of what deleting snapshot `snap` would free.
+pub fn estimate_key(snap: SnapId) -> [u8; 9] {
+    tagged_u64(TAG_ESTIMATE, snap.0)
 }
 
 /// `catalog` key of a page carried by snapshot `snap`.

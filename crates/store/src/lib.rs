@@ -44,6 +44,7 @@ mod capture;
 mod catalog;
 mod codec;
 mod error;
+mod estimates;
 mod faulty;
 mod groups;
 mod ids;

@@ -118,6 +118,19 @@ fn zero_key(id: ImageId) -> [u8; 9] {
 }
 
 impl<B: KvBackend> SnapshotStore<B> {
+    /// The neighbours in R of snapshot `d`, which a deletion of `d` would be reclaimed
+    /// against: the greatest member below it (if any) and the least above it. None if `d` is
+    /// not in R, is the newest snapshot of the log, or has no member of R above it.
+    pub(crate) fn neighbours(&self, d: SnapId) -> Option<(Option<SnapId>, SnapId)> {
+        let (r, newest) = self.unreclaimed();
+        if Some(d) == newest || r.binary_search(&d).is_err() {
+            return None;
+        }
+        let prev = r.iter().rev().find(|&&s| s < d).copied();
+        let next = r.iter().find(|&&s| s > d).copied()?;
+        Some((prev, next))
+    }
+
     /// R (see the module comment): the snapshots of the log not reclaimed yet, in order,
     /// and the newest snapshot of the log.
     pub(crate) fn unreclaimed(&self) -> (Vec<SnapId>, Option<SnapId>) {
@@ -262,7 +275,7 @@ impl<B: KvBackend> SnapshotStore<B> {
                 &records::encode_snapshot(&info),
             );
             batch.delete(Cf::Catalog, keys::GC_PROGRESS_KEY);
-            self.backend.write(&batch, true)?;
+            self.write_forgetting_estimates(&mut batch, true)?;
             self.catalog_mut().snaps.insert(
                 job.snap,
                 SnapSummary {
@@ -279,7 +292,7 @@ impl<B: KvBackend> SnapshotStore<B> {
                 freed: total,
             };
             batch.put(Cf::Catalog, keys::GC_PROGRESS_KEY, &encode_progress(&p));
-            self.backend.write(&batch, false)?;
+            self.write_forgetting_estimates(&mut batch, false)?;
         }
         job.done = end;
         job.freed = total;
@@ -306,12 +319,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// declaration instead of finishing a snapshot's estimate (up to a second for a large
     /// one). A caller whose `stop` said so has no estimate, whatever this returned.
     pub fn would_free_unless(&self, d: SnapId, stop: &dyn Fn() -> bool) -> Result<Option<Freed>> {
-        let (r, newest) = self.unreclaimed();
-        if Some(d) == newest || r.binary_search(&d).is_err() {
-            return Ok(None);
-        }
-        let prev = r.iter().rev().find(|&&s| s < d).copied();
-        let Some(next) = r.iter().find(|&&s| s > d).copied() else {
+        let Some((prev, next)) = self.neighbours(d) else {
             return Ok(None);
         };
         let job = self.job(d, prev, next)?;
@@ -343,9 +351,9 @@ impl<B: KvBackend> SnapshotStore<B> {
             return Ok(None);
         };
         // The TOAST values' removals go into a batch that is never written: the same code as
-        // a real step.
+        // a real step, with no capture open (one keeps the values it may reuse until it ends).
         let mut scratch = WriteBatch::new();
-        freed.add(self.release_toasts(toast_decrements, &mut scratch)?);
+        freed.add(self.release_toasts_keeping(toast_decrements, &mut scratch, false)?);
         Ok(Some(freed))
     }
 
@@ -382,7 +390,7 @@ impl<B: KvBackend> SnapshotStore<B> {
         }
         freed.add(self.release_toasts(toast_decrements, &mut batch)?);
         if !batch.is_empty() {
-            self.backend.write(&batch, true)?;
+            self.write_forgetting_estimates(&mut batch, true)?;
         }
         Ok(freed)
     }

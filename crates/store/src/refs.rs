@@ -215,12 +215,25 @@ impl<B: KvBackend> SnapshotStore<B> {
         toast_decrements: HashMap<ToastId, u64>,
         batch: &mut WriteBatch,
     ) -> Result<Freed> {
+        let capture_open = self.catalog().active.is_some();
+        self.release_toasts_keeping(toast_decrements, batch, capture_open)
+    }
+
+    /// [`Self::release_toasts`], keeping the values that reach zero if `capture_open` (an
+    /// estimate counts them as freed whether a capture is open or not: a kept value is freed
+    /// after the capture unless the capture reused it, and a reuse is a commit that forgets
+    /// the kept estimates, `estimates.rs`).
+    pub(crate) fn release_toasts_keeping(
+        &self,
+        toast_decrements: HashMap<ToastId, u64>,
+        batch: &mut WriteBatch,
+        capture_open: bool,
+    ) -> Result<Freed> {
         let items: Vec<(ToastId, [u8; 9])> = toast_decrements
             .keys()
             .map(|&t| (t, keys::toast_refs_key(t)))
             .collect();
         let mut freed = Freed::default();
-        let capture_open = self.catalog().active.is_some();
         for (t, key, count) in self.counts(&items)? {
             let dec = toast_decrements[&t];
             match count.checked_sub(dec) {

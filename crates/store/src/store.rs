@@ -172,6 +172,9 @@ pub struct StoreState<B: KvBackend> {
     pub(crate) open_keys: Mutex<OpenKeyCache>,
     /// The records of the images the last committed captures stored.
     pub(crate) recent: Mutex<RecentImages>,
+    /// Batches written that forgot the kept estimates (`estimates.rs`); held while such a
+    /// batch, or kept estimates, are written.
+    pub(crate) estimates_epoch: Mutex<u64>,
 }
 
 impl SnapshotStore<RocksBackend> {
@@ -238,6 +241,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             log_rewrite: std::sync::atomic::AtomicU64::new(0),
             open_keys: Mutex::new(OpenKeyCache::new(options.open_key_cache_bytes)),
             recent: Mutex::new(RecentImages::new(options.recent_image_cache_bytes)),
+            estimates_epoch: Mutex::new(0),
             options,
         }));
         store.recover()?;

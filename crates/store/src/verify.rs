@@ -198,7 +198,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             .collect();
         report.missing_toast_values.sort_unstable();
         if repair && !batch.is_empty() {
-            self.backend.write(&batch, true)?;
+            self.write_forgetting_estimates(&mut batch, true)?;
         }
         Ok(report)
     }

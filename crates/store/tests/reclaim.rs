@@ -1900,6 +1900,7 @@ struct Coverage {
     mappings_dropped: u64,
     rewrites_caught_up: u64,
     stale_rewrites: u64,
+    estimates_read_back: u64,
 }
 
 impl Coverage {
@@ -1919,6 +1920,7 @@ impl Coverage {
         self.mappings_dropped += o.mappings_dropped;
         self.rewrites_caught_up += o.rewrites_caught_up;
         self.stale_rewrites += o.stale_rewrites;
+        self.estimates_read_back += o.estimates_read_back;
     }
 }
 
@@ -2399,6 +2401,7 @@ impl World {
         if self.rng.chance(8) {
             self.reopen();
             self.check(false);
+            self.estimates();
         }
         if let Some(rewrite) = self.pending.take() {
             self.switch_log(rewrite, false);
@@ -2414,7 +2417,10 @@ impl World {
                 }
                 18..=23 => self.delete_some(Some(&open)),
                 24..=26 => self.release(Some(&open)),
-                27..=31 => self.check(true),
+                27..=31 => {
+                    self.check(true);
+                    self.estimates();
+                }
                 32..=34 => self.rewrite_log(),
                 _ => {}
             }
@@ -2437,6 +2443,32 @@ impl World {
             self.rng.below(100);
         }
         self.check(false);
+        self.estimates();
+    }
+
+    /// Checks that every estimate the store kept is what deleting its snapshot would free
+    /// now, then keeps the estimates of every snapshot (`estimates.rs`): the next check comes
+    /// after whatever the workload did meanwhile (captures sharing content, reclamation
+    /// steps, deletions, log rewrites, reopening).
+    fn estimates(&mut self) {
+        let ctx = self.ctx();
+        let store = &self.store;
+        for (snap, freed) in store.kept_estimates().unwrap() {
+            assert_eq!(
+                store.would_free(snap).unwrap(),
+                Some(freed),
+                "{ctx}: kept estimate of {snap}"
+            );
+            self.seen.estimates_read_back += 1;
+        }
+        let epoch = store.estimates_epoch();
+        let found: Vec<(SnapId, Freed)> = store
+            .snapshots()
+            .unwrap()
+            .iter()
+            .filter_map(|i| Some((i.id, store.would_free(i.id).unwrap()?)))
+            .collect();
+        assert!(store.keep_estimates(epoch, &found).unwrap(), "{ctx}");
     }
 
     /// Rewrites the mapping log without its dead mappings (refused while a reclamation is in
@@ -2625,6 +2657,7 @@ fn random_workloads_with_sparse_deletion_and_reclamation_match_the_model() {
             c.rewrites_caught_up,
         ),
         ("stale rewrites refused", c.stale_rewrites),
+        ("kept estimates read back", c.estimates_read_back),
     ] {
         assert!(n > 0, "the workload never exercised {what}: {c:?}");
     }
