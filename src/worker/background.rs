@@ -13,6 +13,7 @@ use super::Store;
 use gsnap_store::{Freed, ImageId, LogRewrite, SnapId};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -28,19 +29,24 @@ pub(super) fn spawn_store_thread<T: Send + 'static>(
     })
 }
 
-/// What an estimates' thread found: the store's estimates epoch it started at (what the
-/// store needs to keep them, `SnapshotStore::keep_estimates`), and per snapshot what
-/// deleting it would free (None: nothing can be said).
-pub(super) struct FoundFrees {
+/// One estimate an estimates' thread computed: what deleting `snap` would free (None:
+/// nothing can be said), and the store's estimates epoch read before it was computed (what
+/// the store needs to keep it, `SnapshotStore::keep_estimates`).
+pub(super) struct FoundFree {
+    pub snap: SnapId,
+    pub freed: Option<Freed>,
     pub epoch: u64,
-    pub estimates: Vec<(SnapId, Option<Freed>)>,
 }
 
-/// Estimates of `would_free` being computed on a thread, for one catalog generation.
+/// Estimates of `would_free` being computed on a thread, for one catalog generation. Each is
+/// handed over as soon as it is computed, so that the listing fills in as they come and a
+/// restart loses at most the one under way (a store of hundreds of large snapshots takes
+/// minutes).
 pub(super) struct FreesThread {
     pub generation: u64,
     cancel: Arc<AtomicBool>,
-    handle: JoinHandle<FoundFrees>,
+    found: Receiver<FoundFree>,
+    handle: JoinHandle<()>,
 }
 
 impl FreesThread {
@@ -48,25 +54,28 @@ impl FreesThread {
     pub fn start(store: Store, generation: u64, snaps: Vec<SnapId>) -> std::io::Result<Self> {
         let cancel = Arc::new(AtomicBool::new(false));
         let stop = Arc::clone(&cancel);
+        let (send, found) = std::sync::mpsc::channel();
         let handle = spawn_store_thread("gsnap-frees", move || {
-            let epoch = store.estimates_epoch();
-            let mut estimates = Vec::with_capacity(snaps.len());
             for snap in snaps {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
+                let epoch = store.estimates_epoch();
                 let estimate = store.would_free_unless(snap, &|| stop.load(Ordering::Relaxed));
                 if stop.load(Ordering::Relaxed) {
                     // Given up midway (or just finished): not an estimate; done again later.
                     break;
                 }
-                estimates.push((snap, estimate.ok().flatten()));
+                let freed = estimate.ok().flatten();
+                if send.send(FoundFree { snap, freed, epoch }).is_err() {
+                    break;
+                }
             }
-            FoundFrees { epoch, estimates }
         })?;
         Ok(FreesThread {
             generation,
             cancel,
+            found,
             handle,
         })
     }
@@ -82,13 +91,9 @@ impl FreesThread {
         self.handle.is_finished()
     }
 
-    /// The estimates of an ended thread (what it computed before it was cancelled, if it was;
-    /// none if it panicked).
-    pub fn join(self) -> FoundFrees {
-        self.handle.join().unwrap_or(FoundFrees {
-            epoch: 0,
-            estimates: Vec::new(),
-        })
+    /// The estimates computed since the last call.
+    pub fn take_found(&self) -> Vec<FoundFree> {
+        self.found.try_iter().collect()
     }
 }
 

@@ -19,7 +19,7 @@
 //! - What deleting each snapshot would free is estimated on a thread too, once the catalog is
 //!   quiet and no capture or reclamation runs.
 
-use super::background::{CompactionThread, FoundFrees, FreesThread, LogRewriteThread};
+use super::background::{CompactionThread, FoundFree, FreesThread, LogRewriteThread};
 use super::{Store, Worker};
 use crate::gucs;
 use crate::shmem::{self, groups};
@@ -27,6 +27,7 @@ use gsnap_lifetimes::{self as lifetimes, Decision, Policy};
 use gsnap_protocol::listing::{self, DecisionRow, ReportRow};
 use gsnap_protocol::{ErrorCode, Kind, Reply, Request, SnapId, WorkerError};
 use gsnap_store::{Freed, ImageId, Pin, Rank, ReclaimJob, SnapshotInfo, SnapshotState, StoreError};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -606,18 +607,19 @@ impl Worker {
             && self.reclaim_job.is_none()
             && now >= self.frees_quiet_at
             && now < self.frees_wanted_until;
-        if let Some(thread) = &self.frees_thread {
+        if let Some(thread) = self.frees_thread.take() {
             if !quiet || thread.generation != self.frees_generation {
                 thread.cancel();
             }
-            if !thread.finished() {
-                return;
+            // Asked before the estimates are taken, so none sent before the end is left.
+            let finished = thread.finished();
+            let found = thread.take_found();
+            if thread.generation == self.frees_generation && !found.is_empty() {
+                self.found_frees(found);
             }
-            let thread = self.frees_thread.take().expect("checked above");
-            let generation = thread.generation;
-            let found = thread.join();
-            if generation == self.frees_generation && !found.estimates.is_empty() {
-                self.found_frees(generation, found);
+            if !finished {
+                self.frees_thread = Some(thread);
+                return;
             }
         }
         let Some(store) = self.store.clone() else {
@@ -644,24 +646,27 @@ impl Worker {
     /// Records the estimates a thread computed at the current generation, and keeps them in
     /// the store too (if no count changed meanwhile), so that a restarted worker starts from
     /// them instead of computing them all again (`gsnap_store::SnapshotStore::keep_estimates`).
-    fn found_frees(&mut self, generation: u64, found: FoundFrees) {
-        for &(snap, freed) in &found.estimates {
+    fn found_frees(&mut self, found: Vec<FoundFree>) {
+        let generation = self.frees_generation;
+        let mut known: BTreeMap<u64, Vec<(SnapId, Freed)>> = BTreeMap::new();
+        for f in found {
             self.frees
-                .insert(snap.0, (generation, freed.map(|f| f.bytes)));
+                .insert(f.snap.0, (generation, f.freed.map(|f| f.bytes)));
+            if let Some(freed) = f.freed {
+                known.entry(f.epoch).or_default().push((f.snap, freed));
+            }
         }
         self.answers
             .remove(&super::serve::answer_key(Kind::Snapshots, 0));
         let Some(store) = self.store.clone() else {
             return;
         };
-        let known: Vec<(SnapId, Freed)> = found
-            .estimates
-            .into_iter()
-            .filter_map(|(snap, freed)| Some((snap, freed?)))
-            .collect();
-        if let Err(e) = store.keep_estimates(found.epoch, &known) {
-            self.note_store_error(&e);
-            pgrx::log!("gsnap: the estimates could not be kept in the store: {e}");
+        for (epoch, estimates) in known {
+            if let Err(e) = store.keep_estimates(epoch, &estimates) {
+                self.note_store_error(&e);
+                pgrx::log!("gsnap: the estimates could not be kept in the store: {e}");
+                return;
+            }
         }
     }
 
