@@ -506,6 +506,56 @@ def test_estimates_kept_from_snapshot_to_snapshot_and_across_restarts(lt):
         first_listing()
 
 
+def test_after_a_reclamation_only_the_neighbours_estimates_change_and_each_is_exact(lt):
+    """Reclaiming a snapshot makes the worker recompute the estimates of its two neighbours
+    only (their dead mappings grow), unless the reclamation left content it released named
+    elsewhere. Each estimate shown afterwards is exactly what reclaiming that snapshot then
+    frees: a neighbour's (recomputed) and one further away (kept as it was through two
+    reclamations)."""
+    rng = random.Random(23)
+
+    def listing():
+        return {s["snap_id"]: s["frees_bytes"] for s in snapshots(conn)}
+
+    def recomputed(live, grown, old):
+        """The listing once every estimate of `live` is known and that of `grown`, the
+        reclaimed snapshot's upper neighbour, moved from `old` (its dead mappings grew here).
+        The thread computes stale estimates in snapshot order, so the lower neighbour's was
+        recomputed by then too."""
+        def check():
+            rows = listing()
+            if any(rows.get(s) is None for s in live[:-1]):
+                return None
+            return rows if grown is None or rows[grown] != old[grown] else None
+        return wait_until(check, 60, f"the estimate of {grown} to be recomputed")
+
+    def reclaim(snap, shown):
+        before = stats(conn)["reclaimed_bytes"]
+        conn.execute("SELECT gsnap_delete(%s)", (snap,))
+        wait_reclaimed(conn, [snap])
+        assert stats(conn)["reclaimed_bytes"] - before == shown[snap], (snap, shown)
+
+    with lt.connect() as conn:
+        make(conn, "lt_after", 6000)
+        s = take(conn, 7, "lt_after", rng, 6000)
+        live = list(s)
+        rows = recomputed(live, None, {})
+        reclaim(s[2], rows)
+        live.remove(s[2])
+        rows2 = recomputed(live, s[3], rows)
+        assert rows2[s[3]] > rows[s[3]], (rows, rows2)
+        assert rows2[s[5]] == rows[s[5]]
+        reclaim(s[3], rows2)  # the upper neighbour, recomputed
+        live.remove(s[3])
+        rows3 = recomputed(live, s[4], rows2)
+        reclaim(s[5], rows3)  # further away: the value it had before both reclamations
+        assert rows3[s[5]] == rows[s[5]]
+        live.remove(s[5])
+        rows4 = recomputed(live, s[4], rows3)
+        reclaim(s[1], rows4)  # the lower neighbour of s2 and of s3, recomputed twice
+        assert_clean(conn)
+
+
 def test_deleting_the_first_snapshot_of_a_period_says_what_it_means_for_the_policy(lt):
     with lt.connect() as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS lt_first (id int) USING gsnap")

@@ -252,7 +252,8 @@ impl Worker {
             .with_hint("Pass force => true to delete it anyway."));
         }
         store.delete_snapshots(&wanted, now).map_err(store_error)?;
-        self.catalog_changed();
+        // A deleted snapshot stays in the log until it is reclaimed: no estimate changes yet.
+        self.listing_changed();
         Ok(())
     }
 
@@ -320,7 +321,7 @@ impl Worker {
         });
         match result {
             Ok(0) => {}
-            Ok(_) => self.catalog_changed(),
+            Ok(_) => self.listing_changed(),
             Err(e) => pgrx::warning!("gsnap: retention could not be applied: {}", e.message),
         }
     }
@@ -343,7 +344,13 @@ impl Worker {
         if self.job.is_none() && self.release_kept {
             let keep = |_: ImageId| false;
             match store.release_kept(&keep) {
-                Ok(freed) => self.reclaimed_total.add(freed),
+                Ok(freed) => {
+                    self.reclaimed_total.add(freed);
+                    if freed != Freed::default() {
+                        // The TOAST values the freed content named lost a reference.
+                        self.catalog_changed();
+                    }
+                }
                 Err(e) => {
                     self.note_store_error(&e);
                     return false;
@@ -400,7 +407,7 @@ impl Worker {
                     *e = (e.0.min(from), e.1.max(to));
                 }
                 self.tidy_due = true;
-                self.catalog_changed();
+                self.snapshot_reclaimed(&job);
                 true
             }
             Ok(false) => {

@@ -630,23 +630,43 @@ impl Worker {
     /// again then. (Recomputing them all after every snapshot cost the worker time in
     /// proportion to the number of snapshots.)
     fn snapshot_committed(&mut self, snap: u64, shares_older: bool) {
-        let before = self.frees_generation;
-        self.catalog_changed();
         if shares_older {
+            self.catalog_changed();
             return;
         }
         let previous = self.frees.keys().copied().filter(|&s| s < snap).max();
+        self.estimates_changed(&[previous]);
+    }
+
+    /// The reclamation of a deleted snapshot completed. Unless a step left content it
+    /// decremented named elsewhere (then any estimate may have changed), only the estimates
+    /// of its neighbours change: their dead mappings grow (`gsnap_store`, `estimates.rs`).
+    /// (Recomputing them all after every reclamation, under a retention policy, cost the
+    /// worker a read of every snapshot's dead mappings after each capture.)
+    pub(super) fn snapshot_reclaimed(&mut self, job: &gsnap_store::ReclaimJob) {
+        if job.changed_shared_content() {
+            self.catalog_changed();
+            return;
+        }
+        self.estimates_changed(&[Some(job.snap.0), job.prev.map(|s| s.0), Some(job.next.0)]);
+    }
+
+    /// The catalog changed, and of the estimates of what deleting a snapshot would free only
+    /// those of `changed` did: the others known now are kept as current.
+    fn estimates_changed(&mut self, changed: &[Option<u64>]) {
+        let before = self.frees_generation;
+        self.catalog_changed();
         let now = self.frees_generation;
         for (&s, entry) in self.frees.iter_mut() {
-            if entry.0 == before && Some(s) != previous {
+            if entry.0 == before && !changed.contains(&Some(s)) {
                 entry.0 = now;
             }
         }
     }
 
     /// The catalog changed in a way that changes no estimate of what deleting a snapshot
-    /// would free: a declaration, a failed capture, a pin, a rank. Only the cached listings
-    /// go.
+    /// would free: a declaration, a pin, a rank, a deletion (the snapshot stays in the log
+    /// until it is reclaimed, `snapshot_reclaimed`). Only the cached listings go.
     fn listing_changed(&mut self) {
         self.answers.clear();
     }

@@ -31,6 +31,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::backend::{KvBackend, KvCursor, WriteBatch};
 use crate::error::{Result, StoreError};
+use crate::estimates::Forget;
 use crate::ids::{Fingerprint, ImageId, PageKey, Rank, RelId, SnapId, ToastId};
 use crate::keys::{self, Cf, Counter, DedupKind};
 use crate::openkeys::{self, OpenEntries};
@@ -762,7 +763,8 @@ impl<B: KvBackend> Capture<B> {
         }
         let mut batch = std::mem::take(&mut self.batch);
         let written = if shares_older {
-            self.store.write_forgetting_estimates(&mut batch, true)
+            self.store
+                .write_forgetting_estimates(&mut batch, true, Forget::All)
         } else {
             self.store.backend.write(&batch, true)
         };

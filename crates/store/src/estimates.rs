@@ -7,11 +7,15 @@
 //! Invariant: an estimate read back ([`SnapshotStore::kept_estimates`]) is what `would_free`
 //! would return now. An estimate depends on the reference counts of content its snapshot
 //! maps and on the snapshot's neighbours in R (`reclaim.rs`). So:
-//! - every batch that changes counts of content an estimate may read deletes every kept
-//!   estimate, in the same batch ([`SnapshotStore::write_forgetting_estimates`]): a
-//!   reclamation step, the release of kept content, a repair, and a commit that references
-//!   content stored before it (a commit that does not only adds counts of its own new
-//!   content, which no other snapshot maps);
+//! - every batch that changes counts of content an estimate may read deletes the kept
+//!   estimates it may change, in the same batch
+//!   ([`SnapshotStore::write_forgetting_estimates`]): all of them for the release of kept
+//!   content, a repair, a commit that references content stored before it (a commit that does
+//!   not only adds counts of its own new content, which no other snapshot maps), and a
+//!   reclamation step that leaves content it decremented named by other mappings or images;
+//!   a step that does not touches only content named by its job's dead mappings alone, and
+//!   deletes the estimates of the job's snapshot and of its two neighbours (whose dead
+//!   mappings grow once it is reclaimed);
 //! - an estimate is kept only if no such batch was written since it was computed (the
 //!   caller passes the [`SnapshotStore::estimates_epoch`] it read before computing it);
 //! - the neighbours it was computed against are kept with it, and an estimate whose
@@ -80,22 +84,38 @@ impl<B: KvBackend> SnapshotStore<B> {
         Ok(out)
     }
 
-    /// Writes `batch`, which changes counts an estimate may read, with the deletion of every
-    /// kept estimate. The epoch moves on whether the write succeeds or not, so no estimate
-    /// computed before it is kept after it.
+    /// Writes `batch`, which changes counts an estimate may read, with the deletion of the
+    /// kept estimates it may change. The epoch moves on whether the write succeeds or not, so
+    /// no estimate computed before it is kept after it.
     pub(crate) fn write_forgetting_estimates(
         &self,
         batch: &mut WriteBatch,
         sync: bool,
+        forget: Forget<'_>,
     ) -> Result<()> {
         let mut epoch = self
             .estimates_epoch
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         *epoch += 1;
-        batch.delete_range(Cf::Catalog, RANGE.0, RANGE.1);
+        match forget {
+            Forget::All => batch.delete_range(Cf::Catalog, RANGE.0, RANGE.1),
+            Forget::Of(snaps) => {
+                for snap in snaps.iter().flatten() {
+                    batch.delete(Cf::Catalog, &keys::estimate_key(*snap));
+                }
+            }
+        }
         self.backend.write(batch, sync)
     }
+}
+
+/// Which kept estimates a batch changes.
+pub(crate) enum Forget<'a> {
+    /// Any of them.
+    All,
+    /// Only those of these snapshots.
+    Of(&'a [Option<SnapId>]),
 }
 
 fn encode_estimate(prev: Option<SnapId>, next: SnapId, freed: Freed) -> Vec<u8> {

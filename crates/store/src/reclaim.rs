@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::backend::{KvBackend, Scan, WriteBatch};
 use crate::codec::{Dec, Enc};
 use crate::error::{Result, StoreError};
+use crate::estimates::Forget;
 use crate::ids::{ImageId, PageKey, SnapId, ToastId};
 use crate::keys::{self, Cf};
 use crate::records::{self, SnapshotState, RECORD_VERSION};
@@ -51,12 +52,22 @@ pub struct ReclaimJob {
     /// Per rank, the lowest and highest image freed (in this run of the job): the key ranges
     /// worth compacting afterwards.
     freed_ranges: BTreeMap<u8, (ImageId, ImageId)>,
+    /// A step (in this run of the job) left content it decremented named by other live
+    /// mappings or images.
+    still_named: bool,
 }
 
 impl ReclaimJob {
     /// How many dead mappings the job has in all.
     pub fn total(&self) -> usize {
         self.dead.len()
+    }
+
+    /// True if a step of this run of the job left content it decremented still named by
+    /// other mappings or images: then any snapshot's estimate of what deleting it would free
+    /// may have changed; otherwise only those of the job's snapshot and its neighbours did.
+    pub fn changed_shared_content(&self) -> bool {
+        self.still_named
     }
 
     /// Per rank, the range of image ids this job freed (lowest, highest).
@@ -219,6 +230,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             done: 0,
             freed: Freed::default(),
             freed_ranges: BTreeMap::new(),
+            still_named: false,
         })
     }
 
@@ -245,9 +257,11 @@ impl<B: KvBackend> SnapshotStore<B> {
         let mut freed = Freed::default();
         let mut freed_ids = Vec::new();
         let mut toast_decrements = HashMap::new();
+        let mut still_named = false;
         for (id, key, count) in self.counts(&items)? {
             let left = count.saturating_sub(decrements[&id]);
             if left > 0 {
+                still_named = true;
                 batch.put(Cf::Refs, &key, &left.to_be_bytes());
             } else if keep(id) {
                 batch.put(Cf::Refs, &key, &0u64.to_be_bytes());
@@ -260,7 +274,20 @@ impl<B: KvBackend> SnapshotStore<B> {
                 freed.add(f);
             }
         }
-        freed.add(self.release_toasts(toast_decrements, &mut batch)?);
+        let toasts = self.release_toasts(toast_decrements, &mut batch)?;
+        freed.add(toasts.freed);
+        still_named |= toasts.still_named;
+        // Content still named by other live mappings after this step may count in any
+        // snapshot's estimate: every kept estimate goes. Otherwise the content it released was
+        // named only by the job's dead mappings, which no other snapshot's estimate reads: only
+        // the estimates of the snapshot and of its neighbours (whose dead mappings grow once it
+        // is reclaimed) go (`estimates.rs`).
+        let neighbours = [Some(job.snap), job.prev, Some(job.next)];
+        let forget = if still_named {
+            Forget::All
+        } else {
+            Forget::Of(&neighbours)
+        };
         // The job changes only once the batch is written: a step whose write failed is done
         // again in full by a retry.
         let mut total = job.freed;
@@ -275,7 +302,7 @@ impl<B: KvBackend> SnapshotStore<B> {
                 &records::encode_snapshot(&info),
             );
             batch.delete(Cf::Catalog, keys::GC_PROGRESS_KEY);
-            self.write_forgetting_estimates(&mut batch, true)?;
+            self.write_forgetting_estimates(&mut batch, true, forget)?;
             self.catalog_mut().snaps.insert(
                 job.snap,
                 SnapSummary {
@@ -292,10 +319,11 @@ impl<B: KvBackend> SnapshotStore<B> {
                 freed: total,
             };
             batch.put(Cf::Catalog, keys::GC_PROGRESS_KEY, &encode_progress(&p));
-            self.write_forgetting_estimates(&mut batch, false)?;
+            self.write_forgetting_estimates(&mut batch, false, forget)?;
         }
         job.done = end;
         job.freed = total;
+        job.still_named |= still_named;
         for id in freed_ids {
             job.note_freed(id);
         }
@@ -353,7 +381,10 @@ impl<B: KvBackend> SnapshotStore<B> {
         // The TOAST values' removals go into a batch that is never written: the same code as
         // a real step, with no capture open (one keeps the values it may reuse until it ends).
         let mut scratch = WriteBatch::new();
-        freed.add(self.release_toasts_keeping(toast_decrements, &mut scratch, false)?);
+        freed.add(
+            self.release_toasts_keeping(toast_decrements, &mut scratch, false)?
+                .freed,
+        );
         Ok(Some(freed))
     }
 
@@ -388,9 +419,12 @@ impl<B: KvBackend> SnapshotStore<B> {
             }
             batch.delete(Cf::Catalog, &k);
         }
-        freed.add(self.release_toasts(toast_decrements, &mut batch)?);
-        if !batch.is_empty() {
-            self.write_forgetting_estimates(&mut batch, true)?;
+        freed.add(self.release_toasts(toast_decrements, &mut batch)?.freed);
+        if freed != Freed::default() {
+            // The TOAST values freed images named lost a reference.
+            self.write_forgetting_estimates(&mut batch, true, Forget::All)?;
+        } else if !batch.is_empty() {
+            self.backend.write(&batch, true)?;
         }
         Ok(freed)
     }

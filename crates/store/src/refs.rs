@@ -37,6 +37,14 @@ pub struct Freed {
     pub bytes: u64,
 }
 
+/// What taking decrements off TOAST values' counts did.
+pub(crate) struct Released {
+    pub freed: Freed,
+    /// A value decremented is still named by other images (which other snapshots' estimates
+    /// may count).
+    pub still_named: bool,
+}
+
 impl Freed {
     pub fn add(&mut self, other: Freed) {
         self.images += other.images;
@@ -214,7 +222,7 @@ impl<B: KvBackend> SnapshotStore<B> {
         &self,
         toast_decrements: HashMap<ToastId, u64>,
         batch: &mut WriteBatch,
-    ) -> Result<Freed> {
+    ) -> Result<Released> {
         let capture_open = self.catalog().active.is_some();
         self.release_toasts_keeping(toast_decrements, batch, capture_open)
     }
@@ -228,12 +236,13 @@ impl<B: KvBackend> SnapshotStore<B> {
         toast_decrements: HashMap<ToastId, u64>,
         batch: &mut WriteBatch,
         capture_open: bool,
-    ) -> Result<Freed> {
+    ) -> Result<Released> {
         let items: Vec<(ToastId, [u8; 9])> = toast_decrements
             .keys()
             .map(|&t| (t, keys::toast_refs_key(t)))
             .collect();
         let mut freed = Freed::default();
+        let mut still_named = false;
         for (t, key, count) in self.counts(&items)? {
             let dec = toast_decrements[&t];
             match count.checked_sub(dec) {
@@ -246,10 +255,13 @@ impl<B: KvBackend> SnapshotStore<B> {
                     );
                 }
                 Some(0) | None => freed.add(self.free_toast(t, batch)?),
-                Some(left) => batch.put(Cf::Refs, &key, &left.to_be_bytes()),
+                Some(left) => {
+                    still_named = true;
+                    batch.put(Cf::Refs, &key, &left.to_be_bytes())
+                }
             }
         }
-        Ok(freed)
+        Ok(Released { freed, still_named })
     }
 }
 

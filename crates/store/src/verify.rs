@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::backend::{KvBackend, Scan, WriteBatch};
 use crate::error::{Result, StoreError};
+use crate::estimates::Forget;
 use crate::ids::{ImageId, PageKey, Rank, SnapId, ToastId};
 use crate::keys::{self, Cf};
 use crate::records::{self, SnapshotState};
@@ -198,7 +199,7 @@ impl<B: KvBackend> SnapshotStore<B> {
             .collect();
         report.missing_toast_values.sort_unstable();
         if repair && !batch.is_empty() {
-            self.write_forgetting_estimates(&mut batch, true)?;
+            self.write_forgetting_estimates(&mut batch, true, Forget::All)?;
         }
         Ok(report)
     }

@@ -189,3 +189,83 @@ fn an_estimate_whose_neighbours_changed_is_not_read_back() {
     assert!(store.kept_estimates().unwrap().is_empty());
     assert!(store.would_free(s2).unwrap().is_some());
 }
+
+/// A reclamation step that releases only content its job's dead mappings alone named changes
+/// no other snapshot's estimate but those of the reclaimed snapshot's neighbours (their dead
+/// mappings grow): the others stay kept. One that leaves content it decremented named
+/// elsewhere (here an image two pages share) may change any estimate: all go.
+#[test]
+fn a_reclamation_forgets_its_neighbours_estimates_or_all_if_it_leaves_content_shared() {
+    let store = SnapshotStore::open(MemBackend::new(), options()).unwrap();
+    let (rels, decl) = setup(&store, 1, 4);
+    let (p0, p1) = (page_key(rels[0], 0), page_key(rels[0], 1));
+    let s1 = commit(&store, &decl, &[(p0, b"a"), (p1, b"b")]);
+    let s2 = commit(&store, &decl, &[(p0, b"c"), (p1, b"x")]);
+    // p0 takes the content p1 had at s2: one image named by two mappings.
+    let s3 = commit(&store, &decl, &[(p0, b"x"), (p1, b"d")]);
+    let s4 = commit(&store, &decl, &[(p0, b"e"), (p1, b"e2")]);
+    let s5 = commit(&store, &decl, &[(p0, b"f"), (p1, b"f2")]);
+    let s6 = commit(&store, &decl, &[(p0, b"g")]);
+    let all = [s1, s2, s3, s4, s5, s6];
+    keep(&store, &all);
+    assert_eq!(kept(&store).len(), 5);
+
+    // s4's dead mappings name e and e2 alone: s3 and s5 (its neighbours) and s4 go.
+    store.delete_snapshots(&[s4], 1).unwrap();
+    let mut job = store.reclaim_next(&|_| true).unwrap().unwrap();
+    while !store.reclaim_step(&mut job, 1, &|_| false).unwrap() {}
+    assert!(!job.changed_shared_content());
+    let left: Vec<SnapId> = kept(&store).iter().map(|e| e.0).collect();
+    assert_eq!(left, vec![s1, s2]);
+
+    // s2's dead mappings name c and x; x stays named by s3's p0: every estimate goes.
+    keep(&store, &all);
+    store.delete_snapshots(&[s2], 2).unwrap();
+    let mut job = store.reclaim_next(&|_| true).unwrap().unwrap();
+    assert_eq!(job.snap, s2);
+    while !store.reclaim_step(&mut job, 10, &|_| false).unwrap() {}
+    assert!(job.changed_shared_content());
+    assert!(store.kept_estimates().unwrap().is_empty());
+    assert_eq!(
+        keep(&store, &all).len(),
+        3,
+        "s1, s3 and s5 have a newer neighbour"
+    );
+}
+
+/// The same for TOAST values: a step that frees an image naming a TOAST value another image
+/// still names changes the estimate of any snapshot whose dying images name that value (here
+/// s4, not a neighbour of the reclaimed s1: the value is freed with s4's image once it is the
+/// last one naming it).
+#[test]
+fn a_reclamation_leaving_a_toast_value_named_elsewhere_forgets_every_estimate() {
+    let store = SnapshotStore::open(MemBackend::new(), options()).unwrap();
+    let (rels, decl) = setup(&store, 1, 4);
+    let (p0, p1) = (page_key(rels[0], 0), page_key(rels[0], 1));
+    let value = common::view(7, 9_000);
+    let with_toast = |content: &[u8], page: PageKey| {
+        let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+        let t = cap.put_toast(&value).unwrap();
+        let image = cap.put_image(content, &[t]).unwrap();
+        cap.add_mapping(page, image).unwrap();
+        cap.commit().unwrap().id
+    };
+    let s1 = with_toast(b"a", p0);
+    commit(&store, &decl, &[(p0, b"c")]);
+    commit(&store, &decl, &[(p1, b"m")]);
+    let s4 = with_toast(b"z", p1);
+    commit(&store, &decl, &[(p1, b"y")]);
+    commit(&store, &decl, &[(p0, b"g")]);
+    let before = store.would_free(s4).unwrap().unwrap();
+    assert_eq!(before.toast_values, 0, "a still names the value");
+    let snaps: Vec<SnapId> = store.snapshots().unwrap().iter().map(|i| i.id).collect();
+    keep(&store, &snaps);
+    assert!(kept(&store).iter().any(|e| e.0 == s4));
+
+    store.delete_snapshots(&[s1], 1).unwrap();
+    let mut job = store.reclaim_next(&|_| true).unwrap().unwrap();
+    while !store.reclaim_step(&mut job, 10, &|_| false).unwrap() {}
+    assert!(job.changed_shared_content());
+    assert_eq!(store.would_free(s4).unwrap().unwrap().toast_values, 1);
+    assert!(store.kept_estimates().unwrap().is_empty());
+}
