@@ -1395,16 +1395,33 @@ fn crash_base() -> (MemBackend, Vec<RelId>, RowTypeId, Vec<Vec<u8>>) {
     store
         .delete_snapshots(&[snaps[1], snaps[2], snaps[4], snaps[6]], 1)
         .unwrap();
+    // Kept estimates of every snapshot: a crash must never leave one the store reads back
+    // that is no longer what deleting its snapshot would free (`check_reopened`).
+    let epoch = store.estimates_epoch();
+    let found: Vec<(SnapId, Freed)> = snaps
+        .iter()
+        .filter_map(|&s| Some((s, store.would_free(s).unwrap()?)))
+        .collect();
+    assert!(found.len() >= 5);
+    assert!(store.keep_estimates(epoch, &found).unwrap());
     drop(store);
     (mem, rels, rt, reused)
 }
 
-/// Checks a store reopened after a crash: committed page tables read back, structure holds.
+/// Checks a store reopened after a crash: committed page tables read back, structure holds,
+/// the estimates it kept are what deleting their snapshots would free.
 fn check_reopened(
     store: &SnapshotStore<MemBackend>,
     tables: &BTreeMap<SnapId, Vec<(PageKey, ImageId)>>,
     what: &str,
 ) {
+    for (snap, freed) in store.kept_estimates().unwrap() {
+        assert_eq!(
+            store.would_free(snap).unwrap(),
+            Some(freed),
+            "{what}: kept estimate of {snap}"
+        );
+    }
     for (snap, table) in tables {
         if store.snapshot_state(*snap) == Some(SnapshotState::Committed) {
             assert_eq!(&store.page_table(*snap).unwrap(), table, "{what}: {snap}");
