@@ -520,8 +520,10 @@ impl Worker {
                     Ok(Some(after)) => {
                         self.killed_mappings = 0;
                         self.retired_log = Some(rewrite.retired_generation());
-                        // The estimates read the log: computed again from the new one.
-                        self.catalog_changed();
+                        // The rewrite keeps every mapping a snapshot not reclaimed needs, so
+                        // no estimate changes (the store's seeded model checks the kept ones
+                        // across rewrites); only the cached listings go.
+                        self.listing_changed();
                         self.poll_compaction();
                         pgrx::log!(
                             "gsnap: mapping log rewritten without the mappings no retained \
