@@ -4,10 +4,11 @@
 //! one), the compaction of the key ranges reclamation freed (RocksDB rewrites files), and the
 //! mapping log rewritten without the mappings reclamation killed (it reads the whole log).
 //!
-//! The threads only read the store (estimates) or ask RocksDB to compact (a manual compaction
-//! that is not exclusive: RocksDB's own go on, writers never stall). They never call
-//! PostgreSQL. The worker polls them once per loop iteration; a thread that panicked counts as
-//! one that found nothing (the estimates are computed again after the next change).
+//! The threads only read the store (estimates: the worker keeps what they find) or ask
+//! RocksDB to compact (a manual compaction that is not exclusive: RocksDB's own go on,
+//! writers never stall). They never call PostgreSQL. The worker polls them once per loop
+//! iteration; an estimates' thread that panicked found only what it sent before (the others
+//! are computed again after the next change).
 
 use super::Store;
 use gsnap_store::{Freed, ImageId, LogRewrite, SnapId};
