@@ -644,11 +644,14 @@ impl Worker {
     /// (Recomputing them all after every reclamation, under a retention policy, cost the
     /// worker a read of every snapshot's dead mappings after each capture.)
     pub(super) fn snapshot_reclaimed(&mut self, job: &gsnap_store::ReclaimJob) {
+        // Never listed with an estimate again: its entry goes (under a retention policy with
+        // someone watching, the map would otherwise gain one entry per snapshot ever taken).
+        self.frees.remove(&job.snap.0);
         if job.changed_shared_content() {
             self.catalog_changed();
             return;
         }
-        self.estimates_changed(&[Some(job.snap.0), job.prev.map(|s| s.0), Some(job.next.0)]);
+        self.estimates_changed(&[job.prev.map(|s| s.0), Some(job.next.0)]);
     }
 
     /// The catalog changed, and of the estimates of what deleting a snapshot would free only
