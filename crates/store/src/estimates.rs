@@ -26,6 +26,7 @@ use crate::codec::{Dec, Enc};
 use crate::error::Result;
 use crate::ids::SnapId;
 use crate::keys::{self, Cf};
+use crate::reclaim::neighbours_in;
 use crate::records::RECORD_VERSION;
 use crate::refs::Freed;
 use crate::store::SnapshotStore;
@@ -56,9 +57,10 @@ impl<B: KvBackend> SnapshotStore<B> {
         if *current != epoch {
             return Ok(false);
         }
+        let (r, newest) = self.unreclaimed();
         let mut batch = WriteBatch::new();
         for &(snap, freed) in found {
-            if let Some((prev, next)) = self.neighbours(snap) {
+            if let Some((prev, next)) = neighbours_in(&r, newest, snap) {
                 let value = encode_estimate(prev, next, freed);
                 batch.put(Cf::Catalog, &keys::estimate_key(snap), &value);
             }
@@ -72,12 +74,13 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// The kept estimates that still hold: those of snapshots whose neighbours in R are the
     /// ones the estimate was computed against.
     pub fn kept_estimates(&self) -> Result<Vec<(SnapId, Freed)>> {
+        let (r, newest) = self.unreclaimed();
         let mut out = Vec::new();
         for entry in Scan::prefix(&self.backend, Cf::Catalog, RANGE.0)? {
             let (k, v) = entry?;
             let snap = SnapId(keys::decode_tagged_u64(&k, keys::TAG_ESTIMATE)?);
             let (prev, next, freed) = decode_estimate(&v)?;
-            if self.neighbours(snap) == Some((prev, next)) {
+            if neighbours_in(&r, newest, snap) == Some((prev, next)) {
                 out.push((snap, freed));
             }
         }

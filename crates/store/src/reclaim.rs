@@ -123,6 +123,22 @@ fn decode_progress(v: &[u8]) -> Result<Progress> {
     Ok(p)
 }
 
+/// [`SnapshotStore::neighbours`] of `d` in R (`r`, in order) whose log's newest snapshot is
+/// `newest`: for callers that look up many snapshots against one R.
+pub(crate) fn neighbours_in(
+    r: &[SnapId],
+    newest: Option<SnapId>,
+    d: SnapId,
+) -> Option<(Option<SnapId>, SnapId)> {
+    if Some(d) == newest {
+        return None;
+    }
+    let i = r.binary_search(&d).ok()?;
+    let prev = i.checked_sub(1).map(|j| r[j]);
+    let next = *r.get(i + 1)?;
+    Some((prev, next))
+}
+
 /// An image kept with count zero for the capture in progress (`keys::TAG_KEPT_IMAGE`).
 fn zero_key(id: ImageId) -> [u8; 9] {
     keys::tagged_u64(keys::TAG_KEPT_IMAGE, id.0)
@@ -134,12 +150,7 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// not in R, is the newest snapshot of the log, or has no member of R above it.
     pub(crate) fn neighbours(&self, d: SnapId) -> Option<(Option<SnapId>, SnapId)> {
         let (r, newest) = self.unreclaimed();
-        if Some(d) == newest || r.binary_search(&d).is_err() {
-            return None;
-        }
-        let prev = r.iter().rev().find(|&&s| s < d).copied();
-        let next = r.iter().find(|&&s| s > d).copied()?;
-        Some((prev, next))
+        neighbours_in(&r, newest, d)
     }
 
     /// R (see the module comment): the snapshots of the log not reclaimed yet, in order,
@@ -194,8 +205,8 @@ impl<B: KvBackend> SnapshotStore<B> {
             if Some(d) == newest || !eligible(d) {
                 continue;
             }
-            let prev = r.iter().rev().find(|&&s| s < d).copied();
-            let next = *r.iter().find(|&&s| s > d).ok_or_else(|| {
+            // (Deleted and not the newest: in R, so only a missing newer member fails.)
+            let (prev, next) = neighbours_in(&r, newest, d).ok_or_else(|| {
                 StoreError::corrupt("a deleted snapshot is newer than the newest snapshot")
             })?;
             return Ok(Some(self.job(d, prev, next)?));
