@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{page_key, setup};
+use common::{check_kept_estimates, keep_estimates, page_key, setup};
 use gsnap_store::keys::{self, Cf};
 use gsnap_store::*;
 
@@ -33,30 +33,6 @@ fn commit<B: KvBackend>(
     cap.commit().unwrap().id
 }
 
-/// Computes and keeps what deleting each of `snaps` would free; returns the estimates.
-fn keep<B: KvBackend>(store: &SnapshotStore<B>, snaps: &[SnapId]) -> Vec<(SnapId, Freed)> {
-    let epoch = store.estimates_epoch();
-    let found: Vec<(SnapId, Freed)> = snaps
-        .iter()
-        .filter_map(|&s| Some((s, store.would_free(s).unwrap()?)))
-        .collect();
-    assert!(store.keep_estimates(epoch, &found).unwrap());
-    found
-}
-
-/// Asserts that every estimate read back is what `would_free` says now; returns them.
-fn kept<B: KvBackend>(store: &SnapshotStore<B>) -> Vec<(SnapId, Freed)> {
-    let kept = store.kept_estimates().unwrap();
-    for &(snap, freed) in &kept {
-        assert_eq!(
-            store.would_free(snap).unwrap(),
-            Some(freed),
-            "snapshot {snap}"
-        );
-    }
-    kept
-}
-
 #[test]
 fn kept_estimates_are_read_back_after_reopening_until_a_count_they_read_changes() {
     let mem = MemBackend::new();
@@ -67,19 +43,23 @@ fn kept_estimates_are_read_back_after_reopening_until_a_count_they_read_changes(
     let s2 = commit(&store, &decl, &[(p0, b"c"), (p1, b"c2")]);
     let s3 = commit(&store, &decl, &[(p0, b"d"), (p1, b"d2")]);
     // The newest has no estimate, so none is kept for it.
-    let found = keep(&store, &[s1, s2, s3]);
+    let found = keep_estimates(&store, &[s1, s2, s3]);
     assert_eq!(found.len(), 2);
     assert_eq!(found[0].1.images, 2, "deleting s1 frees a and b");
 
     let store = SnapshotStore::open(mem.clone(), options()).unwrap();
-    assert_eq!(kept(&store), found, "read back after reopening");
+    assert_eq!(
+        check_kept_estimates(&store, "read back"),
+        found,
+        "read back after reopening"
+    );
 
     // A commit of new content only adds counts of its own images: they stand.
     let s4 = commit(&store, &decl, &[(p0, b"e")]);
-    assert_eq!(kept(&store), found);
+    assert_eq!(check_kept_estimates(&store, "read back"), found);
     // Deleting changes no count (reclaiming does): they stand.
     store.delete_snapshots(&[s2], 1).unwrap();
-    assert_eq!(kept(&store), found);
+    assert_eq!(check_kept_estimates(&store, "read back"), found);
 
     // A reclamation step changes counts: every kept estimate goes with it, even before the
     // job is complete.
@@ -88,8 +68,8 @@ fn kept_estimates_are_read_back_after_reopening_until_a_count_they_read_changes(
         .unwrap()
         .expect("s2 is deleted");
     assert_eq!(job.snap, s2);
-    keep(&store, &[s1, s3]);
-    assert!(!kept(&store).is_empty());
+    keep_estimates(&store, &[s1, s3]);
+    assert!(!check_kept_estimates(&store, "read back").is_empty());
     assert_eq!(job.total(), 2, "c and c2 die");
     assert!(!store.reclaim_step(&mut job, 1, &|_| false).unwrap());
     assert!(
@@ -104,7 +84,7 @@ fn kept_estimates_are_read_back_after_reopening_until_a_count_they_read_changes(
         .would_free(s1)
         .unwrap()
         .expect("s1 has a newer neighbour");
-    keep(&store, &[s3]);
+    keep_estimates(&store, &[s3]);
     let s5 = {
         // A page mapped to content stored before (a dedup hit on a): counts of older
         // content change.
@@ -122,10 +102,10 @@ fn kept_estimates_are_read_back_after_reopening_until_a_count_they_read_changes(
     assert!(store.kept_estimates().unwrap().is_empty());
 
     // Kept again at the current epoch, they hold across reopening.
-    let found = keep(&store, &[s1, s3, s4, s5]);
+    let found = keep_estimates(&store, &[s1, s3, s4, s5]);
     assert_eq!(found.len(), 3);
     let store = SnapshotStore::open(mem, options()).unwrap();
-    assert_eq!(kept(&store), found);
+    assert_eq!(check_kept_estimates(&store, "read back"), found);
 }
 
 #[test]
@@ -136,7 +116,7 @@ fn a_repair_forgets_the_kept_estimates_and_a_report_does_not() {
     let s1 = commit(&store, &decl, &[(p0, b"a")]);
     commit(&store, &decl, &[(p0, b"b")]);
     let a = store.page_table(s1).unwrap()[0].1;
-    let found = keep(&store, &[s1]);
+    let found = keep_estimates(&store, &[s1]);
     // A wrong count (as a bug or damage would leave): the kept estimate was computed with it.
     let mut damage = WriteBatch::new();
     damage.put(Cf::Refs, &keys::image_refs_key(a), &3u64.to_be_bytes());
@@ -150,7 +130,7 @@ fn a_repair_forgets_the_kept_estimates_and_a_report_does_not() {
     assert!(store.verify(true, &|_| false).unwrap().repaired);
     assert!(store.kept_estimates().unwrap().is_empty());
     assert_eq!(
-        keep(&store, &[s1]),
+        keep_estimates(&store, &[s1]),
         found,
         "the repaired count is the one it had"
     );
@@ -168,7 +148,7 @@ fn an_estimate_whose_neighbours_changed_is_not_read_back() {
     let s1 = commit(&store, &decl, &[(p0, b"a"), (p1, b"b")]);
     let s2 = commit(&store, &decl, &[(p0, b"c")]);
     commit(&store, &decl, &[(p1, b"d")]);
-    keep(&store, &[s1, s2]);
+    keep_estimates(&store, &[s1, s2]);
     let left: Vec<(Vec<u8>, Vec<u8>)> = mem
         .entries(Cf::Catalog)
         .into_iter()
@@ -207,19 +187,22 @@ fn a_reclamation_forgets_its_neighbours_estimates_or_all_if_it_leaves_content_sh
     let s5 = commit(&store, &decl, &[(p0, b"f"), (p1, b"f2")]);
     let s6 = commit(&store, &decl, &[(p0, b"g")]);
     let all = [s1, s2, s3, s4, s5, s6];
-    keep(&store, &all);
-    assert_eq!(kept(&store).len(), 5);
+    keep_estimates(&store, &all);
+    assert_eq!(check_kept_estimates(&store, "read back").len(), 5);
 
     // s4's dead mappings name e and e2 alone: s3 and s5 (its neighbours) and s4 go.
     store.delete_snapshots(&[s4], 1).unwrap();
     let mut job = store.reclaim_next(&|_| true).unwrap().unwrap();
     while !store.reclaim_step(&mut job, 1, &|_| false).unwrap() {}
     assert!(!job.changed_shared_content());
-    let left: Vec<SnapId> = kept(&store).iter().map(|e| e.0).collect();
+    let left: Vec<SnapId> = check_kept_estimates(&store, "read back")
+        .iter()
+        .map(|e| e.0)
+        .collect();
     assert_eq!(left, vec![s1, s2]);
 
     // s2's dead mappings name c and x; x stays named by s3's p0: every estimate goes.
-    keep(&store, &all);
+    keep_estimates(&store, &all);
     store.delete_snapshots(&[s2], 2).unwrap();
     let mut job = store.reclaim_next(&|_| true).unwrap().unwrap();
     assert_eq!(job.snap, s2);
@@ -227,7 +210,7 @@ fn a_reclamation_forgets_its_neighbours_estimates_or_all_if_it_leaves_content_sh
     assert!(job.changed_shared_content());
     assert!(store.kept_estimates().unwrap().is_empty());
     assert_eq!(
-        keep(&store, &all).len(),
+        keep_estimates(&store, &all).len(),
         3,
         "s1, s3 and s5 have a newer neighbour"
     );
@@ -259,8 +242,10 @@ fn a_reclamation_leaving_a_toast_value_named_elsewhere_forgets_every_estimate() 
     let before = store.would_free(s4).unwrap().unwrap();
     assert_eq!(before.toast_values, 0, "a still names the value");
     let snaps: Vec<SnapId> = store.snapshots().unwrap().iter().map(|i| i.id).collect();
-    keep(&store, &snaps);
-    assert!(kept(&store).iter().any(|e| e.0 == s4));
+    keep_estimates(&store, &snaps);
+    assert!(check_kept_estimates(&store, "read back")
+        .iter()
+        .any(|e| e.0 == s4));
 
     store.delete_snapshots(&[s1], 1).unwrap();
     let mut job = store.reclaim_next(&|_| true).unwrap().unwrap();

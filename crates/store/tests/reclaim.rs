@@ -21,7 +21,10 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use common::{check_invariants, decl_for, image_at, page_key, setup, view};
+use common::{
+    check_invariants, check_kept_estimates, decl_for, image_at, keep_estimates, page_key, setup,
+    view,
+};
 use gsnap_store::keys::{self, Cf};
 use gsnap_store::*;
 
@@ -1397,13 +1400,7 @@ fn crash_base() -> (MemBackend, Vec<RelId>, RowTypeId, Vec<Vec<u8>>) {
         .unwrap();
     // Kept estimates of every snapshot: a crash must never leave one the store reads back
     // that is no longer what deleting its snapshot would free (`check_reopened`).
-    let epoch = store.estimates_epoch();
-    let found: Vec<(SnapId, Freed)> = snaps
-        .iter()
-        .filter_map(|&s| Some((s, store.would_free(s).unwrap()?)))
-        .collect();
-    assert!(found.len() >= 5);
-    assert!(store.keep_estimates(epoch, &found).unwrap());
+    assert!(keep_estimates(&store, &snaps).len() >= 5);
     drop(store);
     (mem, rels, rt, reused)
 }
@@ -1415,13 +1412,7 @@ fn check_reopened(
     tables: &BTreeMap<SnapId, Vec<(PageKey, ImageId)>>,
     what: &str,
 ) {
-    for (snap, freed) in store.kept_estimates().unwrap() {
-        assert_eq!(
-            store.would_free(snap).unwrap(),
-            Some(freed),
-            "{what}: kept estimate of {snap}"
-        );
-    }
+    check_kept_estimates(store, what);
     for (snap, table) in tables {
         if store.snapshot_state(*snap) == Some(SnapshotState::Committed) {
             assert_eq!(&store.page_table(*snap).unwrap(), table, "{what}: {snap}");
@@ -2468,24 +2459,16 @@ impl World {
     /// after whatever the workload did meanwhile (captures sharing content, reclamation
     /// steps, deletions, log rewrites, reopening).
     fn estimates(&mut self) {
-        let ctx = self.ctx();
-        let store = &self.store;
-        for (snap, freed) in store.kept_estimates().unwrap() {
-            assert_eq!(
-                store.would_free(snap).unwrap(),
-                Some(freed),
-                "{ctx}: kept estimate of {snap}"
-            );
-            self.seen.estimates_read_back += 1;
-        }
-        let epoch = store.estimates_epoch();
-        let found: Vec<(SnapId, Freed)> = store
+        let read_back = check_kept_estimates(&self.store, &self.ctx());
+        self.seen.estimates_read_back += read_back.len() as u64;
+        let snaps: Vec<SnapId> = self
+            .store
             .snapshots()
             .unwrap()
             .iter()
-            .filter_map(|i| Some((i.id, store.would_free(i.id).unwrap()?)))
+            .map(|i| i.id)
             .collect();
-        assert!(store.keep_estimates(epoch, &found).unwrap(), "{ctx}");
+        keep_estimates(&self.store, &snaps);
     }
 
     /// Rewrites the mapping log without its dead mappings (refused while a reclamation is in

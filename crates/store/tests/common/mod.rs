@@ -230,3 +230,35 @@ pub fn check_invariants<B: KvBackend>(store: &SnapshotStore<B>) {
         assert!(u64::from(rel.0) < store.next_id(Counter::Rel));
     }
 }
+
+/// Computes what deleting each of `snaps` would free and keeps the estimates in the store
+/// (asserting it kept them); returns them (snapshots without an estimate left out).
+pub fn keep_estimates<B: KvBackend>(
+    store: &SnapshotStore<B>,
+    snaps: &[SnapId],
+) -> Vec<(SnapId, Freed)> {
+    let epoch = store.estimates_epoch();
+    let found: Vec<(SnapId, Freed)> = snaps
+        .iter()
+        .filter_map(|&s| Some((s, store.would_free(s).unwrap()?)))
+        .collect();
+    assert!(store.keep_estimates(epoch, &found).unwrap());
+    found
+}
+
+/// Asserts that every estimate the store reads back is what deleting its snapshot would free
+/// now (`what` names the moment in the messages); returns them.
+pub fn check_kept_estimates<B: KvBackend>(
+    store: &SnapshotStore<B>,
+    what: &str,
+) -> Vec<(SnapId, Freed)> {
+    let kept = store.kept_estimates().unwrap();
+    for &(snap, freed) in &kept {
+        assert_eq!(
+            store.would_free(snap).unwrap(),
+            Some(freed),
+            "{what}: kept estimate of {snap}"
+        );
+    }
+    kept
+}
