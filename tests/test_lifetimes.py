@@ -13,6 +13,7 @@ import random
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import psycopg
@@ -554,6 +555,67 @@ def test_after_a_reclamation_only_the_neighbours_estimates_change_and_each_is_ex
         rows4 = recomputed(live, s[4], rows3)
         reclaim(s[1], rows4)  # the lower neighbour of s2 and of s3, recomputed twice
         assert_clean(conn)
+
+
+def thread_nices(pid: int) -> dict[str, set[int]]:
+    """The nice value of each thread of process `pid`, by thread name."""
+    out: dict[str, set[int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                comm = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        # Fields after the name (which may hold spaces) start at field 3; nice is field 19.
+        nice = int(stat[stat.rindex(")") + 2:].split()[16])
+        out.setdefault("main" if tid == str(pid) else comm, set()).add(nice)
+    return out
+
+
+def test_background_work_takes_the_cpu_the_backends_leave(lt):
+    """The estimates' thread and RocksDB's compaction threads run at nice 19, so that on a
+    busy machine they take the CPU the backends and the capture leave instead of theirs (an
+    estimate competing with a capture's phase one held its MVCC snapshot 1.5-3x longer under
+    pgbench). The worker's main thread, phase two's thread and RocksDB's flush thread keep
+    their priority: a capture and a declaration are waited for."""
+    rng = random.Random(31)
+    with lt.connect() as conn:
+        pid = progress(conn)["worker_pid"]
+        make(conn, "lt_nice", 6000)
+        seen: dict[str, set[int]] = {}
+        stop = threading.Event()
+
+        def poll():
+            while not stop.is_set():
+                for name, nices in thread_nices(pid).items():
+                    seen.setdefault(name, set()).update(nices)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            deadline = time.monotonic() + 60
+            snaps = []
+            while time.monotonic() < deadline:
+                snaps += take(conn, 1, "lt_nice", rng, 6000)
+                snapshots(conn)  # the listing wants the estimates
+                if len(snaps) % 4 == 0:
+                    # A reclamation compacts the freed ranges (RocksDB's compaction threads).
+                    conn.execute("SELECT gsnap_delete(%s)", (snaps[-4],))
+                    wait_reclaimed(conn, [snaps[-4]])
+                # Estimates are computed once the catalog is quiet for a second.
+                time.sleep(1.5)
+                if 19 in seen.get("gsnap-frees", ()) and 19 in seen.get("rocksdb:low", ()):
+                    break
+        finally:
+            stop.set()
+            poller.join()
+    assert 19 in seen.get("gsnap-frees", ()), seen
+    assert 19 in seen.get("rocksdb:low", ()), seen
+    for name in ("main", "gsnap-store", "rocksdb:high"):
+        assert seen.get(name, {0}) == {0}, (name, seen)
+    assert "main" in seen and "rocksdb:high" in seen, seen
 
 
 def test_deleting_the_first_snapshot_of_a_period_says_what_it_means_for_the_policy(lt):

@@ -30,6 +30,22 @@ pub(super) fn spawn_store_thread<T: Send + 'static>(
     })
 }
 
+/// Lowers the calling thread's CPU priority to nice 19, as RocksDB lowers its compaction
+/// threads (`RocksBackend::lower_compaction_priority`): work nobody waits for then takes the
+/// CPU the backends and the capture leave instead of theirs (an estimate competing with a
+/// capture's phase one made it hold its MVCC snapshot 1.5-3x longer under pgbench), and
+/// still gets all of an idle machine. Not `SCHED_IDLE`: a thread that holds a lock of the
+/// store's (a block cache shard's, while it reads) must still run soon when others wait
+/// for it. Best effort: a system that refuses leaves the priority as it was.
+fn lower_priority() {
+    // SAFETY: plain system calls on the calling thread (`gettid` names it; PRIO_PROCESS with
+    // a thread id applies to that thread alone on Linux).
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
+    }
+}
+
 /// One estimate an estimates' thread computed: what deleting `snap` would free (None:
 /// nothing can be said), and the store's estimates epoch read before it was computed (what
 /// the store needs to keep it, `SnapshotStore::keep_estimates`).
@@ -57,6 +73,7 @@ impl FreesThread {
         let stop = Arc::clone(&cancel);
         let (send, found) = std::sync::mpsc::channel();
         let handle = spawn_store_thread("gsnap-frees", move || {
+            lower_priority();
             for snap in snaps {
                 if stop.load(Ordering::Relaxed) {
                     break;

@@ -486,6 +486,7 @@ impl Worker {
         };
         match Store::open_dir(std::path::Path::new(&dir), options) {
             Ok(store) => {
+                RocksBackend::lower_compaction_priority();
                 apply_reloadable_settings(&store);
                 self.store = Some(store.clone());
                 if self.store_problem.take().is_some() {

@@ -123,6 +123,18 @@ impl RocksBackend {
         rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::Disable);
     }
 
+    /// Lowers the CPU priority of RocksDB's compaction threads in this process to nice 19
+    /// (RocksDB's `LowerThreadPoolCPUPriority`): compaction rewrites files nobody waits for,
+    /// and on a busy machine it should take the CPU the database's backends leave rather
+    /// than theirs. Flushes keep theirs (writers stall when memtables cannot be flushed).
+    /// The threads lower themselves when they next start a job; once lowered, a process
+    /// without `CAP_SYS_NICE` cannot raise them again, so only the worker calls this.
+    pub fn lower_compaction_priority() {
+        rocksdb::Env::new()
+            .expect("the default environment always exists")
+            .lower_thread_pool_cpu_priority();
+    }
+
     /// Opens the store in `path` with default settings; with `create`, a missing or empty
     /// directory becomes a new, empty database.
     pub fn open(path: &Path, create: bool) -> Result<Self> {
