@@ -399,6 +399,8 @@ impl Worker {
             Ok(true) => {
                 self.reclaimed_total.add(job.freed);
                 self.killed_mappings = self.killed_mappings.saturating_add(job.total() as u64);
+                self.killed_since_sweep =
+                    self.killed_since_sweep.saturating_add(job.total() as u64);
                 for (from, to) in job.freed_ranges() {
                     let e = self
                         .freed_ranges
@@ -482,7 +484,18 @@ impl Worker {
     /// `background.rs`), index groups holding deleted snapshots rebuilt or merged.
     fn tidy_after_reclaim(&mut self, store: &Store) {
         self.tidy_due = false;
-        self.key_sweep = Some(None);
+        // The key entries are swept when enough mappings died for it to pay (a sweep reads
+        // them all); one under way goes on (what died since it began counts for the next).
+        if self.key_sweep.is_none() {
+            match store.key_sweep_due(self.killed_since_sweep) {
+                Ok(true) => {
+                    self.key_sweep = Some(None);
+                    self.killed_since_sweep = 0;
+                }
+                Ok(false) => {}
+                Err(e) => self.note_store_error(&e),
+            }
+        }
         self.poll_compaction();
         if let Some(index) = self.index.as_mut() {
             let deleted = |s: SnapId| {

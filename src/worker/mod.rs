@@ -258,6 +258,10 @@ pub(crate) struct Worker {
     /// snapshot was reclaimed since the last rewrite).
     log_rewrite: Option<background::LogRewriteThread>,
     killed_mappings: u64,
+    /// The mappings reclamation killed since the last sweep of the key entries began (or
+    /// since the worker started: after a restart, entries left unswept wait for the next
+    /// sweep, which their lookups do not need).
+    killed_since_sweep: u64,
     /// Not before this time (see `catalog_changed`).
     frees_quiet_at: Instant,
     /// Estimates are computed only until then (`lifetimes.rs`, `frees_wanted`).
@@ -318,6 +322,7 @@ impl Worker {
             retired_log: None,
             log_rewrite: None,
             killed_mappings: 0,
+            killed_since_sweep: 0,
             frees_quiet_at: Instant::now(),
             frees_wanted_until: Instant::now(),
             release_kept: true,

@@ -70,7 +70,7 @@ pub use groups::GroupMeta;
 pub use gsnap_core::skippy::SkippyConfig;
 pub use gsnap_core::Mapping;
 pub use ids::{Fingerprint, GroupId, ImageId, PageKey, Rank, RelId, RowTypeId, SnapId, ToastId};
-pub use keymap::{settle_key_hash, KeyMap, WILDCARD_KEY};
+pub use keymap::{key_sweep_due, settle_key_hash, KeyMap, SMALL_KEY_MAP, WILDCARD_KEY};
 pub use maplog::LogRewrite;
 pub use mem::MemBackend;
 pub use reclaim::ReclaimJob;

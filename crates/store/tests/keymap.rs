@@ -103,6 +103,9 @@ fn entries_follow_keys_into_and_out_of_blocks() {
     // only s1 needed (10 in block 0, 11 and the wildcard in block 1) go.
     assert_eq!(sweep(&store, 2), 0);
     store.delete_snapshot(s1).unwrap();
+    // A map this small is swept after any reclamation that killed a mapping.
+    assert!(!store.key_sweep_due(0).unwrap());
+    assert!(store.key_sweep_due(1).unwrap());
     assert_eq!(sweep(&store, 2), 3);
     assert_eq!(at(10, s1, s4), Vec::<u32>::new());
     assert_eq!(at(11, s2, s2), vec![0]);
@@ -257,4 +260,18 @@ fn the_open_key_cache_changes_nothing_a_capture_writes() {
     let (_, small_bytes, small_taken) = stores[1].open_key_cache_stats();
     assert!(small_bytes <= 700 && small_taken > 0 && small_taken < taken);
     assert_eq!(stores[2].open_key_cache_stats(), (0, 0, 0));
+}
+
+#[test]
+fn a_large_key_map_is_swept_once_an_eighth_of_the_log_died() {
+    // Nothing killed: never.
+    assert!(!key_sweep_due(0, 10, 100));
+    assert!(!key_sweep_due(0, 10_000_000, 1));
+    // Up to SMALL_KEY_MAP entries: after any reclamation that killed a mapping.
+    assert!(key_sweep_due(1, SMALL_KEY_MAP, 1_000_000_000));
+    // Above: once the mappings killed since the last sweep are an eighth of the log's.
+    let (entries, log) = (SMALL_KEY_MAP + 1, 8_000_000);
+    assert!(!key_sweep_due(999_999, entries, log));
+    assert!(key_sweep_due(1_000_000, entries, log));
+    assert!(key_sweep_due(u64::MAX, entries, log));
 }
