@@ -40,11 +40,10 @@ pub const SMALL_KEY_MAP: u64 = 100_000;
 /// which go with the mappings they killed (and an update that keeps its row on its page, as
 /// most of pgbench's do, ends no entry at all). On the probe's pgbench store (six million
 /// entries) the sweep after each reclaimed snapshot took 12 s of the worker's main thread.
-/// So a small map is
-/// swept after every reclamation, and a larger one once the mappings killed since its last
-/// sweep are an eighth of the log: its cost per reclaimed snapshot is then in proportion to
-/// what that snapshot killed. Until then an entry no snapshot needs costs only a block a
-/// lookup over its span reads in vain (and finds no such row in).
+/// So a small map is swept after every reclamation, and a larger one once the mappings
+/// killed since its last sweep are an eighth of the log: its cost per reclaimed snapshot is
+/// then in proportion to what that snapshot killed. Until then an entry no snapshot needs
+/// costs only a block that a lookup over its span reads in vain (finding no such row).
 pub fn key_sweep_due(killed: u64, key_entries: u64, log_mappings: u64) -> bool {
     killed > 0 && (key_entries <= SMALL_KEY_MAP || killed.saturating_mul(8) >= log_mappings)
 }
