@@ -181,6 +181,60 @@ def test_a_parallel_as_of_scan_returns_each_row_of_its_snapshot_once(conn, dropp
         assert rows(conn, q) == truth
 
 
+def test_participants_decompress_the_images_they_read(conn):
+    """The participants of a parallel AS OF scan are handed the images' stored records and
+    decompress them themselves, so that decompression grows with the participants instead of
+    falling to the one worker; a serial scan leaves it to the worker (which decompresses the
+    next batch while the scan reads this one). An image already cached decompressed is used
+    as it is. `gsnap_index_stats().images_decompressed_by_readers` counts the participants'."""
+    t = "par_decode"
+    make_table(conn, t, 20000, False)
+    snap = snapshot(conn)
+    pages = conn.execute(f"SELECT pg_relation_size('{t}') / 8192").fetchone()[0]
+    truth = rows(conn, f"SELECT id, v, note FROM {t}")
+    conn.execute(f"UPDATE {t} SET v = -v")
+    q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
+
+    def decoded_by_readers(read) -> int:
+        before = conn.execute(
+            "SELECT images_decompressed_by_readers FROM gsnap_index_stats()").fetchone()[0]
+        read()
+        return conn.execute(
+            "SELECT images_decompressed_by_readers FROM gsnap_index_stats()").fetchone()[0] - before
+
+    parallel(conn)
+    assert "Parallel Custom Scan (gsnap AS OF)" in plan(conn, q)
+    got = {}
+    n = decoded_by_readers(lambda: got.update(par=rows(conn, q)))
+    assert got["par"] == truth
+    # each page image once (the snapshot's images were in no cache before this read)
+    assert pages - 1 <= n <= pages, (n, pages)
+    serial(conn)
+    n = decoded_by_readers(lambda: got.update(ser=rows(conn, q)))
+    assert got["ser"] == truth
+    assert n == 0, f"a serial scan decompressed {n} images itself"
+    # now every image is cached decompressed (the serial read's): the participants use them
+    parallel(conn)
+    n = decoded_by_readers(lambda: got.update(again=rows(conn, q)))
+    assert got["again"] == truth
+    assert n == 0, f"{n} images decompressed again"
+    # with gsnap.verify_images, each participant checks the images it decompresses against
+    # their fingerprints (the next snapshot's pages: all changed, new images in no cache)
+    later = snapshot(conn)
+    truth = rows(conn, f"SELECT id, v, note FROM {t}")
+    pages = conn.execute(f"SELECT pg_relation_size('{t}') / 8192").fetchone()[0]
+    conn.execute("ALTER SYSTEM SET gsnap.verify_images = on")
+    conn.execute("SELECT pg_reload_conf()")
+    try:
+        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {later})"
+        n = decoded_by_readers(lambda: got.update(verified=rows(conn, q)))
+        assert got["verified"] == truth
+        assert pages - 1 <= n <= pages, (n, pages)
+    finally:
+        conn.execute("ALTER SYSTEM RESET gsnap.verify_images")
+        conn.execute("SELECT pg_reload_conf()")
+
+
 def test_a_rescanned_gather_reads_the_snapshot_again(conn):
     """A Gather on the inner side of a nested loop is rescanned for each outer row (the
     outer side is a temporary table, which keeps the join itself in the leader): the leader

@@ -435,6 +435,7 @@ impl RangeCursor {
             .raise();
         }
         self.blocks.shared = Some(shared);
+        self.images.decode_here();
     }
 
     /// Reads only the blocks the key maps of the range's incarnations say may hold one of

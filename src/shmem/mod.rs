@@ -52,6 +52,9 @@ pub(crate) struct Shared {
     /// here, not in the worker, so a restarted worker never reuses a number whose old copy
     /// may still sit in the group cache.
     active_versions: AtomicU64,
+    /// Images decompressed by the backends that read them (participants of parallel scans)
+    /// since the server started.
+    reader_decodes: AtomicU64,
 }
 
 /// Offsets of the parts of the segment, from the sizes fixed at postmaster start.
@@ -209,6 +212,7 @@ unsafe fn init_segment(base: *mut u8, layout: &Layout) {
         cache_lock: AtomicPtr::new(cache_lock),
         cache_header: UnsafeCell::new(CacheHeader::default()),
         active_versions: AtomicU64::new(0),
+        reader_decodes: AtomicU64::new(0),
     };
     // SAFETY: the caller's promise: the whole segment is ours; the fixed part comes first.
     unsafe {
@@ -314,6 +318,16 @@ pub fn worker() -> &'static WorkerShared {
 }
 
 /// A new version number for the active index group, never used before in this server's life.
+/// Counts an image this backend decompressed from its record (`read::pins`).
+pub fn count_reader_decode() {
+    shared().reader_decodes.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Images decompressed by the backends that read them since the server started.
+pub fn reader_decodes() -> u64 {
+    shared().reader_decodes.load(Ordering::Relaxed)
+}
+
 pub fn next_active_version() -> u64 {
     shared().active_versions.fetch_add(1, Ordering::AcqRel) + 1
 }

@@ -433,7 +433,8 @@ fn gsnap_groups() -> TableIterator<
 }
 
 /// The shared caches: the group cache (index groups) and the image cache (page images and
-/// TOAST chunks). One row.
+/// TOAST chunks), and how many images the backends reading them decompressed themselves
+/// (participants of parallel scans; the worker decompresses the others). One row.
 #[pg_extern(volatile, parallel_safe)]
 #[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
 fn gsnap_index_stats() -> TableIterator<
@@ -452,6 +453,7 @@ fn gsnap_index_stats() -> TableIterator<
         name!(image_misses, i64),
         name!(image_loads, i64),
         name!(image_evictions, i64),
+        name!(images_decompressed_by_readers, i64),
     ),
 > {
     crate::require_preloaded();
@@ -472,5 +474,6 @@ fn gsnap_index_stats() -> TableIterator<
         i.misses as i64,
         i.inserts as i64,
         i.evictions as i64,
+        shmem::reader_decodes() as i64,
     ))
 }

@@ -14,7 +14,8 @@ use crate::shmem::{self, CACHE_SLOT_BYTES};
 use gsnap_format::rowtype::RowType;
 use gsnap_protocol::listing::{self, ScanHeader, SnapshotRow, TableRow};
 use gsnap_protocol::{
-    ErrorCode, Kind, Page, PinnedEntry, Reply, Request, WorkerError, DELTA_OF, MAX_PINNED_PER_REPLY,
+    ErrorCode, Kind, Page, PinnedEntry, Reply, Request, WorkerError, DELTA_OF, ENCODED,
+    MAX_PINNED_PER_REPLY,
 };
 use gsnap_shmem::cache::{CacheError, CacheKey};
 use gsnap_store::{
@@ -482,7 +483,8 @@ fn load_images(
     // (`gsnap.verify_images`, applied to the store when it is opened and on each reload)
     let verify = store.verifies_images();
     let (entries, _) = pin(&wanted, |keys| {
-        // Images and deltas (ids with DELTA_OF), each kind read in one batch.
+        // Images (decompressed here, or their records: ids with ENCODED) in one batch, and
+        // deltas (ids with DELTA_OF) in another.
         let (deltas, images): (Vec<usize>, Vec<usize>) =
             (0..keys.len()).partition(|&i| keys[i].id & DELTA_OF != 0);
         let ids = |at: &[usize], bit: u64| -> Vec<ImageId> {
@@ -491,9 +493,14 @@ fn load_images(
         let mut out: Vec<Option<Image>> = (0..keys.len()).map(|_| None).collect();
         for (i, r) in images
             .iter()
-            .zip(store.image_records_in(&ids(&images, 0), buf)?)
+            .zip(store.image_records_in(&ids(&images, ENCODED), buf)?)
         {
-            out[*i] = Some(Image::Stored(r, verify));
+            let encoded = keys[*i].id & ENCODED != 0;
+            out[*i] = Some(if encoded && r.stored().len() <= CACHE_SLOT_BYTES {
+                Image::Encoded(r)
+            } else {
+                Image::Stored(r, verify)
+            });
         }
         for (i, r) in deltas.iter().zip(store.deltas(&ids(&deltas, DELTA_OF))?) {
             out[*i] = Some(match r {
@@ -542,6 +549,10 @@ trait Loaded {
     fn len(&self) -> usize;
     /// Writes it into `out` (of `len()` bytes).
     fn write_into(&self, out: &mut [u8]) -> Result<(), StoreError>;
+    /// The key it is cached under when `asked` was asked for.
+    fn key(&self, asked: CacheKey) -> CacheKey {
+        asked
+    }
 }
 
 impl Loaded for Vec<u8> {
@@ -556,10 +567,12 @@ impl Loaded for Vec<u8> {
 }
 
 /// A stored page image (its record in the worker's read buffer) or delta, decompressed
-/// straight into its slot (checked against its fingerprint when the flag says so), or what
-/// stands for a delta that was not stored.
+/// straight into its slot (checked against its fingerprint when the flag says so), an image's
+/// record copied as it is (the requester decompresses it), or what stands for a delta that
+/// was not stored.
 enum Image<'a> {
     Stored(ImageRecordRef<'a>, bool),
+    Encoded(ImageRecordRef<'a>),
     Record(ImageRecord, bool),
     Absent(Vec<u8>),
 }
@@ -568,6 +581,7 @@ impl Loaded for Image<'_> {
     fn len(&self) -> usize {
         match self {
             Image::Stored(r, _) => r.len(),
+            Image::Encoded(r) => r.stored().len(),
             Image::Record(r, _) => r.len(),
             Image::Absent(bytes) => bytes.len(),
         }
@@ -576,8 +590,20 @@ impl Loaded for Image<'_> {
     fn write_into(&self, out: &mut [u8]) -> Result<(), StoreError> {
         match self {
             Image::Stored(r, verify) => r.decode_into(out, *verify),
+            Image::Encoded(r) => {
+                out.copy_from_slice(r.stored());
+                Ok(())
+            }
             Image::Record(r, verify) => r.decode_into(out, *verify),
             Image::Absent(bytes) => bytes.write_into(out),
+        }
+    }
+
+    /// A record asked for but decompressed here (larger than a slot) is cached as the image.
+    fn key(&self, asked: CacheKey) -> CacheKey {
+        match self {
+            Image::Stored(..) => CacheKey::image(asked.id & !ENCODED),
+            _ => asked,
         }
     }
 }
@@ -637,9 +663,11 @@ fn pin<L: Loaded>(
         let mut reserved = Vec::with_capacity(misses.len());
         shmem::with_cache(|c| {
             for (&i, l) in misses.iter().zip(&loaded) {
-                match c.insert_loading(wanted[i].1, l.len()) {
+                match c.insert_loading(l.key(wanted[i].1), l.len()) {
                     Ok((slot, fresh)) => reserved.push((i, slot, fresh)),
-                    Err(CacheError::AllPinned) => break,
+                    // A full cache, or an image a backend is decompressing into its slot
+                    // (`read::pins`): the requester gets the prefix and asks again.
+                    Err(CacheError::AllPinned | CacheError::Loading) => break,
                 }
             }
         });

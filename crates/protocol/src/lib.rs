@@ -81,7 +81,8 @@
 //! The ids of LoadImages and Prefetch are image ids, or, with the top bit set
 //! ([`DELTA_OF`]), the image's delta: the worker answers it with the delta's bytes, or with
 //! `gsnap_format::delta::absent()` for an image stored without one (an image id's top byte is
-//! its rank, at most 6, so the bit is never part of one).
+//! its rank, at most 6, so the bit is never part of one), or, with bit 62 set ([`ENCODED`]),
+//! the image's stored record, which the requester decompresses itself.
 //!
 //! Error codes are the tags of [`ErrorCode`] (1 to 14), snapshot states those of
 //! [`SnapshotState`] (1 to 4, as in the store), group states 1 sealed and 2 active. A new
@@ -108,6 +109,14 @@ pub use wire::{DecodeError, EncodeError};
 /// The bit that turns an image id into the id of the image's delta in LoadImages and
 /// Prefetch requests, and in the image cache.
 pub const DELTA_OF: u64 = 1 << 63;
+
+/// The bit that turns an image id into the id of the image's *stored record* (compressed) in
+/// LoadImages and Prefetch requests, and in the image cache: the participants of a parallel
+/// scan decompress the images they read themselves, so that decompression is spread over
+/// them instead of falling to the one worker. The worker answers with the slot of the record,
+/// or, for a record larger than a cache slot, with the slot of the decompressed image (under
+/// the image's own id: the slot's key says which).
+pub const ENCODED: u64 = 1 << 62;
 
 /// The protocol version, the first byte of every request and answer.
 pub const VERSION: u8 = 1;

@@ -11,7 +11,9 @@
 //! without the lock: a pinned slot is never evicted or rewritten. A slot reserved with
 //! [`CacheIndex::insert_loading`] is written by its loader *without* the lock: until
 //! [`CacheIndex::finish_loading`] no lookup finds it (a miss), so nobody reads it half
-//! written, and its loader's pin keeps it from eviction.
+//! written, and its loader's pin keeps it from eviction. A slot pinned by one process only
+//! can be turned into a loading slot for another key ([`CacheIndex::rekey_loading`]): how a
+//! backend that decompresses an image from its stored record keeps the image in its place.
 //!
 //! Invariants:
 //! - a key is in at most one slot, and the hash table finds exactly the occupied slots;
@@ -98,6 +100,8 @@ const LOADING: u8 = 2;
 pub enum CacheError {
     /// Every slot is pinned.
     AllPinned,
+    /// The key's object is being loaded by someone else: ask again later.
+    Loading,
 }
 
 /// The cache index over caller-provided metadata arrays.
@@ -194,7 +198,7 @@ impl<'a> CacheIndex<'a> {
     /// Reserves a slot for `key` (of `len` bytes), pinned once, evicting an unpinned slot if
     /// needed. The caller then writes the bytes into the returned slot (holding the lock). If
     /// `key` is already cached, its slot is pinned and returned with `false` (nothing to
-    /// write).
+    /// write); if it is being loaded, [`CacheError::Loading`].
     pub fn insert_pinned(
         &mut self,
         key: CacheKey,
@@ -224,6 +228,34 @@ impl<'a> CacheIndex<'a> {
         self.slots[s].used = OCCUPIED;
     }
 
+    /// Turns slot `s`, whose object the caller alone pins, into a *loading* slot for `key`:
+    /// the old object is gone, and the caller writes `key`'s bytes into the slot without the
+    /// lock, then calls [`CacheIndex::finish_loading_as`] (or [`CacheIndex::discard`]).
+    /// False, and nothing changes, if someone else pins the slot too, the slot is not
+    /// occupied, or `key` is already cached or being loaded.
+    pub fn rekey_loading(&mut self, s: usize, key: CacheKey) -> bool {
+        let meta = self.slots[s];
+        if meta.pins != 1 || meta.used != OCCUPIED || self.find(&key).is_ok() {
+            return false;
+        }
+        self.remove_from_table(s);
+        self.slots[s].key = key;
+        self.slots[s].used = LOADING;
+        let i = self.find(&key).expect_err("key was absent");
+        self.table[i] = s as u32;
+        true
+    }
+
+    /// Like [`CacheIndex::finish_loading`], for an object of `len` bytes (a slot reserved by
+    /// [`CacheIndex::rekey_loading`] kept the old object's length).
+    ///
+    /// # Panics
+    /// If slot `s` is not loading.
+    pub fn finish_loading_as(&mut self, s: usize, len: usize) {
+        self.finish_loading(s);
+        self.slots[s].len = u32::try_from(len).expect("cached objects are small");
+    }
+
     fn insert(
         &mut self,
         key: CacheKey,
@@ -232,6 +264,9 @@ impl<'a> CacheIndex<'a> {
     ) -> Result<(usize, bool), CacheError> {
         if let Ok(i) = self.find(&key) {
             let s = self.table[i] as usize;
+            if self.slots[s].used == LOADING {
+                return Err(CacheError::Loading);
+            }
             self.slots[s].pins += 1;
             self.slots[s].referenced = 1;
             return Ok((s, false));
@@ -305,6 +340,11 @@ impl<'a> CacheIndex<'a> {
             }
         }
         self.table[hole] = EMPTY;
+    }
+
+    /// The key of the object slot `s` holds (the caller holds a pin on it).
+    pub fn key_of(&self, s: usize) -> CacheKey {
+        self.slots[s].key
     }
 
     /// Releases one pin of slot `s`.
@@ -384,9 +424,13 @@ mod tests {
         let mut c = o.index(true);
         let (s, fresh) = c.insert_loading(CacheKey::image(5), 300).unwrap();
         assert!(fresh);
-        // Half written: a lookup misses it (and a loader asked for it again finds it
-        // reserved), but it counts as cached for prefetching.
+        // Half written: a lookup misses it, another loader is told to ask again later, but
+        // it counts as cached for prefetching.
         assert_eq!(c.lookup_pin(&CacheKey::image(5)), None);
+        assert_eq!(
+            c.insert_loading(CacheKey::image(5), 300),
+            Err(CacheError::Loading)
+        );
         assert!(c.contains(&CacheKey::image(5)));
         // The loader's pin keeps it: the other slot is the only one to give.
         let (t, _) = c.insert_pinned(CacheKey::image(6), 1).unwrap();
@@ -408,6 +452,43 @@ mod tests {
         c.discard(f);
         assert!(!c.contains(&CacheKey::image(9)));
         assert_eq!(c.total_pins(), 1);
+    }
+
+    #[test]
+    fn a_slot_its_only_pinner_rekeys_holds_the_new_object_once_finished() {
+        let mut o = owned(4);
+        let mut c = o.index(true);
+        let record = CacheKey::image(5 | 1 << 62);
+        let (s, _) = c.insert_pinned(record, 300).unwrap();
+        // Pinned twice: another reader may be reading the record.
+        let (again, _) = c.lookup_pin(&record).unwrap();
+        assert!(!c.rekey_loading(s, CacheKey::image(5)));
+        c.unpin(again);
+        // The new key cached elsewhere (or being loaded): nothing changes.
+        let (other, _) = c.insert_loading(CacheKey::image(6), 10).unwrap();
+        assert!(!c.rekey_loading(s, CacheKey::image(6)));
+        c.discard(other);
+        assert_eq!(c.lookup_pin(&record), Some((s, 300)));
+        c.unpin(s);
+        // Pinned once: the record goes, the image is loading in its place.
+        assert!(c.rekey_loading(s, CacheKey::image(5)));
+        assert!(!c.contains(&record));
+        assert_eq!(c.lookup_pin(&CacheKey::image(5)), None);
+        assert_eq!(
+            c.insert_pinned(CacheKey::image(5), 1),
+            Err(CacheError::Loading)
+        );
+        c.finish_loading_as(s, 8192);
+        assert_eq!(c.lookup_pin(&CacheKey::image(5)), Some((s, 8192)));
+        c.unpin(s);
+        c.unpin(s);
+        assert_eq!(c.total_pins(), 0);
+        // A failed decompression gives the slot back.
+        let (t, _) = c.insert_pinned(record, 300).unwrap();
+        assert!(c.rekey_loading(t, CacheKey::image(7)));
+        c.discard(t);
+        assert!(!c.contains(&CacheKey::image(7)) && !c.contains(&record));
+        assert_eq!(c.used(), 1);
     }
 
     #[test]
@@ -490,6 +571,7 @@ mod tests {
                             pinned.push((key, s));
                         }
                         Err(CacheError::AllPinned) => prop_assert!(c.total_pins() >= 8),
+                        Err(CacheError::Loading) => prop_assert!(false, "nothing is loading"),
                     },
                     1 => if let Some((s, len)) = c.lookup_pin(&key) {
                         prop_assert_eq!(model.get(&key), Some(&s));

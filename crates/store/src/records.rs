@@ -559,8 +559,9 @@ pub struct ImageRecordRef<'a> {
 }
 
 impl<'a> ImageRecordRef<'a> {
-    /// Checks the record's header (Corrupt if it is damaged).
-    pub(crate) fn parse(record: &'a [u8]) -> Result<ImageRecordRef<'a>> {
+    /// Checks the record's header (Corrupt if it is damaged): a record as the store keeps it
+    /// ([`ImageRecordRef::stored`]), for example one a backend finds in a cache slot.
+    pub fn parse(record: &'a [u8]) -> Result<ImageRecordRef<'a>> {
         let (_, raw_len, _, _) = content_header(record, "image")?;
         Ok(ImageRecordRef { record, raw_len })
     }
@@ -573,6 +574,11 @@ impl<'a> ImageRecordRef<'a> {
     /// True for an empty image.
     pub fn is_empty(&self) -> bool {
         self.raw_len == 0
+    }
+
+    /// The record as stored (compressed, with its header and fingerprint).
+    pub fn stored(&self) -> &'a [u8] {
+        self.record
     }
 
     /// Decompresses the image into `out` (of [`ImageRecordRef::len`] bytes), checking it
