@@ -117,7 +117,6 @@ impl PageReader {
     pub fn share(&mut self, shared: &'static SharedBlocks) {
         debug_assert!(self.batch.is_none() && self.images.queued() == 0);
         self.shared = Some(shared);
-        self.images.decode_here();
     }
 
     /// Looks up the images of the next step of blocks (blocks without one read as empty

@@ -6,16 +6,20 @@
 //! Images are read through [`ImageBatches`], the one implementation of "pin a batch, ask the
 //! worker to load the next one meanwhile": a scan's decoding and the worker's store reads
 //! overlap instead of adding up, and a batch is at most an eighth of the image cache, so
-//! concurrent scans never hold all of it between them.
+//! that several scans hold theirs at once (a scan that finds no room waits holding nothing).
 //!
-//! A participant of a parallel scan asks for the images' stored records instead
-//! ([`ImageBatches::decode_here`]) and decompresses them itself when it pins a batch: one
-//! worker decompressing for every participant would make it the scan's bottleneck as
-//! participants are added. Each image is decompressed into the slot its record was in (a
-//! slot this backend alone pins, turned into the image's own, so later reads find the image),
-//! or, when that cannot be (another reader pins the record, or someone else is loading the
-//! image), into memory of the batch. A serial scan leaves decompression to the worker, whose
-//! decompression of the next batch overlaps the scan's reading of this one.
+//! In a parallel query, every scan (the leader's and the workers', parallel-aware or not)
+//! takes each batch out of the cache into its own memory and unpins it at once. A worker
+//! returns its rows to the leader through a queue of bounded size, so it may wait for the
+//! leader while it reads a batch; a leader waiting for room in the cache while its workers
+//! wait for it, holding their batches, would wait forever. Such a scan also asks for the
+//! images' stored records and decompresses them itself: one worker decompressing for every
+//! participant would make it the scan's bottleneck as participants are added. A record's slot
+//! that this backend alone pins becomes the image's own slot, the image written over the
+//! record, so the next reader finds the image. A scan outside parallel queries reads its
+//! batch in place (pinned while it returns the batch's rows, to a client that nothing else
+//! waits for) and leaves decompression to the worker, whose decompression of the next batch
+//! overlaps the scan's reading of this one.
 
 use crate::error::{corrupt, corrupt_index, error};
 use crate::ipc::{self, Pinned, PinnedGroups};
@@ -25,7 +29,9 @@ use gsnap_core::{GroupReader, ImageId, SnapId};
 use gsnap_protocol::{PinnedEntry, DELTA_OF, ENCODED, MAX_IDS_PER_REQUEST};
 use gsnap_shmem::cache::CacheKey;
 use pgrx::PgSqlErrorCode;
+use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::Duration;
 
 /// Groups pinned in the shared group cache for this backend; unpinned when dropped.
@@ -98,8 +104,6 @@ pub struct ImageBatches<K> {
     queued: VecDeque<(K, u64, bool)>,
     /// Images per batch (unless one group is bigger).
     per_batch: usize,
-    /// Images are asked for as their stored records and decompressed here.
-    decode_here: bool,
 }
 
 impl<K: Copy> Default for ImageBatches<K> {
@@ -107,7 +111,6 @@ impl<K: Copy> Default for ImageBatches<K> {
         ImageBatches {
             queued: VecDeque::new(),
             per_batch: images_per_batch(),
-            decode_here: false,
         }
     }
 }
@@ -118,29 +121,6 @@ impl<K: Copy> ImageBatches<K> {
         ImageBatches {
             queued: VecDeque::new(),
             per_batch: small_objects_per_batch(),
-            decode_here: false,
-        }
-    }
-
-    /// From now on this backend decompresses the images it reads (a participant of a
-    /// parallel scan): the worker only reads their records into the cache. Deltas are still
-    /// decoded by the worker (they are small).
-    pub fn decode_here(&mut self) {
-        self.decode_here = true;
-    }
-
-    /// Whether [`ImageBatches::decode_here`] was called.
-    pub fn decodes_here(&self) -> bool {
-        self.decode_here
-    }
-
-    /// The id to ask the worker and the cache for: an image's record when this backend
-    /// decompresses images.
-    fn asked(&self, id: u64) -> u64 {
-        if self.decode_here && id & DELTA_OF == 0 {
-            id | ENCODED
-        } else {
-            id
         }
     }
 
@@ -189,56 +169,107 @@ impl<K: Copy> ImageBatches<K> {
         n
     }
 
-    /// Pins the next batch and prefetches the one after it; None when nothing is queued.
+    /// Pins the next batch and prefetches the one after it; None when nothing is queued. In
+    /// a parallel query the batch is copied out of the cache and unpinned at once, its images
+    /// decompressed here (see the module comment).
     pub fn next_batch(&mut self) -> Option<PinnedBatch<K>> {
         if self.queued.is_empty() {
             return None;
         }
+        // SAFETY: reads the current transaction's state.
+        let copy_out = unsafe { pgrx::pg_sys::IsInParallelMode() };
+        // The id to ask the worker and the cache for: a record to decompress here, or the
+        // image (or delta: small, always decoded by the worker).
+        let asked = |id: u64| {
+            if copy_out && id & DELTA_OF == 0 {
+                id | ENCODED
+            } else {
+                id
+            }
+        };
         let limit = self.per_batch;
         let n = self.batch_len(limit);
         let batch: Vec<(K, u64, bool)> = self.queued.drain(..n).collect();
-        let ids: Vec<u64> = batch.iter().map(|&(_, id, _)| self.asked(id)).collect();
-        let mut pins = pin_images(&ids);
-        let own = if self.decode_here {
-            decompress_records(&mut pins, &ids)
+        let ids: Vec<u64> = batch.iter().map(|&(_, id, _)| asked(id)).collect();
+        let pins = pin_images(&ids);
+        let (pins, own) = if copy_out {
+            (None, take_out(pins, &ids))
         } else {
-            Vec::new()
+            (Some(pins), CopiedOut::default())
         };
         let next = self.batch_len(limit);
         let upcoming: Vec<u64> = self
             .queued
             .iter()
             .take(next)
-            .map(|&(_, id, _)| self.asked(id))
+            .map(|&(_, id, _)| asked(id))
             .collect();
         prefetch_images(&upcoming);
-        // Images decompressed into this batch's memory stand for their records.
-        let mut own_at = own.iter().map(|(i, image)| (*i, image)).peekable();
-        let mut images = Vec::with_capacity(pins.entries.len());
-        for (i, (e, &(key, _, _))) in pins.entries.iter().zip(&batch).enumerate() {
-            let bytes = match own_at.next_if(|&(at, _)| at == i) {
-                Some((_, image)) => image.as_slice(),
-                None => pins.bytes(e),
-            };
-            images.push((key, bytes.as_ptr(), bytes.len()));
-        }
+        let images = match &pins {
+            Some(pins) => pins
+                .entries
+                .iter()
+                .zip(&batch)
+                .map(|(e, &(key, _, _))| {
+                    let bytes = pins.bytes(e);
+                    (key, bytes.as_ptr(), bytes.len())
+                })
+                .collect(),
+            None => own
+                .spans
+                .iter()
+                .zip(&batch)
+                .map(|(span, &(key, _, _))| {
+                    let bytes = &own.bytes[span.clone()];
+                    (key, bytes.as_ptr(), bytes.len())
+                })
+                .collect(),
+        };
         Some(PinnedBatch {
             _pins: pins,
-            _own: own.into_iter().map(|(_, image)| image).collect(),
+            own,
             images,
         })
     }
 }
 
-/// A batch of pinned images; unpinned when dropped.
+/// A batch copied out of the image cache: its images one after another in `bytes`, image
+/// `i` at `spans[i]`.
+#[derive(Default)]
+struct CopiedOut {
+    bytes: Vec<u8>,
+    spans: Vec<Range<usize>>,
+}
+
+thread_local! {
+    /// The memory of the last batch copied out and let go, for the next one: a batch is up to
+    /// a few MB, and memory freshly mapped for each would cost more page faults than the copy.
+    static SPARE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A batch of images, pinned in the image cache (unpinned when dropped) or copied out of it.
 pub struct PinnedBatch<K> {
-    /// Holds the pins the slices below rely on.
-    _pins: Pinned,
-    /// Images decompressed into memory of the batch, which slices below may point into.
-    _own: Vec<Vec<u8>>,
+    /// Holds the pins the slices below rely on (None: the batch was copied out).
+    _pins: Option<Pinned>,
+    /// The images copied out of the cache, which the slices below point into.
+    own: CopiedOut,
     /// Per image (in queue order): its key, and where its bytes are: in the image cache or
-    /// in `_own` (looked up once, when the batch is pinned: scans read them once per row).
+    /// in `own` (looked up once, when the batch is pinned: scans read them once per row).
     images: Vec<(K, *const u8, usize)>,
+}
+
+impl<K> Drop for PinnedBatch<K> {
+    fn drop(&mut self) {
+        let bytes = std::mem::take(&mut self.own.bytes);
+        if bytes.capacity() > 0 {
+            SPARE.with(|spare| {
+                let mut spare = spare.borrow_mut();
+                if bytes.capacity() > spare.capacity() {
+                    *spare = bytes;
+                }
+            });
+        }
+    }
 }
 
 impl<K: Copy> PinnedBatch<K> {
@@ -251,49 +282,64 @@ impl<K: Copy> PinnedBatch<K> {
     pub fn get(&self, i: usize) -> (K, &[u8]) {
         let (key, at, len) = self.images[i];
         // SAFETY: `at..at+len` is the pinned slot of image i (from `Pinned::bytes`) or an
-        // image in `self._own`; the pin lives as long as `self._pins` and the image as long
-        // as `self._own`, and the returned slice borrows both with `self`.
+        // image in `self.own` (whose bytes never move while the batch lives); the pin lives
+        // as long as `self._pins` and the image as long as `self.own`, and the returned slice
+        // borrows both with `self`.
         (key, unsafe { std::slice::from_raw_parts(at, len) })
     }
 }
 
-/// Decompresses the images of `pins` whose slots hold their stored records (`ids[i]` was
-/// asked for entry `i`; the slot's key says whether it holds the record or, for a record
-/// larger than a slot or an image found decompressed, the image itself). A slot this backend
-/// alone pins becomes the image's own slot, the image written over its record, so the next
-/// reader finds the image; the others are decompressed into memory, returned by entry.
-/// Images are checked against their fingerprints when `gsnap.verify_images` says so, as the
-/// worker checks those it decompresses. A damaged record is an ERROR, the slots turned over
-/// to images not written yet given back.
-fn decompress_records(pins: &mut Pinned, ids: &[u64]) -> Vec<(usize, Vec<u8>)> {
-    // (entry, whether its slot now loads the image) of the entries holding records.
-    let records: Vec<(usize, bool)> = shmem::with_cache(|c| {
-        let mut records = Vec::new();
-        for (i, e) in pins.entries.iter().enumerate() {
+/// Copies the batch `pins` (entry `i` asked for `ids[i]`) out of the image cache into this
+/// backend's memory, in entry order, and unpins it. A slot whose key says it holds a stored
+/// record (not the image itself: a record larger than a slot, or an image found decompressed)
+/// is decompressed, checked against its fingerprint when `gsnap.verify_images` says so, as the
+/// worker checks those it decompresses. A record's slot that only this backend pins becomes
+/// the image's own slot, the image written over its record, so the next reader finds the
+/// image. A damaged record is an ERROR; the slots turned over to images not written yet are
+/// given back.
+fn take_out(mut pins: Pinned, ids: &[u64]) -> CopiedOut {
+    // Per entry: None for an image, Some(whether its slot now loads the image) for a record.
+    let records: Vec<Option<bool>> = shmem::with_cache(|c| {
+        let mut records = Vec::with_capacity(pins.entries.len());
+        for e in &pins.entries {
             let slot = e.slot as usize;
-            if c.key_of(slot).id & ENCODED != 0 {
+            records.push((c.key_of(slot).id & ENCODED != 0).then(|| {
                 let image = CacheKey::image(ids[e.key as usize] & !ENCODED);
-                records.push((i, c.rekey_loading(slot, image)));
-            }
+                c.rekey_loading(slot, image)
+            }));
         }
         records
     });
-    if records.is_empty() {
-        return Vec::new();
+    // Where each image goes: its length is the slot's, or the one its record's header says
+    // (a damaged header is found again below, when the record is decompressed).
+    let mut spans = Vec::with_capacity(pins.entries.len());
+    let mut end = 0;
+    for (e, record) in pins.entries.iter().zip(&records) {
+        let len = match record {
+            None => e.len as usize,
+            Some(_) => gsnap_store::ImageRecordRef::parse(pins.bytes(e)).map_or(0, |r| r.len()),
+        };
+        spans.push(end..end + len);
+        end += len;
+    }
+    let mut bytes = SPARE.with(|spare| std::mem::take(&mut *spare.borrow_mut()));
+    if bytes.len() < end {
+        bytes.resize(end, 0);
     }
     let verify = crate::gucs::VERIFY_IMAGES.get();
-    let mut own = Vec::new();
-    let mut image = Vec::new();
-    // The first record that did not decompress (by its position in `records`), and why.
+    // The first entry whose record did not decompress, and why.
     let mut failure = None;
-    for (k, &(i, in_place)) in records.iter().enumerate() {
-        let e = pins.entries[i];
-        let decoded = gsnap_store::ImageRecordRef::parse(pins.bytes(&e)).and_then(|r| {
-            image.resize(r.len(), 0);
-            r.decode_into(&mut image, verify)
-        });
+    for (i, ((e, record), span)) in pins.entries.iter().zip(&records).zip(&spans).enumerate() {
+        let slot_bytes = pins.bytes(e);
+        let out = &mut bytes[span.clone()];
+        let Some(in_place) = *record else {
+            out.copy_from_slice(slot_bytes);
+            continue;
+        };
+        let decoded =
+            gsnap_store::ImageRecordRef::parse(slot_bytes).and_then(|r| r.decode_into(out, verify));
         if let Err(err) = decoded {
-            failure = Some((k, err));
+            failure = Some((i, err));
             break;
         }
         shmem::count_reader_decode();
@@ -302,44 +348,41 @@ fn decompress_records(pins: &mut Pinned, ids: &[u64]) -> Vec<(usize, Vec<u8>)> {
             // it only): no lookup finds it and nothing evicts it until it is finished, and
             // an image fits a slot (`MAX_VIEW_BYTES` = `CACHE_SLOT_BYTES`).
             let slot = unsafe {
-                std::slice::from_raw_parts_mut(shmem::cache_slot_ptr(e.slot as usize), image.len())
+                std::slice::from_raw_parts_mut(shmem::cache_slot_ptr(e.slot as usize), out.len())
             };
-            slot.copy_from_slice(&image);
-            pins.entries[i].len = image.len() as u32;
-        } else {
-            own.push((i, std::mem::take(&mut image)));
+            slot.copy_from_slice(out);
         }
     }
-    // The slots written hold their images from now on; on a failure, the others go back.
-    let written = failure.as_ref().map_or(records.len(), |(k, _)| *k);
+    // The slots written hold their images from now on; on a failure, the others go back and
+    // are no longer this backend's to unpin.
+    let written = failure.as_ref().map_or(records.len(), |(i, _)| *i);
+    let mut given_back = Vec::new();
     shmem::with_cache(|c| {
-        for (k, &(i, in_place)) in records.iter().enumerate() {
-            let e = pins.entries[i];
-            match (in_place, k < written) {
-                (false, _) => {}
-                (true, true) => c.finish_loading_as(e.slot as usize, e.len as usize),
-                (true, false) => c.discard(e.slot as usize),
+        for (i, ((e, record), span)) in pins.entries.iter().zip(&records).zip(&spans).enumerate() {
+            if *record == Some(true) {
+                if i < written {
+                    c.finish_loading_as(e.slot as usize, span.len());
+                } else {
+                    c.discard(e.slot as usize);
+                    given_back.push(i);
+                }
             }
         }
     });
-    if let Some((k, err)) = failure {
-        let id = ImageId(ids[pins.entries[records[k].0].key as usize] & !ENCODED);
-        // The slots given back are no longer this backend's to unpin.
-        let gone: Vec<usize> = records[k..]
-            .iter()
-            .filter(|&&(_, in_place)| in_place)
-            .map(|&(i, _)| i)
-            .collect();
+    if let Some((i, err)) = failure {
+        let id = ImageId(ids[pins.entries[i].key as usize] & !ENCODED);
         let entries = std::mem::take(&mut pins.entries);
         pins.entries = entries
             .into_iter()
             .enumerate()
-            .filter(|(i, _)| !gone.contains(i))
+            .filter(|(k, _)| !given_back.contains(k))
             .map(|(_, e)| e)
             .collect();
+        drop(pins);
         corrupt(format_args!("{id} in the image cache: {err}"));
     }
-    own
+    drop(pins);
+    CopiedOut { bytes, spans }
 }
 
 /// Pins the images `ids` (entry `i` is `ids[i]`), waiting while the cache is full.

@@ -435,7 +435,6 @@ impl RangeCursor {
             .raise();
         }
         self.blocks.shared = Some(shared);
-        self.images.decode_here();
     }
 
     /// Reads only the blocks the key maps of the range's incarnations say may hold one of

@@ -91,11 +91,7 @@ fn shape(holders: &Holders) -> Option<(usize, usize, usize)> {
 impl RangeCursor {
     /// Switches a new cursor to reading versions.
     fn fold_versions(&mut self) {
-        let decode_here = self.images.decodes_here();
         self.images = ImageBatches::of_deltas();
-        if decode_here {
-            self.images.decode_here();
-        }
         self.folding = Some(Box::new(Folding {
             fold: BlockRuns::new(),
             block: None,
