@@ -8,18 +8,21 @@
 //! overlap instead of adding up, and a batch is at most an eighth of the image cache, so
 //! that several scans hold theirs at once (a scan that finds no room waits holding nothing).
 //!
-//! In a parallel query, every scan (the leader's and the workers', parallel-aware or not)
-//! takes each batch out of the cache into its own memory and unpins it at once. A worker
-//! returns its rows to the leader through a queue of bounded size, so it may wait for the
-//! leader while it reads a batch; a leader waiting for room in the cache while its workers
-//! wait for it, holding their batches, would wait forever. Such a scan also asks for the
-//! images' stored records and decompresses them itself: one worker decompressing for every
-//! participant would make it the scan's bottleneck as participants are added. A record's slot
-//! that this backend alone pins becomes the image's own slot, the image written over the
-//! record, so the next reader finds the image. A scan outside parallel queries reads its
-//! batch in place (pinned while it returns the batch's rows, to a client that nothing else
-//! waits for) and leaves decompression to the worker, whose decompression of the next batch
-//! overlaps the scan's reading of this one.
+//! In a parallel query, a process may wait for another while it holds a batch: a worker for
+//! its leader to take its rows (through a queue of bounded size), a leader for its workers'
+//! rows. Had each kept a batch of the usual size pinned, a leader waiting for room in the
+//! cache while its workers waited for it, holding their batches, would wait forever. So
+//! every scan of a parallel query (the leader's and the workers', parallel-aware or not)
+//! keeps at most a share of the cache that all the server's backends can hold at once with
+//! room left ([`parallel_share`]); where that share is too small to be worth a request, it
+//! copies each batch out of the cache into its own memory and unpins it at once. Such a scan
+//! also asks for the images' stored records and decompresses them itself: one worker
+//! decompressing for every participant would make it the scan's bottleneck as participants
+//! are added. A record's slot that this backend alone pins becomes the image's own slot, the
+//! image written over the record, so the next reader finds the image. A scan outside
+//! parallel queries reads batches of the usual size in place (pinned while it returns their
+//! rows, to a client nothing else waits for) and leaves decompression to the worker, whose
+//! decompression of the next batch overlaps the scan's reading of this one.
 
 use crate::error::{corrupt, corrupt_index, error};
 use crate::ipc::{self, Pinned, PinnedGroups};
@@ -170,30 +173,34 @@ impl<K: Copy> ImageBatches<K> {
     }
 
     /// Pins the next batch and prefetches the one after it; None when nothing is queued. In
-    /// a parallel query the batch is copied out of the cache and unpinned at once, its images
-    /// decompressed here (see the module comment).
+    /// a parallel query the batch is smaller, or copied out of the cache and unpinned at
+    /// once, and its images are decompressed here (see the module comment).
     pub fn next_batch(&mut self) -> Option<PinnedBatch<K>> {
         if self.queued.is_empty() {
             return None;
         }
         // SAFETY: reads the current transaction's state.
-        let copy_out = unsafe { pgrx::pg_sys::IsInParallelMode() };
+        let parallel = unsafe { pgrx::pg_sys::IsInParallelMode() };
         // The id to ask the worker and the cache for: a record to decompress here, or the
         // image (or delta: small, always decoded by the worker).
         let asked = |id: u64| {
-            if copy_out && id & DELTA_OF == 0 {
+            if parallel && id & DELTA_OF == 0 {
                 id | ENCODED
             } else {
                 id
             }
         };
-        let limit = self.per_batch;
+        let share = parallel.then(parallel_share);
+        let limit = share.map_or(self.per_batch, |s| {
+            s.clamp(MIN_PINNED_IN_PLACE, self.per_batch)
+        });
+        let copy_out = share.is_some_and(|s| s < MIN_PINNED_IN_PLACE);
         let n = self.batch_len(limit);
         let batch: Vec<(K, u64, bool)> = self.queued.drain(..n).collect();
         let ids: Vec<u64> = batch.iter().map(|&(_, id, _)| asked(id)).collect();
         let pins = pin_images(&ids);
-        let (pins, own) = if copy_out {
-            (None, take_out(pins, &ids))
+        let (pins, own) = if parallel {
+            take_images(pins, &ids, copy_out)
         } else {
             (Some(pins), CopiedOut::default())
         };
@@ -205,26 +212,18 @@ impl<K: Copy> ImageBatches<K> {
             .map(|&(_, id, _)| asked(id))
             .collect();
         prefetch_images(&upcoming);
-        let images = match &pins {
-            Some(pins) => pins
-                .entries
-                .iter()
-                .zip(&batch)
-                .map(|(e, &(key, _, _))| {
-                    let bytes = pins.bytes(e);
-                    (key, bytes.as_ptr(), bytes.len())
-                })
-                .collect(),
-            None => own
-                .spans
-                .iter()
-                .zip(&batch)
-                .map(|(span, &(key, _, _))| {
-                    let bytes = &own.bytes[span.clone()];
-                    (key, bytes.as_ptr(), bytes.len())
-                })
-                .collect(),
-        };
+        let images = batch
+            .iter()
+            .enumerate()
+            .map(|(i, &(key, _, _))| {
+                let bytes = match (own.spans.get(i).cloned().flatten(), &pins) {
+                    (Some(span), _) => &own.bytes[span],
+                    (None, Some(pins)) => pins.bytes(&pins.entries[i]),
+                    (None, None) => unreachable!("a batch copied out has every image"),
+                };
+                (key, bytes.as_ptr(), bytes.len())
+            })
+            .collect();
         Some(PinnedBatch {
             _pins: pins,
             own,
@@ -233,12 +232,26 @@ impl<K: Copy> ImageBatches<K> {
     }
 }
 
-/// A batch copied out of the image cache: its images one after another in `bytes`, image
-/// `i` at `spans[i]`.
+/// Below this many images per batch a scan in a parallel query copies its batches out of the
+/// cache rather than pin them while it returns their rows.
+const MIN_PINNED_IN_PLACE: usize = 16;
+
+/// How many images one process of a parallel query may keep pinned while it returns rows: a
+/// share of the cache that every backend of the server can hold at once with a batch's room
+/// left, so that a process waiting for room never waits for processes that wait for it (a
+/// worker for its leader to take its rows, a leader for its workers).
+fn parallel_share() -> usize {
+    // SAFETY: set at postmaster start, read-only afterwards.
+    let backends = usize::try_from(unsafe { pgrx::pg_sys::MaxBackends }).unwrap_or(0);
+    shmem::cache_capacity() / (backends + 1)
+}
+
+/// The images of a batch decompressed or copied into this backend's memory: one after
+/// another in `bytes`, image `i` at `spans[i]` (None: read in place from its pinned slot).
 #[derive(Default)]
 struct CopiedOut {
     bytes: Vec<u8>,
-    spans: Vec<Range<usize>>,
+    spans: Vec<Option<Range<usize>>>,
 }
 
 thread_local! {
@@ -289,15 +302,16 @@ impl<K: Copy> PinnedBatch<K> {
     }
 }
 
-/// Copies the batch `pins` (entry `i` asked for `ids[i]`) out of the image cache into this
-/// backend's memory, in entry order, and unpins it. A slot whose key says it holds a stored
-/// record (not the image itself: a record larger than a slot, or an image found decompressed)
-/// is decompressed, checked against its fingerprint when `gsnap.verify_images` says so, as the
-/// worker checks those it decompresses. A record's slot that only this backend pins becomes
-/// the image's own slot, the image written over its record, so the next reader finds the
-/// image. A damaged record is an ERROR; the slots turned over to images not written yet are
-/// given back.
-fn take_out(mut pins: Pinned, ids: &[u64]) -> CopiedOut {
+/// Decompresses the images of the batch `pins` (entry `i` asked for `ids[i]`) whose slots
+/// hold their stored records (the slot's key says so; a record larger than a slot, or an
+/// image found decompressed, is the image itself), checked against their fingerprints when
+/// `gsnap.verify_images` says so, as the worker checks those it decompresses. A record's slot
+/// that only this backend pins becomes the image's own slot, the image written over the
+/// record, so the next reader finds the image; another record is decompressed into this
+/// backend's memory. With `copy_all`, every image is copied into that memory and the batch
+/// unpinned (None). A damaged record is an ERROR; the slots turned over to images not
+/// written yet are given back.
+fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>, CopiedOut) {
     // Per entry: None for an image, Some(whether its slot now loads the image) for a record.
     let records: Vec<Option<bool>> = shmem::with_cache(|c| {
         let mut records = Vec::with_capacity(pins.entries.len());
@@ -310,30 +324,42 @@ fn take_out(mut pins: Pinned, ids: &[u64]) -> CopiedOut {
         }
         records
     });
-    // Where each image goes: its length is the slot's, or the one its record's header says
-    // (a damaged header is found again below, when the record is decompressed).
+    // Where each image copied here goes, and each image's length: the slot's, or the one its
+    // record's header says (a damaged header is found again when the record is decompressed).
     let mut spans = Vec::with_capacity(pins.entries.len());
+    let mut lens = Vec::with_capacity(pins.entries.len());
     let mut end = 0;
     for (e, record) in pins.entries.iter().zip(&records) {
         let len = match record {
             None => e.len as usize,
             Some(_) => gsnap_store::ImageRecordRef::parse(pins.bytes(e)).map_or(0, |r| r.len()),
         };
-        spans.push(end..end + len);
-        end += len;
+        lens.push(len);
+        let here = copy_all || *record == Some(false);
+        spans.push(here.then(|| end..end + len));
+        end += if here { len } else { 0 };
     }
     let mut bytes = SPARE.with(|spare| std::mem::take(&mut *spare.borrow_mut()));
     if bytes.len() < end {
         bytes.resize(end, 0);
     }
+    let mut scratch = Vec::new();
     let verify = crate::gucs::VERIFY_IMAGES.get();
     // The first entry whose record did not decompress, and why.
     let mut failure = None;
-    for (i, ((e, record), span)) in pins.entries.iter().zip(&records).zip(&spans).enumerate() {
+    for (i, (e, record)) in pins.entries.iter().zip(&records).enumerate() {
         let slot_bytes = pins.bytes(e);
-        let out = &mut bytes[span.clone()];
+        let out: &mut [u8] = match &spans[i] {
+            Some(span) => &mut bytes[span.clone()],
+            None => {
+                scratch.resize(lens[i], 0);
+                &mut scratch
+            }
+        };
         let Some(in_place) = *record else {
-            out.copy_from_slice(slot_bytes);
+            if spans[i].is_some() {
+                out.copy_from_slice(slot_bytes);
+            }
             continue;
         };
         let decoded =
@@ -358,10 +384,10 @@ fn take_out(mut pins: Pinned, ids: &[u64]) -> CopiedOut {
     let written = failure.as_ref().map_or(records.len(), |(i, _)| *i);
     let mut given_back = Vec::new();
     shmem::with_cache(|c| {
-        for (i, ((e, record), span)) in pins.entries.iter().zip(&records).zip(&spans).enumerate() {
+        for (i, (e, record)) in pins.entries.iter().zip(&records).enumerate() {
             if *record == Some(true) {
                 if i < written {
-                    c.finish_loading_as(e.slot as usize, span.len());
+                    c.finish_loading_as(e.slot as usize, lens[i]);
                 } else {
                     c.discard(e.slot as usize);
                     given_back.push(i);
@@ -381,8 +407,19 @@ fn take_out(mut pins: Pinned, ids: &[u64]) -> CopiedOut {
         drop(pins);
         corrupt(format_args!("{id} in the image cache: {err}"));
     }
-    drop(pins);
-    CopiedOut { bytes, spans }
+    // A slot turned over to its image now holds that many bytes.
+    for ((e, record), len) in pins.entries.iter_mut().zip(&records).zip(&lens) {
+        if *record == Some(true) {
+            e.len = *len as u32;
+        }
+    }
+    let own = CopiedOut { bytes, spans };
+    if copy_all {
+        drop(pins);
+        (None, own)
+    } else {
+        (Some(pins), own)
+    }
 }
 
 /// Pins the images `ids` (entry `i` is `ids[i]`), waiting while the cache is full.
