@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -69,6 +70,25 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
         time.sleep(interval)
+
+
+def in_threads(work, n: int, timeout: float) -> list[Exception]:
+    """Runs `work(i)` for i in 0..n, each on a thread of its own, all at once; returns the
+    exceptions they raised (waiting at most `timeout` seconds for each thread)."""
+    failures: list[Exception] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except Exception as e:  # noqa: BLE001 - returned to the caller
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return failures
 
 
 def worker_caught_up(conn: psycopg.Connection) -> None:

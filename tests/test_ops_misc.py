@@ -3,13 +3,12 @@ database whose gsnap tables have snapshots."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import psycopg
 import pytest
 
-from cluster import Cluster, gsnap_cluster
+from cluster import Cluster, gsnap_cluster, in_threads
 from ops_helpers import (
     asof,
     configure,
@@ -263,21 +262,14 @@ def test_reads_through_a_tiny_cache_with_and_without_image_verification(tiny_cac
                           "WHERE g % 7 = 0 AND g % 97 <> 0")
         assert counts == {"added": added, "removed": removed}
         # concurrent scans evicting each other's images
-        errors, results = [], {}
+        results = {}
 
         def scan(i):
-            try:
-                with tiny_cache.connect() as c:
-                    results[i] = digest(c, asof("tc", snaps[i % 3]))
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(e)
+            with tiny_cache.connect() as c:
+                results[i] = digest(c, asof("tc", snaps[i % 3]))
 
-        threads = [threading.Thread(target=scan, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        failures = in_threads(scan, 4, 120)
+        assert not failures, failures
         assert all(results[i] == truth[i % 3] for i in range(4))
         configure(conn, verify_images=None)
 

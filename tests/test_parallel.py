@@ -15,14 +15,13 @@ with its run comes out once, equal to the serial scan's and to the per-snapshot 
 """
 
 import random
-import threading
 import time
 from collections import Counter
 
 import pytest
 from psycopg import errors
 
-from cluster import gsnap_cluster, reset_timeout, rows, snapshot, sqlstate
+from cluster import gsnap_cluster, in_threads, reset_timeout, rows, snapshot, sqlstate
 
 # A small image cache: three participants' batches and their prefetches share it.
 CONF = ["gsnap.image_cache_size = 4MB", "max_worker_processes = 12", "max_parallel_workers = 8"]
@@ -254,30 +253,23 @@ def test_concurrent_parallel_scans_through_a_small_cache(cluster, conn):
         truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
         change(conn, t, rng)
     snaps = sorted(truths)
-    failures, results = [], []
+    results = []
 
     def scan(i: int) -> None:
-        try:
-            with cluster.connect() as c:
-                c.autocommit = True
-                # a scan waiting for the cache forever fails instead of hanging the suite
-                c.execute("SET statement_timeout = '60s'")
-                if i == 3:
-                    serial(c)
-                else:
-                    parallel(c)
-                for k in range(8):
-                    snap = snaps[(i + k) % len(snaps)]
-                    got = rows(c, f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})")
-                    results.append((i, snap, got == truths[snap]))
-        except Exception as e:  # noqa: BLE001 - reported below
-            failures.append(e)
+        with cluster.connect() as c:
+            c.autocommit = True
+            # a scan waiting for the cache forever fails instead of hanging the suite
+            c.execute("SET statement_timeout = '60s'")
+            if i == 3:
+                serial(c)
+            else:
+                parallel(c)
+            for k in range(8):
+                snap = snaps[(i + k) % len(snaps)]
+                got = rows(c, f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})")
+                results.append((i, snap, got == truths[snap]))
 
-    threads = [threading.Thread(target=scan, args=(i,)) for i in range(6)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(300)
+    failures = in_threads(scan, 6, 300)
     assert not failures, failures
     assert len(results) == 48 and all(ok for _, _, ok in results), results
     # nothing left pinned: a scan of a table larger than the cache (4 MB) gets through it

@@ -62,6 +62,24 @@ def test_every_way_of_handing_rows_out_gives_the_snapshots_rows(cluster, table):
         assert val(conn, "SELECT count(*) FROM sr") == ROWS // 2
 
 
+def test_a_parallel_join_of_two_snapshot_scans(cluster, table):
+    """A parallel query reading the snapshot twice (a join of two AS OF scans): each process
+    keeps at most its share of the image cache pinned across both scans (a scan that needs
+    a batch while the other holds the share copies it out, `read::pins::parallel_batch`);
+    the join sees every row of both sides."""
+    src = f"gsnap_asof(NULL::sr, {table})"
+    tenth = range(10, ROWS + 1, 10)
+    with cluster.connect() as conn:
+        conn.autocommit = True
+        conn.execute("SET max_parallel_workers_per_gather = 2; SET parallel_setup_cost = 0; "
+                     "SET min_parallel_table_scan_size = 0")
+        q = (f"SELECT count(*), sum(a.v + b.v) FROM {src} a JOIN {src} b ON a.id = b.id "
+             f"WHERE a.id % 10 = 0 AND b.id % 10 = 0")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + q))
+        assert "Gather" in plan and plan.count("gsnap AS OF") == 2, plan
+        assert conn.execute(q).fetchone() == (len(tenth), 2 * sum(g % 7 for g in tenth))
+
+
 def test_a_count_over_cached_pages_is_cancelled_in_the_middle_of_its_rows(cluster, table):
     src = f"gsnap_asof(NULL::sr, {table})"
     with cluster.connect() as conn:

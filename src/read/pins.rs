@@ -12,10 +12,11 @@
 //! its leader to take its rows (through a queue of bounded size), a leader for its workers'
 //! rows. Had each kept a batch of the usual size pinned, a leader waiting for room in the
 //! cache while its workers waited for it, holding their batches, would wait forever. So
-//! every scan of a parallel query (the leader's and the workers', parallel-aware or not)
-//! keeps at most a share of the cache that all the server's backends can hold at once with
-//! room left ([`parallel_share`]); where that share is too small to be worth a request, it
-//! copies each batch out of the cache into its own memory and unpins it at once. Such a scan
+//! a process in a parallel query (its scans together, the leader's and the workers',
+//! parallel-aware or not) keeps at most a share of the cache pinned that all the server's
+//! backends can hold at once with room left ([`parallel_batch`]); beyond it, or where that
+//! share is too small to be worth a request, a scan copies each batch out of the cache into
+//! its own memory and unpins it at once. Such a scan
 //! also asks for the images' stored records and decompresses them itself: one worker
 //! decompressing for every participant would make it the scan's bottleneck as participants
 //! are added. A record's slot that this backend alone pins becomes the image's own slot, the
@@ -32,7 +33,7 @@ use gsnap_core::{GroupReader, ImageId, SnapId};
 use gsnap_protocol::{PinnedEntry, DELTA_OF, ENCODED, MAX_IDS_PER_REQUEST};
 use gsnap_shmem::cache::CacheKey;
 use pgrx::PgSqlErrorCode;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Duration;
@@ -190,11 +191,11 @@ impl<K: Copy> ImageBatches<K> {
                 id
             }
         };
-        let share = parallel.then(parallel_share);
-        let limit = share.map_or(self.per_batch, |s| {
-            s.clamp(MIN_PINNED_IN_PLACE, self.per_batch)
-        });
-        let copy_out = share.is_some_and(|s| s < MIN_PINNED_IN_PLACE);
+        let (limit, copy_out) = if parallel {
+            parallel_batch(self.per_batch)
+        } else {
+            (self.per_batch, false)
+        };
         let n = self.batch_len(limit);
         let batch: Vec<(K, u64, bool)> = self.queued.drain(..n).collect();
         let ids: Vec<u64> = batch.iter().map(|&(_, id, _)| asked(id)).collect();
@@ -224,9 +225,13 @@ impl<K: Copy> ImageBatches<K> {
                 (key, bytes.as_ptr(), bytes.len())
             })
             .collect();
+        // Pinned in place by a scan of a parallel query: counted against its share.
+        let held = if parallel && !copy_out { n } else { 0 };
+        HELD_IN_PARALLEL.with(|h| h.set(h.get() + held));
         Some(PinnedBatch {
             _pins: pins,
             own,
+            held,
             images,
         })
     }
@@ -236,14 +241,31 @@ impl<K: Copy> ImageBatches<K> {
 /// cache rather than pin them while it returns their rows.
 const MIN_PINNED_IN_PLACE: usize = 16;
 
-/// How many images one process of a parallel query may keep pinned while it returns rows: a
-/// share of the cache that every backend of the server can hold at once with a batch's room
-/// left, so that a process waiting for room never waits for processes that wait for it (a
-/// worker for its leader to take its rows, a leader for its workers).
-fn parallel_share() -> usize {
+thread_local! {
+    /// Images this process keeps pinned in place for scans of a parallel query (all its scans
+    /// together: a join may read two snapshots at once).
+    static HELD_IN_PARALLEL: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The next batch of a scan in a parallel query: how many images (at most `per_batch`), and
+/// whether to copy it out. A process keeps at most a share of the cache pinned in place, one
+/// that every backend of the server can hold at once with that much room left, so that a
+/// process waiting for room never waits for processes that wait for it (a worker for its
+/// leader to take its rows, a leader for its workers). Beyond its share, or where the share
+/// is too small to be worth a request, batches are copied out (and no bigger than the room
+/// the share leaves free).
+fn parallel_batch(per_batch: usize) -> (usize, bool) {
     // SAFETY: set at postmaster start, read-only afterwards.
     let backends = usize::try_from(unsafe { pgrx::pg_sys::MaxBackends }).unwrap_or(0);
-    shmem::cache_capacity() / (backends + 1)
+    let share = shmem::cache_capacity() / (backends + 1);
+    let room = share.saturating_sub(HELD_IN_PARALLEL.with(Cell::get));
+    if share < MIN_PINNED_IN_PLACE {
+        (MIN_PINNED_IN_PLACE.min(per_batch), true)
+    } else if room < MIN_PINNED_IN_PLACE {
+        (share.min(per_batch), true)
+    } else {
+        (room.min(per_batch), false)
+    }
 }
 
 /// The images of a batch decompressed or copied into this backend's memory: one after
@@ -266,6 +288,8 @@ pub struct PinnedBatch<K> {
     _pins: Option<Pinned>,
     /// The images copied out of the cache, which the slices below point into.
     own: CopiedOut,
+    /// Images pinned in place counted in `HELD_IN_PARALLEL`.
+    held: usize,
     /// Per image (in queue order): its key, and where its bytes are: in the image cache or
     /// in `own` (looked up once, when the batch is pinned: scans read them once per row).
     images: Vec<(K, *const u8, usize)>,
@@ -273,6 +297,7 @@ pub struct PinnedBatch<K> {
 
 impl<K> Drop for PinnedBatch<K> {
     fn drop(&mut self) {
+        HELD_IN_PARALLEL.with(|h| h.set(h.get().saturating_sub(self.held)));
         let bytes = std::mem::take(&mut self.own.bytes);
         if bytes.capacity() > 0 {
             SPARE.with(|spare| {
