@@ -52,8 +52,8 @@ pub(crate) struct Shared {
     /// here, not in the worker, so a restarted worker never reuses a number whose old copy
     /// may still sit in the group cache.
     active_versions: AtomicU64,
-    /// Images decompressed by the backends that read them (participants of parallel scans)
-    /// since the server started.
+    /// Images decompressed by the backends that read them (scans in parallel queries) since
+    /// the server started.
     reader_decodes: AtomicU64,
 }
 
@@ -317,7 +317,6 @@ pub fn worker() -> &'static WorkerShared {
     &shared().worker
 }
 
-/// A new version number for the active index group, never used before in this server's life.
 /// Counts an image this backend decompressed from its record (`read::pins`).
 pub fn count_reader_decode() {
     shared().reader_decodes.fetch_add(1, Ordering::Relaxed);
@@ -328,6 +327,7 @@ pub fn reader_decodes() -> u64 {
     shared().reader_decodes.load(Ordering::Relaxed)
 }
 
+/// A new version number for the active index group, never used before in this server's life.
 pub fn next_active_version() -> u64 {
     shared().active_versions.fetch_add(1, Ordering::AcqRel) + 1
 }

@@ -434,7 +434,7 @@ fn gsnap_groups() -> TableIterator<
 
 /// The shared caches: the group cache (index groups) and the image cache (page images and
 /// TOAST chunks), and how many images the backends reading them decompressed themselves
-/// (participants of parallel scans; the worker decompresses the others). One row.
+/// (scans in parallel queries; the worker decompresses the others). One row.
 #[pg_extern(volatile, parallel_safe)]
 #[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
 fn gsnap_index_stats() -> TableIterator<
