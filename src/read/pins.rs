@@ -349,15 +349,22 @@ fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>
         }
         records
     });
-    // Where each image copied here goes, and each image's length: the slot's, or the one its
-    // record's header says (a damaged header is found again when the record is decompressed).
+    // Each record's header, read once; where each image copied here goes, and each image's
+    // length: the slot's, or the one its record's header says (none for a damaged header,
+    // which fails below when the record is to be decompressed).
+    let parsed: Vec<_> = pins
+        .entries
+        .iter()
+        .zip(&records)
+        .map(|(e, record)| record.map(|_| gsnap_store::ImageRecordRef::parse(pins.bytes(e))))
+        .collect();
     let mut spans = Vec::with_capacity(pins.entries.len());
     let mut lens = Vec::with_capacity(pins.entries.len());
     let mut end = 0;
-    for (e, record) in pins.entries.iter().zip(&records) {
-        let len = match record {
+    for ((e, record), header) in pins.entries.iter().zip(&records).zip(&parsed) {
+        let len = match header {
             None => e.len as usize,
-            Some(_) => gsnap_store::ImageRecordRef::parse(pins.bytes(e)).map_or(0, |r| r.len()),
+            Some(header) => header.as_ref().map_or(0, |r| r.len()),
         };
         lens.push(len);
         let here = copy_all || *record == Some(false);
@@ -370,9 +377,10 @@ fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>
     }
     let mut scratch = Vec::new();
     let verify = crate::gucs::VERIFY_IMAGES.get();
-    // The first entry whose record did not decompress, and why.
+    // The first entry whose record did not decompress, and why; the records decompressed.
     let mut failure = None;
-    for (i, (e, record)) in pins.entries.iter().zip(&records).enumerate() {
+    let mut decoded_here = 0;
+    for (i, ((e, record), header)) in pins.entries.iter().zip(&records).zip(parsed).enumerate() {
         let slot_bytes = pins.bytes(e);
         let out: &mut [u8] = match &spans[i] {
             Some(span) => &mut bytes[span.clone()],
@@ -381,19 +389,17 @@ fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>
                 &mut scratch
             }
         };
-        let Some(in_place) = *record else {
+        let (Some(in_place), Some(header)) = (*record, header) else {
             if spans[i].is_some() {
                 out.copy_from_slice(slot_bytes);
             }
             continue;
         };
-        let decoded =
-            gsnap_store::ImageRecordRef::parse(slot_bytes).and_then(|r| r.decode_into(out, verify));
-        if let Err(err) = decoded {
+        if let Err(err) = header.and_then(|r| r.decode_into(out, verify)) {
             failure = Some((i, err));
             break;
         }
-        shmem::count_reader_decode();
+        decoded_here += 1;
         if in_place {
             // SAFETY: the slot is loading for this backend alone (rekeyed while pinned by
             // it only): no lookup finds it and nothing evicts it until it is finished, and
@@ -404,6 +410,7 @@ fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>
             slot.copy_from_slice(out);
         }
     }
+    shmem::count_reader_decodes(decoded_here);
     // The slots written hold their images from now on; on a failure, the others go back and
     // are no longer this backend's to unpin.
     let written = failure.as_ref().map_or(records.len(), |(i, _)| *i);

@@ -317,9 +317,10 @@ pub fn worker() -> &'static WorkerShared {
     &shared().worker
 }
 
-/// Counts an image this backend decompressed from its record (`read::pins`).
-pub fn count_reader_decode() {
-    shared().reader_decodes.fetch_add(1, Ordering::Relaxed);
+/// Counts `n` images this backend decompressed from their records (`read::pins`; once per
+/// batch, not per image: the counter's cache line is shared by every reader).
+pub fn count_reader_decodes(n: u64) {
+    shared().reader_decodes.fetch_add(n, Ordering::Relaxed);
 }
 
 /// Images decompressed by the backends that read them since the server started.
