@@ -8,7 +8,9 @@ duplicate or a loss), through heap tuple slots (no dropped column) and virtual o
 column), with TOASTed values, aggregates split into partial ones, the time form, a prepared
 statement's parameter re-resolved on each execution and a Gather rescanned under a nested loop;
 the workers apply the reading role's privileges and policies; errors and cancellations in the
-middle of a parallel scan leave no pinned image behind; partitioned tables stay serial.
+middle of a parallel scan leave no pinned image behind. The AS OF scan of a partitioned table
+is parallel too: the participants read its partitions one after another, sharing each one's
+blocks; its range and versions scans stay serial.
 `gsnap_range` and `gsnap_versions` are parallel the same way, blocks being taken over the
 table's incarnations one after another: every (snapshot, row) of a range and every version
 with its run comes out once, equal to the serial scan's and to the per-snapshot truth.
@@ -492,21 +494,101 @@ def test_a_rescanned_gather_reads_the_range_again(conn):
         reset_join_methods(conn)
 
 
-def test_partitioned_tables_stay_serial(conn):
-    conn.execute("CREATE TABLE par_parts (id int, v int) PARTITION BY RANGE (id)")
-    conn.execute("CREATE TABLE par_parts_a PARTITION OF par_parts FOR VALUES FROM (0) TO (5000) USING gsnap")
-    conn.execute("CREATE TABLE par_parts_b PARTITION OF par_parts FOR VALUES FROM (5000) TO (10000) USING gsnap")
-    conn.execute("INSERT INTO par_parts SELECT g, g FROM generate_series(0, 9999) g")
-    snap = snapshot(conn)
-    truth = rows(conn, "SELECT id, v FROM par_parts")
-    conn.execute("DELETE FROM par_parts")
+def make_partitioned(conn, name: str) -> list[str]:
+    """A partitioned table of gsnap partitions of very unequal sizes, with empty ones first,
+    between and last (a parallel scan moves past a partition nobody finds a block in), and
+    one whose columns are in another order (its rows are projected). Returns the partitions'
+    names."""
+    conn.execute(f"CREATE TABLE {name} (id int, v int, note text) PARTITION BY RANGE (id)")
+    bounds = [(-1000, 0), (0, 40000), (40000, 40010), (40010, 40020), (40020, 50000),
+              (50000, 60000), (60000, 70000)]
+    parts = []
+    for i, (lo, hi) in enumerate(bounds):
+        part = f"{name}_{i}"
+        if i == 4:
+            conn.execute(f"CREATE TABLE {part} (note text, v int, id int) USING gsnap")
+            conn.execute(f"ALTER TABLE {name} ATTACH PARTITION {part} FOR VALUES FROM ({lo}) TO ({hi})")
+        else:
+            conn.execute(f"CREATE TABLE {part} PARTITION OF {name} FOR VALUES FROM ({lo}) TO ({hi}) USING gsnap")
+        parts.append(part)
+    # partitions 0, 3 and 6 stay empty; 2 holds one page; 5 is filled, then emptied
+    for lo, hi in [(0, 39999), (40000, 40005), (40020, 49999), (50000, 59999)]:
+        conn.execute(f"INSERT INTO {name} SELECT g, g % 1000, 'note ' || g FROM generate_series({lo}, {hi}) g")
+    conn.execute(f"DELETE FROM {name} WHERE id >= 50000")
+    return parts
+
+
+def test_a_parallel_as_of_scan_of_a_partitioned_table(conn):
+    """The participants read the partitions one after another, sharing each one's blocks:
+    every row of the snapshot once (those of a partition detached since included), the
+    workers both reading, aggregates split into partial ones, the plan's pruning applied
+    alike in every participant, a rescanned Gather reading it all again. Range and versions
+    scans of a partitioned table stay serial."""
+    rng = random.Random(11)
+    t = "par_parts"
+    parts = make_partitioned(conn, t)
+    truths = {}
+    for step in range(3):
+        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
+        conn.execute(f"UPDATE {t} SET v = v + 1, note = note || '!' WHERE id % {rng.randrange(2, 9)} = 0")
+        conn.execute(f"DELETE FROM {t} WHERE id % 97 = {rng.randrange(97)}")
+        if step == 1:
+            # detached after the second snapshot: still read at it; no longer at later ones
+            conn.execute(f"ALTER TABLE {t} DETACH PARTITION {parts[1]}")
     parallel(conn)
-    q = f"SELECT id, v FROM gsnap_asof(NULL::par_parts, {snap})"
-    assert "Parallel" not in plan(conn, q)
-    assert rows(conn, q) == truth
-    r = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::par_parts, {snap}, {snap})"
+    for snap, truth in truths.items():
+        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
+        p = plan(conn, q)
+        assert "Gather" in p and "Parallel Custom Scan (gsnap AS OF)" in p, p
+        assert rows(conn, q) == truth, f"snapshot {snap}"
+        conn.execute("SET parallel_leader_participation = off")
+        for _ in range(10):
+            explain = analyzed(conn, q)
+            assert "Workers Launched: 2" in explain, explain
+            per_worker = worker_rows(explain)
+            assert len(per_worker) == 2 and sum(per_worker) == sum(truth.values()), explain
+            if all(r > 0 for r in per_worker):
+                break
+        else:
+            pytest.fail(f"one worker read every partition in 10 runs: {explain}")
+        assert rows(conn, q) == truth, f"snapshot {snap}, workers only"
+        conn.execute("RESET parallel_leader_participation")
+        agg = f"SELECT count(*), sum(v), sum(length(note)) FROM gsnap_asof(NULL::{t}, {snap})"
+        p = plan(conn, agg)
+        assert "Partial Aggregate" in p and "Parallel Custom Scan" in p, p
+        expected = (sum(truth.values()), sum(r[1] * c for r, c in truth.items()),
+                    sum(len(r[2]) * c for r, c in truth.items()))
+        assert conn.execute(agg).fetchone() == expected
+        # pruned by the plan's conditions: the partitions that can hold ids 40000-40019
+        pruned = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap}) WHERE id >= 40000 AND id < 40020"
+        explain = analyzed(conn, pruned)
+        assert "Parallel Custom Scan (gsnap AS OF)" in explain, explain
+        assert "Partitions Read: 2 of" in explain, explain
+        assert rows(conn, pruned) == Counter({r: c for r, c in truth.items() if 40000 <= r[0] < 40020})
+    first = min(truths)
+    rescanned_under_a_nested_loop(conn, "par_parts_outer")
+    try:
+        q = (f"SELECT o.k, a.id FROM par_parts_outer o "
+             f"JOIN gsnap_asof(NULL::{t}, {first}) a ON a.id % 3 = o.k - 1")
+        n = sum(truths[first].values())
+        assert_gather_rescanned(conn, q, "gsnap AS OF", n)
+        expected = Counter()
+        for (id_, _v, _note), c in truths[first].items():
+            expected[(id_ % 3 + 1, id_)] += c
+        assert rows(conn, q) == expected and sum(expected.values()) == n
+    finally:
+        reset_join_methods(conn)
+    # the same rows serially
+    serial(conn)
+    for snap, truth in truths.items():
+        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
+        assert "Parallel" not in plan(conn, q)
+        assert rows(conn, q) == truth
+    # range and versions scans of a partitioned table are not parallel
+    parallel(conn)
+    r = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::{t}, {first}, {first})"
     assert "Parallel" not in plan(conn, r)
-    assert len(rows(conn, r)) == 10000
-    v = f"SELECT first_snap, (rec).id FROM gsnap_versions(NULL::par_parts, {snap}, {snap})"
+    assert len(rows(conn, r)) == sum(truths[first].values())
+    v = f"SELECT first_snap, (rec).id FROM gsnap_versions(NULL::{t}, {first}, {first})"
     assert "Parallel" not in plan(conn, v)
-    assert len(rows(conn, v)) == 10000
+    assert len(rows(conn, v)) == sum(truths[first].values())

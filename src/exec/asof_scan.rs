@@ -12,7 +12,9 @@
 //! Under a Gather the scan of a table is parallel-aware: the leader resolves the snapshot
 //! argument once and puts it, with a block cursor, in the parallel query's shared memory
 //! ([`SharedBlocks`]); every participant (the leader too) reads the blocks it takes from the
-//! cursor, so the rows are those of one snapshot, each read once.
+//! cursor, so the rows are those of one snapshot, each read once. Of a partitioned table,
+//! the participants read its partitions one after another, sharing each one's blocks
+//! (`read::partitioned`).
 
 use super::node::{self, ExecMethods, ParallelNode, ScanNode};
 use super::{pruning, ScanTable};
@@ -220,7 +222,7 @@ impl AsofScan {
             // SAFETY: the open table's current descriptor, valid while the scan runs.
             let mut rows = unsafe { AsofRows::open(relid, desc, snap, self.heap_slot) };
             if let Some(shared) = self.shared {
-                rows.share(shared);
+                rows.share(shared, None);
             // SAFETY: our node (the caller's promise).
             } else if let Some(keys) = unsafe { key_conditions(css, rel.as_ptr(), &self.columns) } {
                 // SAFETY: our node's state, initialized; parameters are bound by now.
@@ -233,16 +235,14 @@ impl AsofScan {
             self.rows = Some(Reader::Table(Box::new(rows)));
             return;
         }
-        if self.shared.is_some() {
-            node::parallel_partitioned("AS OF");
-        }
         // SAFETY: our node's plan and its conditions, as planned.
         let quals = unsafe { node::plan_of(css).scan.plan.qual };
         let columns = &self.columns;
-        // SAFETY: the node's own conditions, over its scan tuple; in a transaction.
+        // SAFETY: the node's own conditions, over its scan tuple; in a transaction. (They
+        // are the plan's, so every participant of a parallel scan prunes alike.)
         let mut keep = |leaf: &_| !unsafe { pruning::refuted(leaf, quals, columns) };
         // SAFETY: the open table's current descriptor, valid while the scan runs.
-        let rows = unsafe { PartitionedRows::open(relid, desc, snap, &mut keep) };
+        let rows = unsafe { PartitionedRows::open(relid, desc, snap, &mut keep, self.shared) };
         self.partitions = Some((rows.partitions, rows.read));
         self.rows = Some(Reader::Partitioned(Box::new(rows)));
     }

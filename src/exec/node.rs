@@ -178,8 +178,8 @@ impl<N: ParallelNode> ExecMethods<N> {
     }
 }
 
-/// The ERROR for a parallel scan of a partitioned table by node `name`, which the planner
-/// never makes (each participant would read every partition).
+/// The ERROR for a parallel scan of a partitioned table by node `name` (a range scan), which
+/// the planner never makes (each participant would read every partition).
 pub(super) fn parallel_partitioned(name: &str) -> ! {
     crate::error::error(
         pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,

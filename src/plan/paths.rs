@@ -134,20 +134,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let (tuples, pages) = if partitioned {
         partitions_size(relid)
     } else {
-        // The size PostgreSQL's planner would estimate for the table now (its statistics, or,
-        // never analyzed, its blocks times a tuple density from its columns' widths).
-        let (mut pages, mut tuples, mut all_visible) = (0, 0.0, 0.0);
-        // SAFETY: the open table; the estimate reads its size and statistics.
-        unsafe {
-            pg_sys::estimate_rel_size(
-                table.as_ptr(),
-                std::ptr::null_mut(),
-                &mut pages,
-                &mut tuples,
-                &mut all_visible,
-            )
-        };
-        (tuples, f64::from(pages))
+        table_size(&table)
     };
     let (tuples, pages) = (per_table * tuples.max(1.0), pages.max(1.0));
     // An AS OF, range or versions scan whose conditions fix the table's key reads only the
@@ -204,12 +191,14 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     unsafe { (*path).path.parallel_safe = parallel_safe };
     // SAFETY: the planner's state and relation.
     unsafe { replace_paths(root, rel, relid, path) };
-    // The aggregate node and the diff stay serial.
-    let parallel_aware = matches!(
-        kind,
-        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::Range | ScanKind::Versions
-    );
-    if parallel_aware && parallel_safe && !partitioned && !by_key {
+    // The aggregate node and the diff stay serial, and so do the range and versions scans of
+    // a partitioned table.
+    let parallel_aware = match kind {
+        ScanKind::AsofId | ScanKind::AsofTime => true,
+        ScanKind::Range | ScanKind::Versions => !partitioned,
+        ScanKind::RangeAggregate | ScanKind::Diff => false,
+    };
+    if parallel_aware && parallel_safe && !by_key {
         // SAFETY: the planner's relation; `private` is a valid plan encoding.
         unsafe { add_parallel_path(rel, kind, private, (tuples, pages), rows) };
     }
@@ -275,33 +264,48 @@ fn parallel_divisor(workers: i32, leader_participates: bool) -> f64 {
     f64::from(workers) + leader
 }
 
-/// The rows and pages of the partitions a partitioned table has now (the statistics of
-/// each, as the catalog has them; a partition never analyzed counts as empty).
+/// The rows and pages PostgreSQL's planner would estimate for `table` now: its statistics,
+/// or, never analyzed, its blocks times a tuple density from its columns' widths.
+fn table_size(table: &OpenRelation) -> (f64, f64) {
+    let (mut pages, mut tuples, mut all_visible) = (0, 0.0, 0.0);
+    // SAFETY: an open table; the estimate reads its size and statistics.
+    unsafe {
+        pg_sys::estimate_rel_size(
+            table.as_ptr(),
+            std::ptr::null_mut(),
+            &mut pages,
+            &mut tuples,
+            &mut all_visible,
+        )
+    };
+    (tuples, f64::from(pages))
+}
+
+/// The rows and pages of the partitions a partitioned table has now, each estimated as
+/// PostgreSQL's planner estimates a table ([`table_size`]; a partition never analyzed is
+/// estimated from its size, as the planner does for a live query of the partitioned
+/// table). Each is locked as that planning locks it (ACCESS SHARE, until the transaction
+/// ends).
 fn partitions_size(relid: pg_sys::Oid) -> (f64, f64) {
-    // SAFETY: the tables below `relid` (no lock: only their statistics are read, from the
-    // catalog cache).
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: the tables below `relid`, locked as they are listed.
     let all = unsafe {
         list::oids(partitioning::find_all_inheritors(
             relid,
-            pg_sys::NoLock as pg_sys::LOCKMODE,
+            lock,
             std::ptr::null_mut(),
         ))
     };
-    let cache = pg_sys::SysCacheIdentifier::RELOID as i32;
     let (mut tuples, mut pages) = (0.0, 0.0);
     for oid in all {
-        // SAFETY: a catalog cache lookup by OID, released below; a pg_class row's fixed part.
-        unsafe {
-            let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(oid));
-            if tuple.is_null() {
-                continue;
-            }
-            let class = &*pg_sys::GETSTRUCT(tuple).cast::<pg_sys::FormData_pg_class>();
-            if class.relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
-                tuples += f64::from(class.reltuples).max(0.0);
-                pages += f64::from(class.relpages);
-            }
-            pg_sys::ReleaseSysCache(tuple);
+        // (None: dropped since it was listed.)
+        let Some(part) = OpenRelation::open(oid, lock) else {
+            continue;
+        };
+        if part.class().relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
+            let (t, p) = table_size(&part);
+            tuples += t.max(0.0);
+            pages += p;
         }
     }
     (tuples, pages)

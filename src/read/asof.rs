@@ -161,9 +161,10 @@ impl AsofRows {
     }
 
     /// Makes this reader a participant of a parallel scan: it reads only the blocks it takes
-    /// from `shared` (call before the first row).
-    pub fn share(&mut self, shared: &'static SharedBlocks) {
-        self.pages.share(shared);
+    /// from `shared` (call before the first row); `leaf`: of partition `leaf` of the
+    /// partitioned table the scan reads ([`PageReader::share`]).
+    pub fn share(&mut self, shared: &'static SharedBlocks, leaf: Option<u32>) {
+        self.pages.share(shared, leaf);
     }
 
     /// Moves to the next page with tuples; false at the end.

@@ -4,14 +4,15 @@
 //!
 //! A parallel scan's participants share one [`SharedBlocks`] in the parallel query's dynamic
 //! shared memory: each takes the next step of blocks from it (as a parallel sequential scan
-//! hands out blocks), so every block is read by exactly one of them.
+//! hands out blocks), so every block is read by exactly one of them; of a partitioned table,
+//! they read its partitions one after another, together (`gsnap_shmem::blocks`).
 
 use super::pins::{images_per_batch, GroupPins, ImageBatches, PinnedBatch};
 use super::table::TableAtSnapshot;
 use crate::error::{corrupt, corrupt_index};
 use gsnap_core::{RelId, SnapId};
 use gsnap_format::view;
-use std::sync::atomic::{AtomicU64, Ordering};
+use gsnap_shmem::blocks::BlockCursor;
 
 /// Blocks looked up in the index per step.
 const BLOCKS_PER_STEP: u32 = 4096;
@@ -23,27 +24,24 @@ pub(super) fn parallel_step(nblocks: u32) -> u32 {
     (nblocks / 64).clamp(16, 512)
 }
 
-/// The block cursor the participants of a parallel scan share (in dynamic shared memory).
+/// What the participants of a parallel scan share (in dynamic shared memory): the snapshot
+/// and the block cursor ([`BlockCursor`]: of a partitioned table, over its partitions one
+/// after another).
 #[repr(C)]
 pub struct SharedBlocks {
     /// The snapshot every participant reads (the leader resolves the query's argument).
     pub snap: u64,
-    /// The first block no participant has taken yet.
-    next: AtomicU64,
+    /// Where the participants take their blocks from.
+    pub blocks: BlockCursor,
 }
 
 impl SharedBlocks {
-    /// A cursor at block 0 over snapshot `snap`.
+    /// A cursor at block 0 (of the first partition) over snapshot `snap`.
     pub fn new(snap: u64) -> SharedBlocks {
         SharedBlocks {
             snap,
-            next: AtomicU64::new(0),
+            blocks: BlockCursor::new(),
         }
-    }
-
-    /// Takes the next `n` blocks: the first of them.
-    fn take(&self, n: u32) -> u64 {
-        self.next.fetch_add(u64::from(n), Ordering::Relaxed)
     }
 }
 
@@ -57,8 +55,9 @@ pub struct PageReader {
     /// The next block to look up in the index (past the end once a parallel scan's shared
     /// cursor has none left).
     next_block: u32,
-    /// Of a participant in a parallel scan: where the blocks are taken from.
-    shared: Option<&'static SharedBlocks>,
+    /// Of a participant in a parallel scan: where the blocks are taken from, and of a
+    /// partition read in a parallel scan of its partitioned table, its place in the list.
+    shared: Option<(&'static SharedBlocks, Option<u32>)>,
     images: ImageBatches<u32>,
     /// Of a lookup by key: the only blocks to read, ascending (`keymap.rs`); once looked
     /// up, those the snapshot maps.
@@ -113,10 +112,11 @@ impl PageReader {
     }
 
     /// Reads only the blocks this participant of a parallel scan takes from `shared` (call
-    /// before the first page is read).
-    pub fn share(&mut self, shared: &'static SharedBlocks) {
+    /// before the first page is read); `leaf`: the table is that partition of the
+    /// partitioned table the scan reads.
+    pub fn share(&mut self, shared: &'static SharedBlocks, leaf: Option<u32>) {
         debug_assert!(self.batch.is_none() && self.images.queued() == 0);
-        self.shared = Some(shared);
+        self.shared = Some((shared, leaf));
     }
 
     /// Looks up the images of the next step of blocks (blocks without one read as empty
@@ -128,14 +128,17 @@ impl PageReader {
         }
         let step = match self.shared {
             None => BLOCKS_PER_STEP,
-            Some(shared) => {
+            Some((shared, leaf)) => {
                 let step = parallel_step(self.nblocks);
-                let first = shared.take(step);
-                if first >= u64::from(self.nblocks) {
+                let first = match leaf {
+                    None => shared.blocks.take(self.nblocks, step),
+                    Some(leaf) => shared.blocks.take_in_leaf(leaf, self.nblocks, step),
+                };
+                let Some(first) = first else {
                     self.next_block = self.nblocks;
                     return;
-                }
-                self.next_block = first as u32;
+                };
+                self.next_block = first;
                 step
             }
         };

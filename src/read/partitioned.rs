@@ -16,6 +16,7 @@
 //! would be silently missing: otherwise an ERROR names it.
 
 use super::asof::{AsofRows, Row};
+use super::pages::SharedBlocks;
 use super::range::RangeCursor;
 use super::table::{self, TableAtSnapshot};
 use crate::error::error;
@@ -260,16 +261,26 @@ pub fn project(
 /// The partition being read.
 struct Current {
     relid: u32,
+    /// Its place in the list of partitions read.
+    at: u32,
     rows: AsofRows,
     layout: Layout,
 }
 
 /// The rows of a partitioned table at a snapshot, partition after partition.
+///
+/// In a parallel scan every participant makes the same list of partitions (those of the
+/// snapshot, in its order, less those the plan's conditions prune) and reads the partition
+/// the shared cursor is at, taking steps of its blocks as a table's scan does: all the
+/// participants read one partition, then move on together to the next.
 pub struct PartitionedRows {
     snap: u64,
     desc: pg_sys::TupleDesc,
-    /// The partitions still to read, the next last.
-    pending: Vec<Leaf>,
+    /// The partitions to read, in order (taken when opened), and the next one's place.
+    leaves: Vec<Option<Leaf>>,
+    next: usize,
+    /// Of a participant in a parallel scan: the cursor it shares.
+    shared: Option<&'static SharedBlocks>,
     current: Option<Current>,
     values: Vec<pg_sys::Datum>,
     nulls: Vec<bool>,
@@ -284,7 +295,9 @@ pub struct PartitionedRows {
 
 impl PartitionedRows {
     /// Opens partitioned table `parent` (descriptor `desc` now) at snapshot `snap`, reading
-    /// the partitions `keep` keeps.
+    /// the partitions `keep` keeps; `shared`: as a participant of a parallel scan, reading
+    /// the blocks it takes from that cursor (`keep` must then decide alike in every
+    /// participant).
     ///
     /// # Safety
     /// `desc` stays valid while the rows are read; call in a transaction.
@@ -293,17 +306,19 @@ impl PartitionedRows {
         desc: pg_sys::TupleDesc,
         snap: u64,
         keep: &mut dyn FnMut(&Leaf) -> bool,
+        shared: Option<&'static SharedBlocks>,
     ) -> PartitionedRows {
         require_gsnap_partitions(parent);
         let all = leaves(snap, parent);
         let partitions = all.len();
-        let mut pending: Vec<Leaf> = all.into_iter().filter(|l| keep(l)).collect();
-        let read = pending.len();
-        pending.reverse();
+        let leaves: Vec<Option<Leaf>> = all.into_iter().filter(|l| keep(l)).map(Some).collect();
+        let read = leaves.len();
         PartitionedRows {
             snap,
             desc,
-            pending,
+            leaves,
+            next: 0,
+            shared,
             current: None,
             values: Vec::new(),
             nulls: Vec::new(),
@@ -315,24 +330,46 @@ impl PartitionedRows {
         }
     }
 
-    /// Opens the next partition; false when all are read.
+    /// Opens the next partition (of a parallel scan: the one the participants read now);
+    /// false when all are read.
     fn open_next(&mut self) -> bool {
-        let Some(leaf) = self.pending.pop() else {
+        if let Some(shared) = self.shared {
+            // The cursor only moves forward, past the partitions this participant read.
+            self.next = self.next.max(shared.blocks.leaf() as usize);
+        }
+        let at = self.next;
+        let Some(leaf) = self.leaves.get_mut(at).and_then(Option::take) else {
             return false;
         };
+        self.next += 1;
         // SAFETY: the descriptor stays valid while the rows are read (`open`'s promise).
         let layout = unsafe { layout(self.desc, &leaf) };
         let relid = pg_sys::Oid::from(leaf.relid);
         // SAFETY: in a transaction (`open`'s promise).
-        let rows = unsafe {
+        let mut rows = unsafe {
             AsofRows::open_columns(relid, layout.columns.clone(), self.snap, leaf.table, false)
         };
+        let at = at as u32;
+        if let Some(shared) = self.shared {
+            rows.share(shared, Some(at));
+        }
         self.current = Some(Current {
             relid: leaf.relid,
+            at,
             rows,
             layout,
         });
         true
+    }
+
+    /// The current partition is read (by this participant: what is left of it, the others
+    /// take).
+    fn close_current(&mut self) {
+        let current = self.current.take();
+        if let (Some(current), Some(shared)) = (current, self.shared) {
+            // Nothing left to take from it (a partition of no blocks never moves it on).
+            shared.blocks.finish_leaf(current.at);
+        }
     }
 
     /// The next row, in the partitioned table's current row type; valid until the next call.
@@ -368,7 +405,7 @@ impl PartitionedRows {
                     break;
                 }
                 Some(Row::Tuple { .. }) => unreachable!("opened without stored tuples"),
-                None => self.current = None,
+                None => self.close_current(),
             }
         }
         let relid = self.current.as_ref().map_or(0, |c| c.relid);

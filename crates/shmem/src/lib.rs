@@ -5,6 +5,7 @@
 //! structure documents which process may call which operation. [`carry`] is the worker's
 //! private bookkeeping of what the dirty sets handed it, kept next to them.
 
+pub mod blocks;
 pub mod cache;
 pub mod carry;
 pub mod dirty;
