@@ -242,7 +242,9 @@ impl AsofScan {
         // are the plan's, so every participant of a parallel scan prunes alike.)
         let mut keep = |leaf: &_| !unsafe { pruning::refuted(leaf, quals, columns) };
         // SAFETY: the open table's current descriptor, valid while the scan runs.
-        let rows = unsafe { PartitionedRows::open(relid, desc, snap, &mut keep, self.shared) };
+        let rows = unsafe {
+            PartitionedRows::open(relid, desc, snap, &mut keep, self.shared, self.heap_slot)
+        };
         self.partitions = Some((rows.partitions, rows.read));
         self.rows = Some(Reader::Partitioned(Box::new(rows)));
     }

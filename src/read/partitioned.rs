@@ -177,6 +177,18 @@ pub unsafe fn layout_of(desc: pg_sys::TupleDesc, attnums: &[i16]) -> Layout {
     Layout { columns, project }
 }
 
+/// True if a partition of `layout` holds each of the partitioned table's columns at the
+/// table's own place, and nothing else: the first of them, in order, if it has fewer (the
+/// table gained columns since; a tuple with fewer attributes reads NULL for the others).
+fn same_places(layout: &Layout) -> bool {
+    let n = layout.columns.len();
+    layout
+        .project
+        .iter()
+        .enumerate()
+        .all(|(j, p)| *p == (j < n).then_some(j))
+}
+
 /// The readable snapshots of `from..=to` (an ERROR if there is none), and the partitions
 /// `parent` had at any of them.
 pub fn in_range(parent: pg_sys::Oid, from: u64, to: u64) -> (Vec<u64>, Vec<u32>) {
@@ -281,6 +293,9 @@ pub struct PartitionedRows {
     next: usize,
     /// Of a participant in a parallel scan: the cursor it shares.
     shared: Option<&'static SharedBlocks>,
+    /// The consumer takes stored tuples of the partitioned table's row type
+    /// ([`AsofRows::open`]).
+    stored_tuples: bool,
     current: Option<Current>,
     values: Vec<pg_sys::Datum>,
     nulls: Vec<bool>,
@@ -297,7 +312,10 @@ impl PartitionedRows {
     /// Opens partitioned table `parent` (descriptor `desc` now) at snapshot `snap`, reading
     /// the partitions `keep` keeps; `shared`: as a participant of a parallel scan, reading
     /// the blocks it takes from that cursor (`keep` must then decide alike in every
-    /// participant).
+    /// participant). With `stored_tuples`, rows may come as [`Row::Tuple`], as from
+    /// [`AsofRows::open`]: those of a partition whose tuples at the snapshot are tuples of
+    /// the partitioned table's row type now (its columns in the same places, with the same
+    /// types).
     ///
     /// # Safety
     /// `desc` stays valid while the rows are read; call in a transaction.
@@ -307,6 +325,7 @@ impl PartitionedRows {
         snap: u64,
         keep: &mut dyn FnMut(&Leaf) -> bool,
         shared: Option<&'static SharedBlocks>,
+        stored_tuples: bool,
     ) -> PartitionedRows {
         require_gsnap_partitions(parent);
         let all = leaves(snap, parent);
@@ -319,6 +338,7 @@ impl PartitionedRows {
             leaves,
             next: 0,
             shared,
+            stored_tuples,
             current: None,
             values: Vec::new(),
             nulls: Vec::new(),
@@ -345,9 +365,18 @@ impl PartitionedRows {
         // SAFETY: the descriptor stays valid while the rows are read (`open`'s promise).
         let layout = unsafe { layout(self.desc, &leaf) };
         let relid = pg_sys::Oid::from(leaf.relid);
+        // Its tuples are the partitioned table's if its attributes are the table's, in the
+        // same places (`open_columns` checks that their types are the same).
+        let in_place = self.stored_tuples && same_places(&layout);
         // SAFETY: in a transaction (`open`'s promise).
         let mut rows = unsafe {
-            AsofRows::open_columns(relid, layout.columns.clone(), self.snap, leaf.table, false)
+            AsofRows::open_columns(
+                relid,
+                layout.columns.clone(),
+                self.snap,
+                leaf.table,
+                in_place,
+            )
         };
         let at = at as u32;
         if let Some(shared) = self.shared {
@@ -387,6 +416,16 @@ impl PartitionedRows {
             }
             let current = self.current.as_mut().expect("opened above");
             match current.rows.next() {
+                Some(Row::Tuple { block, lp, bytes }) => {
+                    (self.block, self.lp) = (block, lp);
+                    let (at, len) = (bytes.as_ptr(), bytes.len());
+                    let relid = current.relid;
+                    // SAFETY: the tuple lies in the page the current partition's reader
+                    // keeps pinned until it is asked for its next row, which takes a call
+                    // of this function: the borrow of `self` the row carries forbids that.
+                    let bytes = unsafe { std::slice::from_raw_parts(at, len) };
+                    return Some((Row::Tuple { block, lp, bytes }, relid));
+                }
                 Some(Row::Values {
                     block,
                     lp,
@@ -404,7 +443,6 @@ impl PartitionedRows {
                     (self.block, self.lp) = (block, lp);
                     break;
                 }
-                Some(Row::Tuple { .. }) => unreachable!("opened without stored tuples"),
                 None => self.close_current(),
             }
         }

@@ -36,7 +36,7 @@ unsafe fn asof(
     if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
         // SAFETY: as below; every partition is read (a function scan has no conditions).
         let mut rows =
-            unsafe { PartitionedRows::open(relid, result.desc, snap, &mut |_| true, None) };
+            unsafe { PartitionedRows::open(relid, result.desc, snap, &mut |_| true, None, false) };
         while let Some(Row::Values { values, nulls, .. }) = rows.next() {
             // SAFETY: a row of the table's current row type, the result's.
             unsafe { result.put_values(values, nulls) };
