@@ -10,7 +10,7 @@ statement's parameter re-resolved on each execution and a Gather rescanned under
 the workers apply the reading role's privileges and policies; errors and cancellations in the
 middle of a parallel scan leave no pinned image behind. The AS OF scan of a partitioned table
 is parallel too: the participants read its partitions one after another, sharing each one's
-blocks; its range and versions scans stay serial.
+blocks, and so are its range and versions scans.
 `gsnap_range` and `gsnap_versions` are parallel the same way, blocks being taken over the
 table's incarnations one after another: every (snapshot, row) of a range and every version
 with its run comes out once, equal to the serial scan's and to the per-snapshot truth.
@@ -500,8 +500,8 @@ def make_partitioned(conn, name: str) -> list[str]:
     one whose columns are in another order (its rows are projected). Returns the partitions'
     names."""
     conn.execute(f"CREATE TABLE {name} (id int, v int, note text) PARTITION BY RANGE (id)")
-    bounds = [(-1000, 0), (0, 40000), (40000, 40010), (40010, 40020), (40020, 50000),
-              (50000, 60000), (60000, 70000)]
+    bounds = [(-1000, 0), (0, 40000), (40000, 40010), (40010, 40020), (40020, 100000),
+              (100000, 110000), (110000, 120000)]
     parts = []
     for i, (lo, hi) in enumerate(bounds):
         part = f"{name}_{i}"
@@ -512,9 +512,9 @@ def make_partitioned(conn, name: str) -> list[str]:
             conn.execute(f"CREATE TABLE {part} PARTITION OF {name} FOR VALUES FROM ({lo}) TO ({hi}) USING gsnap")
         parts.append(part)
     # partitions 0, 3 and 6 stay empty; 2 holds one page; 5 is filled, then emptied
-    for lo, hi in [(0, 39999), (40000, 40005), (40020, 49999), (50000, 59999)]:
+    for lo, hi in [(0, 39999), (40000, 40005), (40020, 99999), (100000, 109999)]:
         conn.execute(f"INSERT INTO {name} SELECT g, g % 1000, 'note ' || g FROM generate_series({lo}, {hi}) g")
-    conn.execute(f"DELETE FROM {name} WHERE id >= 50000")
+    conn.execute(f"DELETE FROM {name} WHERE id >= 100000")
     return parts
 
 
@@ -522,8 +522,7 @@ def test_a_parallel_as_of_scan_of_a_partitioned_table(conn):
     """The participants read the partitions one after another, sharing each one's blocks:
     every row of the snapshot once (those of a partition detached since included), the
     workers both reading, aggregates split into partial ones, the plan's pruning applied
-    alike in every participant, a rescanned Gather reading it all again. Range and versions
-    scans of a partitioned table stay serial."""
+    alike in every participant, a rescanned Gather reading it all again."""
     rng = random.Random(11)
     t = "par_parts"
     parts = make_partitioned(conn, t)
@@ -584,11 +583,69 @@ def test_a_parallel_as_of_scan_of_a_partitioned_table(conn):
         q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
         assert "Parallel" not in plan(conn, q)
         assert rows(conn, q) == truth
-    # range and versions scans of a partitioned table are not parallel
+
+
+def test_parallel_range_and_versions_of_a_partitioned_table(conn):
+    """The partitions' cursors (each over the snapshots at which it was a partition, one of
+    them rewritten in between: two incarnations) follow each other in the shared count: every
+    (snapshot, row) of the range once, every version once with its whole run, both workers
+    reading, and the Row Filter's pruning applied alike in every participant."""
+    rng = random.Random(12)
+    t = "par_prange"
+    parts = make_partitioned(conn, t)
+    truths = {}
+    for step in range(4):
+        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
+        conn.execute(f"UPDATE {t} SET v = v + 1, note = note || '!' WHERE id % {rng.randrange(2, 9)} = 0")
+        conn.execute(f"DELETE FROM {t} WHERE id % 97 = {rng.randrange(97)}")
+        if step == 1:
+            conn.execute(f"VACUUM FULL {parts[1]}")
+        if step == 2:
+            conn.execute(f"ALTER TABLE {t} DETACH PARTITION {parts[4]}")
+    first, last = min(truths), max(truths)
+    listed = {r[0] for r in conn.execute(
+        f"SELECT DISTINCT snap_id FROM gsnap_range(NULL::{t}, {first}, {last})")}
+    assert listed == set(truths), listed
+    expected = Counter()
+    for snap, truth in truths.items():
+        for r, c in truth.items():
+            expected[(snap, *r)] += c
+    serial(conn)
+    serial_versions = version_rows(conn, t, first, last)
+    assert range_rows(conn, t, first, last) == expected
     parallel(conn)
-    r = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::{t}, {first}, {first})"
-    assert "Parallel" not in plan(conn, r)
-    assert len(rows(conn, r)) == sum(truths[first].values())
-    v = f"SELECT first_snap, (rec).id FROM gsnap_versions(NULL::{t}, {first}, {first})"
-    assert "Parallel" not in plan(conn, v)
-    assert len(rows(conn, v)) == sum(truths[first].values())
+    q = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::{t}, {first}, {last})"
+    assert "Parallel Custom Scan (gsnap range)" in plan(conn, q), plan(conn, q)
+    v = f"SELECT first_snap, (rec).id FROM gsnap_versions(NULL::{t}, {first}, {last})"
+    assert "Parallel Custom Scan (gsnap versions)" in plan(conn, v), plan(conn, v)
+    assert range_rows(conn, t, first, last) == expected
+    assert version_rows(conn, t, first, last) == serial_versions
+    runs = Counter()
+    for (a, b, *r), c in serial_versions.items():
+        for snap in truths:
+            if a <= snap <= b:
+                runs[(snap, *r)] += c
+    assert runs == expected
+    conn.execute("SET parallel_leader_participation = off")
+    try:
+        for query, node in ((q, "gsnap range"), (v, "gsnap versions")):
+            for _ in range(10):
+                explain = analyzed(conn, query)
+                per_worker = worker_rows(explain, node)
+                assert len(per_worker) == 2, explain
+                if all(r > 0 for r in per_worker):
+                    break
+            else:
+                pytest.fail(f"one worker read every block in 10 runs: {explain}")
+        assert range_rows(conn, t, first, last) == expected
+        assert version_rows(conn, t, first, last) == serial_versions
+    finally:
+        conn.execute("RESET parallel_leader_participation")
+    # conditions on rec prune partitions in every participant alike
+    where = "(rec).id >= 40000 AND (rec).id < 40020"
+    explain = analyzed(conn, f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::{t}, {first}, {last}) WHERE {where}")
+    assert "Parallel Custom Scan (gsnap range)" in explain and "Partitions Read: 2 of" in explain, explain
+    assert range_rows(conn, t, first, last, where) == Counter(
+        {k: c for k, c in expected.items() if 40000 <= k[1] < 40020})
+    assert version_rows(conn, t, first, last, where) == Counter(
+        {k: c for k, c in serial_versions.items() if 40000 <= k[2] < 40020})

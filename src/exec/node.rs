@@ -178,16 +178,6 @@ impl<N: ParallelNode> ExecMethods<N> {
     }
 }
 
-/// The ERROR for a parallel scan of a partitioned table by node `name` (a range scan), which
-/// the planner never makes (each participant would read every partition).
-pub(super) fn parallel_partitioned(name: &str) -> ! {
-    crate::error::error(
-        pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-        format!("a parallel {name} scan of a partitioned table was planned"),
-    )
-    .raise()
-}
-
 /// The size of a parallel scan's shared state.
 #[pg_guard]
 unsafe extern "C-unwind" fn estimate_shared<N: ParallelNode>(

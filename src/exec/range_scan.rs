@@ -79,7 +79,7 @@ impl ParallelNode for RangeScan {
                 self.table.snapshot_argument(css, 1),
             )
         };
-        SharedRange::new(self.table.relid, from, to)
+        SharedRange::new(from, to)
     }
 
     fn join(&mut self, shared: &'static SharedRange) {
@@ -271,21 +271,25 @@ impl RangeScan {
             // SAFETY: the table's current row type, copied at begin, lives with the query.
             let mut cursors =
                 unsafe { range::cursors(relid, from, to, self.row_desc, &mut refuted) };
-            if relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE) {
-                if self.shared.is_some() {
-                    node::parallel_partitioned("range");
-                }
+            let partitioned = relation_kind(relid) == Some(pg_sys::RELKIND_PARTITIONED_TABLE);
+            if partitioned {
                 let read = cursors.iter().filter(|c| !c.is_empty()).count();
                 self.partitions = Some((cursors.len(), read));
-            } else if let Some(shared) = self.shared {
-                for cursor in &mut cursors {
-                    cursor.share(shared);
+            }
+            // A lookup by key reads a table's key map (not a partitioned table's).
+            let keys = match (self.shared, partitioned) {
+                (None, false) => {
+                    let rel = self.table.rel().as_ptr();
+                    // SAFETY: our node (the caller's promise); its open table.
+                    unsafe { key_conditions(css, rel, self.table.kind) }
                 }
-            } else if let Some(keys) = {
-                let rel = self.table.rel().as_ptr();
-                // SAFETY: our node (the caller's promise); its open table.
-                unsafe { key_conditions(css, rel, self.table.kind) }
-            } {
+                _ => None,
+            };
+            if let Some(shared) = self.shared {
+                // (Of a partitioned table, every participant opens the partitions' cursors
+                // in the same order, pruned alike by the plan's Row Filter.)
+                range::share(&mut cursors, shared);
+            } else if let Some(keys) = keys {
                 // SAFETY: our node's state, initialized; parameters are bound by now.
                 let used = match unsafe { keys.hashes(&mut (*css).ss.ps) } {
                     Some(hashes) => cursors

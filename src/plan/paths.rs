@@ -191,13 +191,11 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     unsafe { (*path).path.parallel_safe = parallel_safe };
     // SAFETY: the planner's state and relation.
     unsafe { replace_paths(root, rel, relid, path) };
-    // The aggregate node and the diff stay serial, and so do the range and versions scans of
-    // a partitioned table.
-    let parallel_aware = match kind {
-        ScanKind::AsofId | ScanKind::AsofTime => true,
-        ScanKind::Range | ScanKind::Versions => !partitioned,
-        ScanKind::RangeAggregate | ScanKind::Diff => false,
-    };
+    // The aggregate node and the diff stay serial.
+    let parallel_aware = matches!(
+        kind,
+        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::Range | ScanKind::Versions
+    );
     if parallel_aware && parallel_safe && !by_key {
         // SAFETY: the planner's relation; `private` is a valid plan encoding.
         unsafe { add_parallel_path(rel, kind, private, (tuples, pages), rows) };

@@ -33,28 +33,68 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The block cursor the participants of a parallel range or versions scan share (in dynamic
-/// shared memory): the range the leader resolved, a digest of the snapshots it found in it
-/// (each participant lists them again and must find the same), and the first block no
-/// participant has taken, counted over the table's incarnations one after another.
+/// shared memory): the range the leader resolved, a digest of the snapshots the participants
+/// read in it (each lists them itself and must find the same), and the first position no
+/// participant has taken, counted over the table's incarnations one after another (of a
+/// partitioned table, over its partitions' cursors one after another, each with its
+/// incarnations).
 #[repr(C)]
 pub struct SharedRange {
     pub from: u64,
     pub to: u64,
-    digest: u64,
+    /// The digest of the first participant to list the snapshots (0: none has yet).
+    digest: AtomicU64,
     next: AtomicU64,
 }
 
 impl SharedRange {
-    /// A cursor at the first block of the range `from..=to` of table `relid`, as this
-    /// backend lists its snapshots now.
-    pub fn new(relid: pg_sys::Oid, from: u64, to: u64) -> SharedRange {
+    /// A cursor at the first block of the range `from..=to`.
+    pub fn new(from: u64, to: u64) -> SharedRange {
         require_ordered(from, to);
         SharedRange {
             from,
             to,
-            digest: digest(&table::in_range(relid, from, to)),
+            digest: AtomicU64::new(0),
             next: AtomicU64::new(0),
         }
+    }
+}
+
+/// Makes `cursors` (a table's, or a partitioned table's partitions', in the order every
+/// participant opens them) read only the blocks this participant takes from `shared`, one
+/// cursor after another: the cursors' positions follow each other in the shared count. An
+/// ERROR if this participant found other snapshots in the range than another did (one was
+/// deleted in between).
+pub fn share(cursors: &mut [RangeCursor], shared: &'static SharedRange) {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for c in cursors.iter() {
+        h.write_u32(c.decoders.relid.to_u32());
+        h.write_u64(digest(&c.snaps));
+    }
+    let mine = h.finish().max(1);
+    let first = match shared
+        .digest
+        .compare_exchange(0, mine, Ordering::Relaxed, Ordering::Relaxed)
+    {
+        Ok(_) => mine,
+        Err(first) => first,
+    };
+    if first != mine {
+        error(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "the snapshots from {} to {} changed while a parallel scan of them began",
+                shared.from, shared.to
+            ),
+        )
+        .hint("Run the query again.")
+        .raise();
+    }
+    let mut base = 0;
+    for c in cursors.iter_mut() {
+        debug_assert!(c.loaded_segment == 0 && c.taken.is_none());
+        c.blocks.shared = Some((shared, base));
+        base += c.blocks.positions();
     }
 }
 
@@ -73,14 +113,20 @@ fn digest(snaps: &[(u64, TableAtSnapshot)]) -> u64 {
 /// Where a cursor takes its blocks from: positions over the incarnations one after another
 /// (incarnation `i` has positions `starts[i]..starts[i + 1]`, one per block of its largest
 /// size), handed out whole incarnation by whole incarnation (serial), or in steps of the
-/// shared cursor of a parallel scan.
+/// shared cursor of a parallel scan, where this cursor's positions start at the second
+/// number.
 struct Blocks {
     starts: Vec<u64>,
     next: u64,
-    shared: Option<&'static SharedRange>,
+    shared: Option<(&'static SharedRange, u64)>,
 }
 
 impl Blocks {
+    /// How many positions the cursor has.
+    fn positions(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
     /// The next blocks to read: (incarnation, blocks); None when all are taken.
     fn take(&mut self) -> Option<(usize, Range<u32>)> {
         let end = *self
@@ -100,9 +146,13 @@ impl Blocks {
                 let (i, first, stop) = within(self.next);
                 (i, first, std::mem::replace(&mut self.next, stop), stop)
             }
-            Some(shared) => {
-                let mut at = shared.next.load(Ordering::Relaxed);
+            Some((shared, base)) => {
+                let mut now = shared.next.load(Ordering::Relaxed);
                 loop {
+                    // Participants read the cursors in the same order and leave one only
+                    // once the count is past it, so the count is never before this one.
+                    debug_assert!(now >= base);
+                    let at = now.saturating_sub(base);
                     if at >= end {
                         return None;
                     }
@@ -111,13 +161,13 @@ impl Blocks {
                     let step = u64::from(parallel_step((stop - first) as u32));
                     let until = (at + step).min(stop);
                     match shared.next.compare_exchange_weak(
-                        at,
-                        until,
+                        now,
+                        base + until,
                         Ordering::Relaxed,
                         Ordering::Relaxed,
                     ) {
                         Ok(_) => break (i, first, at, until),
-                        Err(now) => at = now,
+                        Err(later) => now = later,
                     }
                 }
             }
@@ -416,25 +466,6 @@ impl RangeCursor {
             block_cx: OwnedContext::new("gsnap range block"),
             folding: None,
         }
-    }
-
-    /// Reads only the blocks this participant of a parallel scan takes from `shared` (call
-    /// before the first row is read). An ERROR if this backend found other snapshots in
-    /// the range than the leader did (one was deleted in between).
-    pub fn share(&mut self, shared: &'static SharedRange) {
-        debug_assert!(self.loaded_segment == 0 && self.taken.is_none());
-        if digest(&self.snaps) != shared.digest {
-            error(
-                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                format!(
-                    "the snapshots from {} to {} changed while a parallel scan of them began",
-                    shared.from, shared.to
-                ),
-            )
-            .hint("Run the query again.")
-            .raise();
-        }
-        self.blocks.shared = Some(shared);
     }
 
     /// Reads only the blocks the key maps of the range's incarnations say may hold one of
