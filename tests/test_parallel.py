@@ -522,7 +522,8 @@ def test_a_parallel_as_of_scan_of_a_partitioned_table(conn):
     """The participants read the partitions one after another, sharing each one's blocks:
     every row of the snapshot once (those of a partition detached since included), the
     workers both reading, aggregates split into partial ones, the plan's pruning applied
-    alike in every participant, a rescanned Gather reading it all again."""
+    alike in every participant, a rescanned Gather reading it all again, cancellations
+    leaving nothing pinned."""
     rng = random.Random(11)
     t = "par_parts"
     parts = make_partitioned(conn, t)
@@ -577,6 +578,24 @@ def test_a_parallel_as_of_scan_of_a_partitioned_table(conn):
         assert rows(conn, q) == expected and sum(expected.values()) == n
     finally:
         reset_join_methods(conn)
+    # cancelled at points spread over its run (the partitions' readers are dropped in the
+    # middle of a partition, the cursor wherever it is): nothing stays pinned
+    agg = f"SELECT count(*), sum(v) FROM gsnap_asof(NULL::{t}, {first})"
+    expected = (sum(truths[first].values()), sum(r[1] * c for r, c in truths[first].items()))
+    t0 = time.monotonic()
+    assert conn.execute(agg).fetchone() == expected
+    full = time.monotonic() - t0
+    cancelled = 0
+    for i in range(10):
+        conn.execute(f"SET statement_timeout = {max(1, int(full * 1000 * (i + 1) / 12))}")
+        try:
+            conn.execute(agg).fetchall()
+        except errors.QueryCanceled:
+            cancelled += 1
+        finally:
+            reset_timeout(conn)
+    assert cancelled >= 3, "too few scans were cancelled to test anything"
+    assert conn.execute(agg).fetchone() == expected
     # the same rows serially
     serial(conn)
     for snap, truth in truths.items():
