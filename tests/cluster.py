@@ -56,6 +56,24 @@ def reset_timeout(conn: psycopg.Connection) -> None:
     conn.execute("RESET statement_timeout")
 
 
+def cancelled_part_way(conn: psycopg.Connection, query: str, n: int, full: float) -> int:
+    """Runs `query` (which takes about `full` seconds) `n` times, each time cancelled by a
+    statement_timeout further into its run (from 1/(n + 2) of it up to n/(n + 2)); returns how
+    many runs were cancelled. A backend that dies fails the test."""
+    cancelled = 0
+    for i in range(n):
+        conn.execute(f"SET statement_timeout = {max(1, int(full * 1000 * (i + 1) / (n + 2)))}")
+        try:
+            conn.execute(query).fetchall()
+        except psycopg.errors.QueryCanceled:
+            cancelled += 1
+        except psycopg.OperationalError as e:
+            raise AssertionError(f"the backend died in the {i + 1}th run of {query!r}: {e}") from e
+        finally:
+            reset_timeout(conn)
+    return cancelled
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
     """Polls `predicate` until it returns something true and returns that; after `timeout`
     seconds fails with an AssertionError naming `what` and the last value seen.

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from cluster import reset_timeout, worker_caught_up
+from cluster import cancelled_part_way, reset_timeout, worker_caught_up
 from ops_helpers import (
     Bg,
     PGBENCH_ENV,
@@ -675,17 +675,7 @@ def test_cancelled_scans_leak_no_cache_pins(ops):
             t0 = time.monotonic()
             assert val(conn, range_sql)
             full_range = time.monotonic() - t0
-            range_cancelled = 0
-            for i in range(15):
-                conn.execute(f"SET statement_timeout = {max(1, int(full_range * 1000 * (i + 1) / 16))}")
-                try:
-                    conn.execute(range_sql).fetchall()
-                except errors.QueryCanceled:
-                    range_cancelled += 1
-                except psycopg.OperationalError as e:
-                    pytest.fail(f"the backend died during a cancelled range scan ({e})")
-                finally:
-                    reset_timeout(conn)
+            range_cancelled = cancelled_part_way(conn, range_sql, 15, full_range)
             print(f"[ops] pins: {range_cancelled}/15 range scans cancelled part way")
             assert range_cancelled >= 3, "too few range scans were cancelled to test anything"
             worker_caught_up(conn)  # it has freed what the cancelled requests left

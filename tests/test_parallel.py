@@ -21,9 +21,8 @@ import time
 from collections import Counter
 
 import pytest
-from psycopg import errors
 
-from cluster import gsnap_cluster, in_threads, reset_timeout, rows, snapshot, sqlstate
+from cluster import cancelled_part_way, gsnap_cluster, in_threads, reset_timeout, rows, snapshot, sqlstate
 
 # A small image cache: three participants' batches and their prefetches share it.
 CONF = ["gsnap.image_cache_size = 4MB", "max_worker_processes = 12", "max_parallel_workers = 8"]
@@ -124,6 +123,47 @@ def change(conn, name: str, rng: random.Random) -> None:
     conn.execute(f"INSERT INTO {name} (id, v, note) SELECT g, 7, 'new' FROM generate_series({top + 1}, {top + 500}) g")
 
 
+def serial_asof_matches(conn, t: str, truths: dict) -> None:
+    """With parallel plans off, the AS OF scan of `t` at each snapshot of `truths` is serial
+    and returns its rows (id, v, note) there."""
+    serial(conn)
+    for snap, truth in truths.items():
+        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
+        assert "Parallel" not in plan(conn, q)
+        assert rows(conn, q) == truth
+
+
+def parallel_asof_matches(conn, t: str, snap: int, truth: Counter) -> None:
+    """The parallel AS OF scan of `t` (columns id, v, note) at `snap` returns `truth`, with the
+    leader taking part and with the workers alone, each of them reading part of the blocks
+    (a worker may start late and find the blocks gone: retried), and partial aggregates in
+    each participant give the truth's."""
+    q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
+    p = plan(conn, q)
+    assert "Gather" in p and "Parallel Custom Scan (gsnap AS OF)" in p, p
+    assert rows(conn, q) == truth, f"snapshot {snap}"
+    conn.execute("SET parallel_leader_participation = off")
+    try:
+        for _ in range(10):
+            explain = analyzed(conn, q)
+            assert "Workers Launched: 2" in explain, explain
+            per_worker = worker_rows(explain)
+            assert len(per_worker) == 2 and sum(per_worker) == sum(truth.values()), explain
+            if all(r > 0 for r in per_worker):
+                break
+        else:
+            pytest.fail(f"one worker read every block in 10 runs: {explain}")
+        assert rows(conn, q) == truth, f"snapshot {snap}, workers only"
+    finally:
+        conn.execute("RESET parallel_leader_participation")
+    agg = f"SELECT count(*), sum(v), sum(length(note)) FROM gsnap_asof(NULL::{t}, {snap})"
+    p = plan(conn, agg)
+    assert "Partial Aggregate" in p and "Parallel Custom Scan" in p, p
+    expected = (sum(truth.values()), sum(r[1] * c for r, c in truth.items()),
+                sum(len(r[2]) * c for r, c in truth.items()))
+    assert conn.execute(agg).fetchone() == expected
+
+
 @pytest.mark.parametrize("dropped", [False, True], ids=["heap-slot", "dropped-column"])
 def test_a_parallel_as_of_scan_returns_each_row_of_its_snapshot_once(conn, dropped):
     rng = random.Random(8)
@@ -135,31 +175,7 @@ def test_a_parallel_as_of_scan_returns_each_row_of_its_snapshot_once(conn, dropp
         change(conn, t, rng)
     parallel(conn)
     for snap, truth in truths.items():
-        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
-        p = plan(conn, q)
-        assert "Gather" in p and "Parallel Custom Scan (gsnap AS OF)" in p, p
-        assert rows(conn, q) == truth, f"snapshot {snap}"
-        # with the leader only collecting, the workers read everything between them; both
-        # take part (a worker may start late and find the blocks gone: retried)
-        conn.execute("SET parallel_leader_participation = off")
-        for _ in range(10):
-            explain = analyzed(conn, q)
-            assert "Workers Launched: 2" in explain, explain
-            per_worker = worker_rows(explain)
-            assert len(per_worker) == 2 and sum(per_worker) == sum(truth.values()), explain
-            if all(r > 0 for r in per_worker):
-                break
-        else:
-            pytest.fail(f"one worker read every block in 10 runs: {explain}")
-        assert rows(conn, q) == truth, f"snapshot {snap}, workers only"
-        conn.execute("RESET parallel_leader_participation")
-        # aggregates: partial ones in each participant, finalized above the Gather
-        agg = f"SELECT count(*), sum(v), sum(length(note)) FROM gsnap_asof(NULL::{t}, {snap})"
-        p = plan(conn, agg)
-        assert "Partial Aggregate" in p and "Parallel Custom Scan" in p, p
-        expected = (sum(truth.values()), sum(r[1] * c for r, c in truth.items()),
-                    sum(len(r[2]) * c for r, c in truth.items()))
-        assert conn.execute(agg).fetchone() == expected
+        parallel_asof_matches(conn, t, snap, truth)
     # the time form resolves once, in the leader: the latest snapshot
     latest = max(truths)
     q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, now())"
@@ -176,11 +192,7 @@ def test_a_parallel_as_of_scan_returns_each_row_of_its_snapshot_once(conn, dropp
         conn.execute("RESET plan_cache_mode")
         conn.execute(f"DEALLOCATE par_q_{t}")
     # the same rows as a serial scan
-    serial(conn)
-    for snap, truth in truths.items():
-        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
-        assert "Parallel" not in plan(conn, q)
-        assert rows(conn, q) == truth
+    serial_asof_matches(conn, t, truths)
 
 
 def test_participants_decompress_the_images_they_read(conn):
@@ -372,16 +384,7 @@ def test_errors_and_cancels_in_parallel_scans_leave_nothing_pinned(cluster, conn
         assert conn.execute(agg).fetchone() == expected
         full = min(full, time.monotonic() - t0)
     pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-    cancelled = 0
-    for i in range(12):
-        ms = max(1, int(full * 1000 * (i + 1) / 14))
-        conn.execute(f"SET statement_timeout = {ms}")
-        try:
-            conn.execute(f"SELECT count(*), sum(v) FROM gsnap_asof(NULL::{t}, {snap})").fetchall()
-        except errors.QueryCanceled:
-            cancelled += 1
-        finally:
-            reset_timeout(conn)
+    cancelled = cancelled_part_way(conn, agg, 12, full)
     assert cancelled >= 3, "too few scans were cancelled to test anything"
     assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == pid, "the session survived"
     assert rows(conn, q) == truth
@@ -399,23 +402,12 @@ def version_rows(conn, t: str, first: int, last: int, where: str = "true") -> Co
                       f"FROM gsnap_versions(NULL::{t}, {first}, {last}) WHERE {where}")
 
 
-def test_parallel_range_and_versions_hand_out_each_row_version_once(conn):
-    """Snapshots of a table that changes between them, rewritten once (VACUUM FULL: a second
-    incarnation, whose blocks the participants take after the first's) and whose row type
-    changes once: the parallel range equals the truth at every snapshot, the parallel
-    versions equal the serial ones (each run whole, from one participant), both workers
-    take part, and the Row Filter and aggregates work above them."""
-    rng = random.Random(9)
-    t = "par_range"
-    make_table(conn, t, 40000, False)
-    truths = {}
-    for i in range(5):
-        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
-        change(conn, t, rng)
-        if i == 1:
-            conn.execute(f"VACUUM FULL {t}")
-        if i == 2:
-            conn.execute(f"ALTER TABLE {t} ADD COLUMN extra int DEFAULT 5")
+def parallel_range_matches(conn, t: str, truths: dict) -> tuple[Counter, Counter]:
+    """The parallel range and versions of `t` over the snapshots of `truths` (its rows at
+    each): every (snapshot, row) of the range is the truth, the versions are the serial ones
+    and their runs expand to the truth again, both with the leader taking part and with the
+    workers alone, each of them reading part of the blocks. Returns the range's rows and the
+    versions, as the truth has them (left with parallel plans on)."""
     first, last = min(truths), max(truths)
     expected = Counter()
     for snap, truth in truths.items():
@@ -454,6 +446,28 @@ def test_parallel_range_and_versions_hand_out_each_row_version_once(conn):
         assert version_rows(conn, t, first, last) == serial_versions
     finally:
         conn.execute("RESET parallel_leader_participation")
+    return expected, serial_versions
+
+
+def test_parallel_range_and_versions_hand_out_each_row_version_once(conn):
+    """Snapshots of a table that changes between them, rewritten once (VACUUM FULL: a second
+    incarnation, whose blocks the participants take after the first's) and whose row type
+    changes once: the parallel range equals the truth at every snapshot, the parallel
+    versions equal the serial ones (each run whole, from one participant), both workers
+    take part, and the Row Filter and aggregates work above them."""
+    rng = random.Random(9)
+    t = "par_range"
+    make_table(conn, t, 40000, False)
+    truths = {}
+    for i in range(5):
+        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
+        change(conn, t, rng)
+        if i == 1:
+            conn.execute(f"VACUUM FULL {t}")
+        if i == 2:
+            conn.execute(f"ALTER TABLE {t} ADD COLUMN extra int DEFAULT 5")
+    first, last = min(truths), max(truths)
+    expected, serial_versions = parallel_range_matches(conn, t, truths)
     # the Row Filter, checked once per version in each participant
     where = "(rec).v % 5 = 0"
     p = plan(conn, f"SELECT snap_id FROM gsnap_range(NULL::{t}, {first}, {last}) WHERE {where}")
@@ -494,15 +508,14 @@ def test_a_rescanned_gather_reads_the_range_again(conn):
         reset_join_methods(conn)
 
 
-def make_partitioned(conn, name: str) -> list[str]:
+def make_partitioned(conn, name: str) -> None:
     """A partitioned table of gsnap partitions of very unequal sizes, with empty ones first,
     between and last (a parallel scan moves past a partition nobody finds a block in), and
-    one whose columns are in another order (its rows are projected). Returns the partitions'
-    names."""
+    one whose columns are in another order (its rows are projected): partitions
+    `{name}_0` to `{name}_6`."""
     conn.execute(f"CREATE TABLE {name} (id int, v int, note text) PARTITION BY RANGE (id)")
     bounds = [(-1000, 0), (0, 40000), (40000, 40010), (40010, 40020), (40020, 100000),
               (100000, 110000), (110000, 120000)]
-    parts = []
     for i, (lo, hi) in enumerate(bounds):
         part = f"{name}_{i}"
         if i == 4:
@@ -510,12 +523,26 @@ def make_partitioned(conn, name: str) -> list[str]:
             conn.execute(f"ALTER TABLE {name} ATTACH PARTITION {part} FOR VALUES FROM ({lo}) TO ({hi})")
         else:
             conn.execute(f"CREATE TABLE {part} PARTITION OF {name} FOR VALUES FROM ({lo}) TO ({hi}) USING gsnap")
-        parts.append(part)
     # partitions 0, 3 and 6 stay empty; 2 holds one page; 5 is filled, then emptied
     for lo, hi in [(0, 39999), (40000, 40005), (40020, 99999), (100000, 109999)]:
         conn.execute(f"INSERT INTO {name} SELECT g, g % 1000, 'note ' || g FROM generate_series({lo}, {hi}) g")
     conn.execute(f"DELETE FROM {name} WHERE id >= 100000")
-    return parts
+
+
+def partitioned_history(conn, t: str, seed: int, after: list) -> dict:
+    """`make_partitioned(t)`, then a snapshot per item of `after`, each followed by changes
+    to the rows and by the item's statement (None: none; `{t}` is the table's name). Returns
+    the rows (id, v, note) at each snapshot."""
+    rng = random.Random(seed)
+    make_partitioned(conn, t)
+    truths = {}
+    for statement in after:
+        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
+        conn.execute(f"UPDATE {t} SET v = v + 1, note = note || '!' WHERE id % {rng.randrange(2, 9)} = 0")
+        conn.execute(f"DELETE FROM {t} WHERE id % 97 = {rng.randrange(97)}")
+        if statement:
+            conn.execute(statement.format(t=t))
+    return truths
 
 
 def test_a_parallel_as_of_scan_of_a_partitioned_table(conn):
@@ -524,41 +551,12 @@ def test_a_parallel_as_of_scan_of_a_partitioned_table(conn):
     workers both reading, aggregates split into partial ones, the plan's pruning applied
     alike in every participant, a rescanned Gather reading it all again, cancellations
     leaving nothing pinned."""
-    rng = random.Random(11)
     t = "par_parts"
-    parts = make_partitioned(conn, t)
-    truths = {}
-    for step in range(3):
-        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
-        conn.execute(f"UPDATE {t} SET v = v + 1, note = note || '!' WHERE id % {rng.randrange(2, 9)} = 0")
-        conn.execute(f"DELETE FROM {t} WHERE id % 97 = {rng.randrange(97)}")
-        if step == 1:
-            # detached after the second snapshot: still read at it; no longer at later ones
-            conn.execute(f"ALTER TABLE {t} DETACH PARTITION {parts[1]}")
+    # partition 1 detached after the second snapshot: still read at it, not at the third
+    truths = partitioned_history(conn, t, 11, [None, "ALTER TABLE {t} DETACH PARTITION {t}_1", None])
     parallel(conn)
     for snap, truth in truths.items():
-        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
-        p = plan(conn, q)
-        assert "Gather" in p and "Parallel Custom Scan (gsnap AS OF)" in p, p
-        assert rows(conn, q) == truth, f"snapshot {snap}"
-        conn.execute("SET parallel_leader_participation = off")
-        for _ in range(10):
-            explain = analyzed(conn, q)
-            assert "Workers Launched: 2" in explain, explain
-            per_worker = worker_rows(explain)
-            assert len(per_worker) == 2 and sum(per_worker) == sum(truth.values()), explain
-            if all(r > 0 for r in per_worker):
-                break
-        else:
-            pytest.fail(f"one worker read every partition in 10 runs: {explain}")
-        assert rows(conn, q) == truth, f"snapshot {snap}, workers only"
-        conn.execute("RESET parallel_leader_participation")
-        agg = f"SELECT count(*), sum(v), sum(length(note)) FROM gsnap_asof(NULL::{t}, {snap})"
-        p = plan(conn, agg)
-        assert "Partial Aggregate" in p and "Parallel Custom Scan" in p, p
-        expected = (sum(truth.values()), sum(r[1] * c for r, c in truth.items()),
-                    sum(len(r[2]) * c for r, c in truth.items()))
-        assert conn.execute(agg).fetchone() == expected
+        parallel_asof_matches(conn, t, snap, truth)
         # pruned by the plan's conditions: the partitions that can hold ids 40000-40019
         pruned = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap}) WHERE id >= 40000 AND id < 40020"
         explain = analyzed(conn, pruned)
@@ -584,24 +582,10 @@ def test_a_parallel_as_of_scan_of_a_partitioned_table(conn):
     expected = (sum(truths[first].values()), sum(r[1] * c for r, c in truths[first].items()))
     t0 = time.monotonic()
     assert conn.execute(agg).fetchone() == expected
-    full = time.monotonic() - t0
-    cancelled = 0
-    for i in range(10):
-        conn.execute(f"SET statement_timeout = {max(1, int(full * 1000 * (i + 1) / 12))}")
-        try:
-            conn.execute(agg).fetchall()
-        except errors.QueryCanceled:
-            cancelled += 1
-        finally:
-            reset_timeout(conn)
-    assert cancelled >= 3, "too few scans were cancelled to test anything"
+    assert cancelled_part_way(conn, agg, 10, time.monotonic() - t0) >= 3, "too few scans were cancelled to test anything"
     assert conn.execute(agg).fetchone() == expected
     # the same rows serially
-    serial(conn)
-    for snap, truth in truths.items():
-        q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, {snap})"
-        assert "Parallel" not in plan(conn, q)
-        assert rows(conn, q) == truth
+    serial_asof_matches(conn, t, truths)
 
 
 def test_parallel_range_and_versions_of_a_partitioned_table(conn):
@@ -609,57 +593,14 @@ def test_parallel_range_and_versions_of_a_partitioned_table(conn):
     them rewritten in between: two incarnations) follow each other in the shared count: every
     (snapshot, row) of the range once, every version once with its whole run, both workers
     reading, and the Row Filter's pruning applied alike in every participant."""
-    rng = random.Random(12)
     t = "par_prange"
-    parts = make_partitioned(conn, t)
-    truths = {}
-    for step in range(4):
-        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
-        conn.execute(f"UPDATE {t} SET v = v + 1, note = note || '!' WHERE id % {rng.randrange(2, 9)} = 0")
-        conn.execute(f"DELETE FROM {t} WHERE id % 97 = {rng.randrange(97)}")
-        if step == 1:
-            conn.execute(f"VACUUM FULL {parts[1]}")
-        if step == 2:
-            conn.execute(f"ALTER TABLE {t} DETACH PARTITION {parts[4]}")
+    truths = partitioned_history(conn, t, 12, [None, "VACUUM FULL {t}_1",
+                                               "ALTER TABLE {t} DETACH PARTITION {t}_4", None])
     first, last = min(truths), max(truths)
     listed = {r[0] for r in conn.execute(
         f"SELECT DISTINCT snap_id FROM gsnap_range(NULL::{t}, {first}, {last})")}
     assert listed == set(truths), listed
-    expected = Counter()
-    for snap, truth in truths.items():
-        for r, c in truth.items():
-            expected[(snap, *r)] += c
-    serial(conn)
-    serial_versions = version_rows(conn, t, first, last)
-    assert range_rows(conn, t, first, last) == expected
-    parallel(conn)
-    q = f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::{t}, {first}, {last})"
-    assert "Parallel Custom Scan (gsnap range)" in plan(conn, q), plan(conn, q)
-    v = f"SELECT first_snap, (rec).id FROM gsnap_versions(NULL::{t}, {first}, {last})"
-    assert "Parallel Custom Scan (gsnap versions)" in plan(conn, v), plan(conn, v)
-    assert range_rows(conn, t, first, last) == expected
-    assert version_rows(conn, t, first, last) == serial_versions
-    runs = Counter()
-    for (a, b, *r), c in serial_versions.items():
-        for snap in truths:
-            if a <= snap <= b:
-                runs[(snap, *r)] += c
-    assert runs == expected
-    conn.execute("SET parallel_leader_participation = off")
-    try:
-        for query, node in ((q, "gsnap range"), (v, "gsnap versions")):
-            for _ in range(10):
-                explain = analyzed(conn, query)
-                per_worker = worker_rows(explain, node)
-                assert len(per_worker) == 2, explain
-                if all(r > 0 for r in per_worker):
-                    break
-            else:
-                pytest.fail(f"one worker read every block in 10 runs: {explain}")
-        assert range_rows(conn, t, first, last) == expected
-        assert version_rows(conn, t, first, last) == serial_versions
-    finally:
-        conn.execute("RESET parallel_leader_participation")
+    expected, serial_versions = parallel_range_matches(conn, t, truths)
     # conditions on rec prune partitions in every participant alike
     where = "(rec).id >= 40000 AND (rec).id < 40020"
     explain = analyzed(conn, f"SELECT snap_id, (rec).id FROM gsnap_range(NULL::{t}, {first}, {last}) WHERE {where}")
