@@ -966,6 +966,28 @@ def bench_asof(b: Bench) -> None:
                      "total_ms": round(plan[0]["Execution Time"], 1),
                      "scan_first_row_ms": round(scan["Actual Startup Time"], 1),
                      "scan_total_ms": round(scan["Actual Total Time"], 1)}
+    # the same table partitioned (4 hash partitions of gsnap), live against AS OF, serial and
+    # parallel (a Parallel Append of parallel sequential scans against the parallel AS OF
+    # scan, whose participants read the partitions one after another)
+    with c.connect() as conn:
+        conn.execute("DROP TABLE IF EXISTS pgbench_accounts_part")
+        conn.execute("CREATE TABLE pgbench_accounts_part (LIKE pgbench_accounts) PARTITION BY HASH (aid)")
+        for k in range(4):
+            conn.execute(f"CREATE TABLE pgbench_accounts_part_{k} PARTITION OF pgbench_accounts_part "
+                         f"FOR VALUES WITH (MODULUS 4, REMAINDER {k}) USING gsnap")
+        conn.execute("INSERT INTO pgbench_accounts_part SELECT * FROM pgbench_accounts")
+        conn.execute("VACUUM ANALYZE pgbench_accounts_part")
+        vp = conn.execute("SELECT gsnap_snapshot()").fetchone()[0]
+        srcs["live_part"] = "pgbench_accounts_part"
+        srcs["asof_part"] = f"gsnap_asof(NULL::pgbench_accounts_part, {vp})"
+        for i in range(warm):
+            for q in QUERIES:
+                got = {}
+                for src in ("live_part", "asof_part"):
+                    for mode in ("serial", "parallel"):
+                        got[(src, mode)] = run(conn, q, src, mode, "warm", i)
+                results_equal &= got[("live_part", "serial")] == got[("asof_part", "serial")]
+        conn.execute("DROP TABLE pgbench_accounts_part")
     # the same AS OF reads with an image cache that holds every page image of the table: what
     # is left is the backend's share (no store reads in the worker)
     big_mb = int(info["accounts_bytes"] * 1.3 / 2**20) + 64
@@ -1011,6 +1033,11 @@ def bench_asof(b: Bench) -> None:
                   "live_warm_serial_ms": lw, "live_warm_parallel_ms": lp, "asof_warm_ms": aw,
                   "ratio_warm": round(aw / lw, 2), "ratio_warm_vs_parallel": round(aw / lp, 2),
                   "asof_ns_per_row": round(aw * 1e6 / (a.big_scale * 100000), 1)}
+        part = {f"{src}_{mode}_ms": med(q, src, mode, "warm")
+                for src in ("live_part", "asof_part") for mode in ("serial", "parallel")}
+        part["ratio_serial"] = round(part["asof_part_serial_ms"] / part["live_part_serial_ms"], 2)
+        part["ratio_parallel"] = round(part["asof_part_parallel_ms"] / part["live_part_parallel_ms"], 2)
+        res[q]["partitioned"] = part
         fs = med(q, "asof_fscan", "serial", "warm")
         out_rows.append([QUERIES[q][1], f"{lc:.0f}", f"{ac:.0f}", f"{ac / lc:.2f}", f"{lw:.0f}", f"{aw:.0f}",
                          f"{aw / lw:.2f}", f"{lp:.0f}", f"{aw / lp:.2f}", f"{fs:.0f}", f"{fs / lw:.2f}",
@@ -1023,6 +1050,13 @@ def bench_asof(b: Bench) -> None:
                "ratio warm", "live warm ms (parallel)", "ratio vs parallel", "function-scan AS OF warm ms",
                "its ratio", f"AS OF, {big_mb} MB image cache, ms", "its ratio", "AS OF warm ms (parallel)",
                "ratio to live (parallel)", f"AS OF parallel, {big_mb} MB image cache, ms", "its ratio"], out_rows))
+    log(md_table(["query (4 hash partitions)", "live serial ms", "AS OF serial ms", "ratio",
+                  "live parallel ms", "AS OF parallel ms", "ratio"],
+                 [[QUERIES[q][1]] + [f"{res[q]['partitioned'][k]:.0f}" if k.endswith("ms") else
+                                     f"{res[q]['partitioned'][k]:.2f}" for k in
+                                     ("live_part_serial_ms", "asof_part_serial_ms", "ratio_serial",
+                                      "live_part_parallel_ms", "asof_part_parallel_ms", "ratio_parallel")]
+                  for q in QUERIES]))
     log(f"   results equal: {results_equal}; plan of count(*) AS OF: {breakdown}")
     for q in QUERIES:
         r = res[q]

@@ -173,7 +173,9 @@ def plot_asof(out):
             ("live", "parallel", "warm", "live warm (parallel)", "gainsboro"),
             ("asof", "serial", "warm", "AS OF warm", "tab:blue"),
             ("asof_fscan", "serial", "warm", "AS OF warm, function scan", "lightsteelblue"),
-            ("asof", "serial", "bigcache", "AS OF warm, image cache > table", "tab:green")]
+            ("asof", "serial", "bigcache", "AS OF warm, image cache > table", "tab:green"),
+            ("live_part", "parallel", "warm", "partitioned, live (parallel)", "wheat"),
+            ("asof_part", "parallel", "warm", "partitioned, AS OF (parallel)", "tab:purple")]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bars = [x for x in bars if (queries[0], x[0], x[1], x[2]) in med]
     w = 0.8 / len(bars)
