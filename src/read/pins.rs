@@ -252,8 +252,8 @@ thread_local! {
 /// that every backend of the server can hold at once with that much room left, so that a
 /// process waiting for room never waits for processes that wait for it (a worker for its
 /// leader to take its rows, a leader for its workers). Beyond its share, or where the share
-/// is too small to be worth a request, batches are copied out (and no bigger than the room
-/// the share leaves free).
+/// is too small to be worth a request, batches are copied out (no bigger than the share, or
+/// than 16 images: pinned only while they are copied, waiting for nobody).
 fn parallel_batch(per_batch: usize) -> (usize, bool) {
     // SAFETY: set at postmaster start, read-only afterwards.
     let backends = usize::try_from(unsafe { pgrx::pg_sys::MaxBackends }).unwrap_or(0);
@@ -381,19 +381,21 @@ fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>
     let mut failure = None;
     let mut decoded_here = 0;
     for (i, ((e, record), header)) in pins.entries.iter().zip(&records).zip(parsed).enumerate() {
-        let slot_bytes = pins.bytes(e);
+        let (Some(in_place), Some(header)) = (*record, header) else {
+            // An image: copied out, or read in place from its slot.
+            if let Some(span) = &spans[i] {
+                bytes[span.clone()].copy_from_slice(pins.bytes(e));
+            }
+            continue;
+        };
+        // A record: decompressed into the batch's memory, or into scratch memory first when
+        // the image is written over its record in the slot.
         let out: &mut [u8] = match &spans[i] {
             Some(span) => &mut bytes[span.clone()],
             None => {
                 scratch.resize(lens[i], 0);
                 &mut scratch
             }
-        };
-        let (Some(in_place), Some(header)) = (*record, header) else {
-            if spans[i].is_some() {
-                out.copy_from_slice(slot_bytes);
-            }
-            continue;
         };
         if let Err(err) = header.and_then(|r| r.decode_into(out, verify)) {
             failure = Some((i, err));
