@@ -31,6 +31,9 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+/// How long a search for reclamation that found none stands (`Worker::reclaim_search_at`).
+const RECLAIM_SEARCH_PAUSE: Duration = Duration::from_millis(200);
+
 /// How often the policy is applied when nothing else triggers it (pins expire).
 const RETENTION_PERIOD: Duration = Duration::from_secs(5);
 
@@ -359,6 +362,10 @@ impl Worker {
             self.release_kept = false;
         }
         if self.reclaim_job.is_none() {
+            let now = Instant::now();
+            if now < self.reclaim_search_at {
+                return false;
+            }
             match self.next_reclaim_job(&store) {
                 Ok(Some(job)) => self.reclaim_job = Some(job),
                 Ok(None) => {
@@ -366,11 +373,13 @@ impl Worker {
                     if self.tidy_due {
                         self.tidy_after_reclaim(&store);
                     }
+                    self.reclaim_search_at = now + RECLAIM_SEARCH_PAUSE;
                     return false;
                 }
                 Err(e) => {
                     self.note_store_error(&e);
                     pgrx::warning!("gsnap: reclamation cannot start: {}", e.message());
+                    self.reclaim_search_at = now + RECLAIM_SEARCH_PAUSE;
                     return false;
                 }
             }

@@ -235,6 +235,11 @@ pub(crate) struct Worker {
     key_sweep: Option<Option<Vec<u8>>>,
     /// When the next reclamation step may run (test hook `gsnap.debug_reclaim_pause_ms`).
     next_reclaim_at: std::time::Instant,
+    /// When to look for reclamation to start next. A search that finds none is repeated
+    /// after a deletion or a moment later (a delay passing, a reader's lease ending), not on
+    /// every turn of the loop: the loop turns once per request served, and the search walks
+    /// the whole catalog (8% of the worker's CPU serving a parallel scan, with 530 snapshots).
+    reclaim_search_at: std::time::Instant,
     /// What reclamation freed since the worker started.
     reclaimed_total: gsnap_store::Freed,
     /// What deleting each snapshot would free (bytes; None: nothing can be said), with the
@@ -310,6 +315,7 @@ impl Worker {
             cap_warned: false,
             reclaim_job: None,
             next_reclaim_at: std::time::Instant::now(),
+            reclaim_search_at: std::time::Instant::now(),
             freed_ranges: std::collections::BTreeMap::new(),
             tidy_due: false,
             key_sweep: None,
@@ -678,12 +684,14 @@ impl Worker {
     /// until it is reclaimed, `snapshot_reclaimed`). Only the cached listings go.
     fn listing_changed(&mut self) {
         self.answers.clear();
+        self.reclaim_search_at = Instant::now();
     }
 
     /// Invalidates cached catalog answers and every estimate of what deleting a snapshot
     /// would free (computed again once the catalog has been quiet for a moment).
     fn catalog_changed(&mut self) {
         self.answers.clear();
+        self.reclaim_search_at = Instant::now();
         self.frees_generation += 1;
         // The estimates are refreshed once the catalog has been quiet for a moment, so that a
         // series of requests (deletions, pins) does not wait behind them.
