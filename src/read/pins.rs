@@ -388,29 +388,37 @@ fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>
             }
             continue;
         };
-        // A record: decompressed into the batch's memory, or into scratch memory first when
-        // the image is written over its record in the slot.
-        let out: &mut [u8] = match &spans[i] {
-            Some(span) => &mut bytes[span.clone()],
+        // A record: decompressed into the batch's memory (and from there copied over its
+        // record, when the slot is turned over to the image), or, when the image is written
+        // over its record and not copied out, the record (a few kB) copied into scratch
+        // memory first and decompressed from there straight into the slot.
+        let decoded = match &spans[i] {
+            Some(span) => header
+                .and_then(|r| r.decode_into(&mut bytes[span.clone()], verify))
+                .map(|()| {
+                    if in_place {
+                        // SAFETY: turned over to this backend's image above; the header that
+                        // borrowed the slot is gone.
+                        unsafe { loading_slot(e, span.len()) }
+                            .copy_from_slice(&bytes[span.clone()]);
+                    }
+                }),
             None => {
-                scratch.resize(lens[i], 0);
-                &mut scratch
+                scratch.clear();
+                scratch.extend_from_slice(pins.bytes(e));
+                // (The header read in the slot is dropped here, before the slot is written.)
+                header
+                    .and_then(|_| gsnap_store::ImageRecordRef::parse(&scratch))
+                    // SAFETY: turned over to this backend's image above; nothing borrows
+                    // the slot's bytes any more (the record is decompressed from its copy).
+                    .and_then(|r| r.decode_into(unsafe { loading_slot(e, lens[i]) }, verify))
             }
         };
-        if let Err(err) = header.and_then(|r| r.decode_into(out, verify)) {
+        if let Err(err) = decoded {
             failure = Some((i, err));
             break;
         }
         decoded_here += 1;
-        if in_place {
-            // SAFETY: the slot is loading for this backend alone (rekeyed while pinned by
-            // it only): no lookup finds it and nothing evicts it until it is finished, and
-            // an image fits a slot (`MAX_VIEW_BYTES` = `CACHE_SLOT_BYTES`).
-            let slot = unsafe {
-                std::slice::from_raw_parts_mut(shmem::cache_slot_ptr(e.slot as usize), out.len())
-            };
-            slot.copy_from_slice(out);
-        }
     }
     shmem::count_reader_decodes(decoded_here);
     // The slots written hold their images from now on; on a failure, the others go back and
@@ -454,6 +462,20 @@ fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>
     } else {
         (Some(pins), own)
     }
+}
+
+/// The first `len` bytes of the slot of `e`, to write its image into.
+///
+/// # Safety
+///
+/// The slot must be one this backend turned over to its image (`CacheIndex::rekey_loading`
+/// while pinned by it alone): loading, so no lookup finds it and nothing evicts it until it
+/// is finished, and written by this backend only. Nothing may borrow its bytes while the
+/// returned slice lives, and `len` is at most a slot (an image fits one: `MAX_VIEW_BYTES` =
+/// `CACHE_SLOT_BYTES`).
+unsafe fn loading_slot<'a>(e: &PinnedEntry, len: usize) -> &'a mut [u8] {
+    // SAFETY: the caller's promise above.
+    unsafe { std::slice::from_raw_parts_mut(shmem::cache_slot_ptr(e.slot as usize), len) }
 }
 
 /// Pins the images `ids` (entry `i` is `ids[i]`), waiting while the cache is full.
