@@ -52,6 +52,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 import psycopg
@@ -528,6 +529,97 @@ def test_custom_scan_is_used_where_expected(env):
             assert "Custom Scan (gsnap AS OF)" in plan, plan
     finally:
         env.drop(tab.name, functions=(f"{tab.name}_fn",))
+
+
+# -- a change committed between parse analysis and the lock ---------------------------------
+
+# (the query, whether the change of CHANGES touches a column it reads)
+WAITING_QUERIES = {
+    "star": ("SELECT * FROM gsnap_asof(NULL::{t}, {a})", {"drop_col", "alter_type"}),
+    "unaffected": ("SELECT id, pad FROM gsnap_asof(NULL::{t}, {a}) WHERE id % 3 = 1", set()),
+}
+
+
+def wait_until_waiting_for_a_lock(conn, pid: int, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                             (pid,)).fetchone()
+        if state and state[0] == "Lock":
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"backend {pid} never waited for a lock")
+
+
+@pytest.mark.parametrize("query", WAITING_QUERIES)
+@pytest.mark.parametrize("change", ["add_col", "drop_col", "alter_type"])
+def test_a_change_committed_while_the_query_waits_for_the_table(env, change, query):
+    """`gsnap_asof(NULL::t, 42)` is analyzed with t's row type from the type cache, without
+    the table's lock, and the lock (plan/deps.rs) is taken right after: a query that starts
+    while an ALTER TABLE holds t waits for it there, and goes on once it commits, with the
+    columns of before. Reading a column the change dropped or retyped fails cleanly with
+    40001 (PostgreSQL's "variable not found in subplan target list", XX000, or "attribute of
+    type record has wrong type" before); columns it left alone are read right; and the same
+    query run again reads the table's new columns."""
+    # A table of its own, without an index or autovacuum: nothing but the change itself may
+    # invalidate the reader's cached row type (an index rebuilt by ALTER TYPE, or an ANALYZE,
+    # does: the query's parse analysis then waits for the lock itself and reads the new
+    # columns, as a query of the live table does -- also right, but not the case tested).
+    name = f"pw_{change}_{query}"
+    with env.connect() as c:
+        c.execute(f"CREATE TABLE {name} (id int, s text, n int, pad text) USING gsnap"
+                  " WITH (autovacuum_enabled = false)")
+        c.execute(f"INSERT INTO {name} SELECT i, (i * 1000)::text, i % 7, repeat('p', 50)"
+                  f" FROM generate_series(1, {ROWS}) i")
+        s1 = c.execute("SELECT gsnap_snapshot()").fetchone()[0]
+    tab = Table(name, s1, s1, "")
+    env.watch.mark()
+    problems: list[str] = []
+    conns: list = []
+    try:
+        reader = env.connect(); conns.append(reader)
+        changer = env.connect(); conns.append(changer)
+        sql, touched = WAITING_QUERIES[query]
+        q = sql.format(t=tab.name, a=tab.s1)
+        before = outcome(reader, q)  # also leaves t's row type in the reader's type cache
+        assert before.kind == "rows" and before.rows, before
+        changer.execute("BEGIN")
+        changer.execute(change_sql(change, tab.name)[0])
+        got: list[Outcome] = []
+        worker = threading.Thread(target=lambda: got.append(outcome(reader, q)))
+        worker.start()
+        wait_until_waiting_for_a_lock(changer, reader.info.backend_pid)
+        changer.execute("COMMIT")
+        worker.join(30)
+        assert got, "the reader did not finish"
+        if change in touched:
+            want_text = f'table "{tab.name}" changed while this query was being planned'
+            if not (got[0].sqlstate == "40001" and want_text in got[0].message
+                    and "The query reads column" in got[0].message):
+                problems.append(f"after the change: {got[0]} (expected 40001: {want_text})")
+        else:
+            why = compare(got[0], before)
+            if why:
+                problems.append(f"after the change, columns of before: {why}")
+        # Run again: the table's new columns, as a fresh connection reads them.
+        with env.connect() as fresh:
+            want = outcome(fresh, q)
+        again = outcome(reader, q)
+        why = compare(again, want)
+        if why:
+            problems.append(f"run again: {why}")
+        if change == "drop_col" and query == "star" and again.cols == before.cols:
+            problems.append(f"run again: still the columns of before {again.cols}")
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"(test machinery) {type(e).__name__}: {short(e, 400)}")
+    finally:
+        close_quietly(*conns)
+        crash = env.watch.check()
+        if crash:
+            problems.append("SERVER CRASH:\n      " + "\n      ".join(crash))
+        env.drop(tab.name)
+    if problems:
+        pytest.fail(f"[{change}/{query}] " + "\n  ".join(problems), pytrace=False)
 
 
 # -- rescans ------------------------------------------------------------------------------

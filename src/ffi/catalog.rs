@@ -58,6 +58,14 @@ pub unsafe fn for_each_row<T>(catalog: pg_sys::Oid, mut f: impl FnMut(&T)) {
     }
 }
 
+/// The SQL name of type `type_oid` (as `format_type_be` writes it: `integer`,
+/// `character varying(10)` without its modifier, `public.t`).
+pub fn type_name(type_oid: pg_sys::Oid) -> String {
+    // SAFETY: a catalog lookup by OID returning a palloc'd C string (`???` for an unknown
+    // type), copied before it is freed with its memory context.
+    unsafe { string_from(pg_sys::format_type_be(type_oid)) }
+}
+
 /// The output function of type `type_oid` (an ERROR if there is no such type).
 pub fn output_function(type_oid: pg_sys::Oid) -> pg_sys::Oid {
     let (mut out_fn, mut varlena) = (pg_sys::InvalidOid, false);

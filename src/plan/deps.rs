@@ -23,6 +23,11 @@
 //! The scans add their own checks at executor start (`crate::exec`): they keep the
 //! relation open while they run (so the same session cannot alter it under an open cursor)
 //! and compare the row type they were planned with to the table's.
+//!
+//! The lock comes after parse analysis, which took the row type from the type cache: a
+//! change that commits while the lock waits leaves the query with the columns of before.
+//! The planner checks the columns the query reads against the table's
+//! (`super::nodes::require_analyzed_columns`, a clean 40001 where one is gone or retyped).
 
 use crate::ffi::catalog::name_of;
 use crate::ffi::list;

@@ -11,6 +11,7 @@
 //! `rec` alone (its Row Filter). The aggregate node's lists are `aggregates.rs`'s.
 
 use super::security;
+use crate::error::error;
 use crate::ffi::catalog::name_of;
 use crate::ffi::list::{self, int_node, list_of};
 use crate::ffi::node::{palloc_node, VarAttnos};
@@ -340,6 +341,81 @@ fn live_columns(table: &OpenRelation, rti: i32, whole_row: bool) -> *mut pg_sys:
     list_of(&entries)
 }
 
+/// Raises an ERROR if the query reads a column of `table` (the AS OF scan's relation, at
+/// range-table index `rti`) as the table no longer has it.
+///
+/// Parse analysis expands `gsnap_asof(NULL::t, 42)` with `t`'s row type as the type cache
+/// has it, without keeping `t` locked; `deps.rs` locks it right after. An ALTER TABLE that
+/// commits in between (the lock waits for it) leaves the query reading the table's earlier
+/// columns, while the scan's tuple is made of its current ones: PostgreSQL then failed with
+/// an internal "variable not found in subplan target list" (a column dropped) or "attribute
+/// N of type record has wrong type" (its type changed). A concurrent change of the table is
+/// what happened, and running the query again reads the new columns.
+///
+/// # Safety
+/// The planner's relation of the scan, and its range-table index.
+unsafe fn require_analyzed_columns(rel: *mut pg_sys::RelOptInfo, rti: i32, table: &OpenRelation) {
+    let flags = (pg_sys::PVC_RECURSE_AGGREGATES
+        | pg_sys::PVC_RECURSE_WINDOWFUNCS
+        | pg_sys::PVC_RECURSE_PLACEHOLDERS) as i32;
+    // SAFETY: the caller's promise: the relation's target (a List, which is a Node) and its
+    // conditions' clauses; pull_var_clause returns a List of their Vars.
+    let vars: Vec<*mut pg_sys::Var> = unsafe {
+        let mut vars: Vec<_> = list::iter(pg_sys::pull_var_clause(
+            (*(*rel).reltarget).exprs.cast(),
+            flags,
+        ))
+        .collect();
+        for ri in list::iter::<pg_sys::RestrictInfo>((*rel).baserestrictinfo) {
+            vars.extend(list::iter(pg_sys::pull_var_clause(
+                (*ri).clause.cast(),
+                flags,
+            )));
+        }
+        vars
+    };
+    // SAFETY: the open table's descriptor, valid while it is open.
+    let attrs = unsafe { tuple::attributes(table.descriptor()) };
+    for var in vars {
+        // SAFETY: a Var of the relation's target or conditions.
+        let (varno, levelsup, attno, vartype) = unsafe {
+            (
+                (*var).varno,
+                (*var).varlevelsup,
+                (*var).varattno,
+                (*var).vartype,
+            )
+        };
+        if varno != rti || levelsup != 0 || attno <= 0 {
+            continue;
+        }
+        let now = match attrs.get(attno as usize - 1) {
+            None => "no longer exists".to_string(),
+            Some(a) if a.attisdropped => "has been dropped".to_string(),
+            Some(a) if a.atttypid != vartype => {
+                format!(
+                    "is now of type {}",
+                    crate::ffi::catalog::type_name(a.atttypid)
+                )
+            }
+            Some(_) => continue,
+        };
+        error(
+            PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            format!(
+                "table \"{}\" changed while this query was being planned",
+                crate::ffi::relation::relation_name(table.oid())
+            ),
+        )
+        .detail(format!(
+            "The query reads column {attno} of the table as type {}; that column {now}.",
+            crate::ffi::catalog::type_name(vartype)
+        ))
+        .hint("Run the query again.")
+        .raise();
+    }
+}
+
 /// The scan tuple of a range scan: `(snap_id bigint, rec)`, `rec` of the table's row type.
 fn snap_id_and_rec(relid: pg_sys::Oid, rti: i32) -> *mut pg_sys::List {
     list_of(&snap_id_and_rec_entries(relid, rti))
@@ -492,6 +568,8 @@ unsafe extern "C-unwind" fn plan_path(
         let exprs = list_of(&[path.args[0], path.args[1], list_of(&per_version).cast()]);
         (list_of(&per_row), exprs, scan_tlist)
     } else {
+        // SAFETY: the planner's relation of this scan, and its range-table index.
+        unsafe { require_analyzed_columns(rel, rti, &table) };
         // SAFETY: two lists (or NIL) in the planner's memory context.
         let quals = unsafe { pg_sys::list_concat(policies, quals) };
         // SAFETY: the planner's relation of this scan, and its range-table index.
