@@ -53,6 +53,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -173,6 +174,34 @@ class Env:
 
     def connect(self, **kw) -> psycopg.Connection:
         return connect(self.cluster, **kw)
+
+    @contextmanager
+    def cell(self, *tables: str, label: str = ""):
+        """A test's frame: yields the list of problems it finds and the list of connections it
+        opens, the crash watch marked; then closes the connections, adds any crash, drops
+        `tables`, and fails the test with every problem (after `label`). An exception of the
+        machinery is one more problem; an AssertionError fails the test as it is."""
+        self.watch.mark()
+        problems: list[str] = []
+        conns: list = []
+        try:
+            yield problems, conns
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported with the test's other problems
+            problems.append(f"(test machinery) {type(e).__name__}: {short(e, 400)}")
+        finally:
+            close_quietly(*conns)
+            self.crashes_into(problems)
+            self.drop(*tables)
+        if problems:
+            pytest.fail(label + "\n  ".join(problems), pytrace=False)
+
+    def crashes_into(self, problems: list[str]) -> None:
+        """Adds what the crash watch saw since its mark (a crash, a restart) to `problems`."""
+        crash = self.watch.check()
+        if crash:
+            problems.append("SERVER CRASH:\n      " + "\n      ".join(crash))
 
     def table(self) -> Table:
         if not self.pool:
@@ -496,9 +525,7 @@ def test_cell(env, holder, change, session, reader):
         problems.append(f"(test machinery) {type(e).__name__}: {short(e, 400)}")
     finally:
         close_quietly(*conns)
-    crash = env.watch.check()
-    if crash:
-        problems.append("SERVER CRASH:\n      " + "\n      ".join(crash))
+    env.crashes_into(problems)
     try:
         env.drop(tab.name, functions=(f"{tab.name}_fn",))
     except psycopg.Error as e:
@@ -573,10 +600,7 @@ def test_a_change_committed_while_the_query_waits_for_the_table(env, change, que
                   f" FROM generate_series(1, {ROWS}) i")
         s1 = c.execute("SELECT gsnap_snapshot()").fetchone()[0]
     tab = Table(name, s1, s1, "")
-    env.watch.mark()
-    problems: list[str] = []
-    conns: list = []
-    try:
+    with env.cell(name, label=f"[{change}/{query}] ") as (problems, conns):
         reader = env.connect(); conns.append(reader)
         changer = env.connect(); conns.append(changer)
         sql, touched = WAITING_QUERIES[query]
@@ -610,16 +634,6 @@ def test_a_change_committed_while_the_query_waits_for_the_table(env, change, que
             problems.append(f"run again: {why}")
         if change == "drop_col" and query == "star" and again.cols == before.cols:
             problems.append(f"run again: still the columns of before {again.cols}")
-    except Exception as e:  # noqa: BLE001
-        problems.append(f"(test machinery) {type(e).__name__}: {short(e, 400)}")
-    finally:
-        close_quietly(*conns)
-        crash = env.watch.check()
-        if crash:
-            problems.append("SERVER CRASH:\n      " + "\n      ".join(crash))
-        env.drop(tab.name)
-    if problems:
-        pytest.fail(f"[{change}/{query}] " + "\n  ".join(problems), pytrace=False)
 
 
 # -- rescans ------------------------------------------------------------------------------
@@ -643,9 +657,6 @@ def test_rescan_correlated_subquery(env, change, how):
     a change (prepared: the kept plan; plain: planned again); three inner forms (count(*),
     chosen columns, whole rows)."""
     tab = env.table()
-    env.watch.mark()
-    problems: list[str] = []
-    conns: list = []
 
     def q(name):
         return (f"SELECT s.snap_id,"
@@ -655,7 +666,7 @@ def test_rescan_correlated_subquery(env, change, how):
                 f" (SELECT md5(string_agg(x::text, '|' ORDER BY x::text))"
                 f"  FROM gsnap_asof(NULL::{name}, s.snap_id) x) AS whole"
                 f" FROM gsnap_snapshots() s WHERE s.snap_id IN ({tab.s1}, {tab.s2})")
-    try:
+    with env.cell(tab.name) as (problems, conns):
         conn = env.connect(); conns.append(conn)
         with env.connect() as fresh:
             baseline = outcome(fresh, q(tab.name))
@@ -681,16 +692,6 @@ def test_rescan_correlated_subquery(env, change, how):
         problems += judge(f"after {change}", after, want)
         again = run(name)  # a second rescan series from the same plan
         problems += judge(f"after {change}, once more", again, want)
-    except Exception as e:  # noqa: BLE001
-        problems.append(f"(test machinery) {type(e).__name__}: {short(e, 400)}")
-    finally:
-        close_quietly(*conns)
-    crash = env.watch.check()
-    if crash:
-        problems.append("SERVER CRASH:\n      " + "\n      ".join(crash))
-    env.drop(tab.name)
-    if problems:
-        pytest.fail("\n  ".join(problems), pytrace=False)
 
 
 NL_READERS = {
@@ -713,13 +714,10 @@ def test_rescan_nested_loop_inner_custom_scan(env, reader, change, how):
     freshly planned query with default settings."""
     tab = env.table()
     k = f"{tab.name}_k"
-    env.watch.mark()
-    problems: list[str] = []
-    conns: list = []
 
     def q(name):
         return NL_READERS[reader].format(k=k, t=name, s1=tab.s1, s2=tab.s2)
-    try:
+    with env.cell(tab.name, k) as (problems, conns):
         conn = env.connect(); conns.append(conn)
         conn.execute(f"CREATE TABLE {k} (id int) USING heap")
         conn.execute(f"INSERT INTO {k} VALUES (1), (6), (7), (11), (150), (205), (999)")
@@ -747,18 +745,6 @@ def test_rescan_nested_loop_inner_custom_scan(env, reader, change, how):
         with env.connect() as fresh:
             want = outcome(fresh, q(name))
         problems += judge(f"after {change}", after, want)
-    except AssertionError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        problems.append(f"(test machinery) {type(e).__name__}: {short(e, 400)}")
-    finally:
-        close_quietly(*conns)
-        crash = env.watch.check()
-        if crash:
-            problems.append("SERVER CRASH:\n      " + "\n      ".join(crash))
-        env.drop(tab.name, k)
-    if problems:
-        pytest.fail("\n  ".join(problems), pytrace=False)
 
 
 def test_the_watch_notices_a_crash(env):

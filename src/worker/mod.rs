@@ -681,14 +681,16 @@ impl Worker {
 
     /// The catalog changed in a way that changes no estimate of what deleting a snapshot
     /// would free: a declaration, a pin, a rank, a deletion (the snapshot stays in the log
-    /// until it is reclaimed, `snapshot_reclaimed`). Only the cached listings go.
+    /// until it is reclaimed, `snapshot_reclaimed`). Only the cached listings go, and a
+    /// search for reclamation is due (a deletion or an unpinned snapshot may allow one).
     fn listing_changed(&mut self) {
         self.answers.clear();
         self.reclaim_search_at = Instant::now();
     }
 
     /// Invalidates cached catalog answers and every estimate of what deleting a snapshot
-    /// would free (computed again once the catalog has been quiet for a moment).
+    /// would free (computed again once the catalog has been quiet for a moment); a search
+    /// for reclamation is due.
     fn catalog_changed(&mut self) {
         self.answers.clear();
         self.reclaim_search_at = Instant::now();
