@@ -579,7 +579,7 @@ def wait_until_waiting_for_a_lock(conn, pid: int, seconds: float = 20) -> None:
 
 
 @pytest.mark.parametrize("query", WAITING_QUERIES)
-@pytest.mark.parametrize("change", ["add_col", "drop_col", "alter_type"])
+@pytest.mark.parametrize("change", ["add_col", "drop_col", "alter_type", "drop_table"])
 def test_a_change_committed_while_the_query_waits_for_the_table(env, change, query):
     """`gsnap_asof(NULL::t, 42)` is analyzed with t's row type from the type cache, without
     the table's lock, and the lock (plan/deps.rs) is taken right after: a query that starts
@@ -587,7 +587,8 @@ def test_a_change_committed_while_the_query_waits_for_the_table(env, change, que
     columns of before. Reading a column the change dropped or retyped fails cleanly with
     40001 (PostgreSQL's "variable not found in subplan target list", XX000, or "attribute of
     type record has wrong type" before); columns it left alone are read right; and the same
-    query run again reads the table's new columns."""
+    query run again reads the table's new columns. A table dropped meanwhile is a clean ERROR
+    (the relation gone once the lock was granted was a segfault before)."""
     # A table of its own, without an index or autovacuum: nothing but the change itself may
     # invalidate the reader's cached row type (an index rebuilt by ALTER TYPE, or an ANALYZE,
     # does: the query's parse analysis then waits for the lock itself and reads the new
@@ -616,6 +617,13 @@ def test_a_change_committed_while_the_query_waits_for_the_table(env, change, que
         changer.execute("COMMIT")
         worker.join(30)
         assert got, "the reader did not finish"
+        if change == "drop_table":
+            # The table is gone once the lock is granted: a clean ERROR (the lock was taken
+            # by a relation that was dropped meanwhile: a segfault before).
+            if not (got[0].sqlstate == "42P01" and "was dropped while the query waited"
+                    in got[0].message):
+                problems.append(f"after DROP TABLE: {got[0]} (expected 42P01)")
+            return
         if change in touched:
             want_text = f'table "{tab.name}" changed while this query was being planned'
             if not (got[0].sqlstate == "40001" and want_text in got[0].message

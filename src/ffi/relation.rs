@@ -74,7 +74,14 @@ impl OpenRelation {
     pub fn open(relid: pg_sys::Oid, lock: pg_sys::LOCKMODE) -> Option<OpenRelation> {
         // SAFETY: try_relation_open returns NULL (and takes no lock) for a missing relation.
         let rel = unsafe { pg_sys::try_relation_open(relid, lock) };
-        (!rel.is_null()).then_some(OpenRelation(rel))
+        // (Not `then_some(OpenRelation(rel))`: its argument is made, and dropped, even for
+        // NULL, and dropping one closes the relation: relation_close(NULL) was a segfault
+        // whenever a table was dropped while a query over it waited for its lock.)
+        if rel.is_null() {
+            None
+        } else {
+            Some(OpenRelation(rel))
+        }
     }
 
     /// The relation, for PostgreSQL's functions (valid while it is open).

@@ -29,6 +29,7 @@
 //! The planner checks the columns the query reads against the table's
 //! (`super::nodes::require_analyzed_columns`, a clean 40001 where one is gone or retyped).
 
+use crate::error::error;
 use crate::ffi::catalog::name_of;
 use crate::ffi::list;
 use crate::ffi::node::{alias, palloc_node};
@@ -262,14 +263,26 @@ unsafe fn note_reader_call(func: *mut pg_sys::FuncExpr, tables: &mut Vec<pg_sys:
 }
 
 /// Locks `relid` ACCESS SHARE (until the transaction ends) and adds its range-table entry to
-/// `query` (unless the table no longer exists: the reader then raises the error).
+/// `query`. The table existed when the query was analyzed (its row type named it); gone once
+/// the lock is granted, it was dropped while the query waited for it: a clean ERROR (the
+/// query, left to run, failed in PostgreSQL's function scan with an internal error over the
+/// row type dropped with the table).
 ///
 /// # Safety
 /// `query` is an analyzed query of this statement.
 unsafe fn depend_on_table(query: *mut pg_sys::Query, relid: pg_sys::Oid) {
     let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     let Some(rel) = OpenRelation::open(relid, lock) else {
-        return;
+        error(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!(
+                "the table with OID {} that this query reads was dropped while the query \
+                 waited for it",
+                relid.to_u32()
+            ),
+        )
+        .hint("Run the query again.")
+        .raise();
     };
     let rte = pg_sys::RangeTblEntry {
         type_: pg_sys::NodeTag::T_RangeTblEntry,
