@@ -604,16 +604,15 @@ def test_a_change_committed_while_the_query_waits_for_the_table(env, change, que
         c.execute(f"INSERT INTO {name} SELECT i, (i * 1000)::text, i % 7, repeat('p', 50)"
                   f" FROM generate_series(1, {ROWS}) i")
         s1 = c.execute("SELECT gsnap_snapshot()").fetchone()[0]
-    tab = Table(name, s1, s1, "")
     with env.cell(name, label=f"[{change}/{query}] ") as (problems, conns):
         reader = env.connect(); conns.append(reader)
         changer = env.connect(); conns.append(changer)
         sql, touched = WAITING_QUERIES[query]
-        q = sql.format(t=tab.name, a=tab.s1)
+        q = sql.format(t=name, a=s1)
         before = outcome(reader, q)  # also leaves t's row type in the reader's type cache
         assert before.kind == "rows" and before.rows, before
         changer.execute("BEGIN")
-        changer.execute(change_sql(change, tab.name)[0])
+        changer.execute(change_sql(change, name)[0])
         got: list[Outcome] = []
         worker = threading.Thread(target=lambda: got.append(outcome(reader, q)))
         worker.start()
@@ -622,14 +621,14 @@ def test_a_change_committed_while_the_query_waits_for_the_table(env, change, que
         worker.join(30)
         assert got, "the reader did not finish"
         if change == "drop_table":
-            # The table is gone once the lock is granted: a clean ERROR (the lock was taken
-            # by a relation that was dropped meanwhile: a segfault before).
+            # The table is gone once the lock is granted: a clean ERROR (opening the relation
+            # dropped while the lock waited was a segfault before).
             if not (got[0].sqlstate == "42P01" and "was dropped while the query waited"
                     in got[0].message):
                 problems.append(f"after DROP TABLE: {got[0]} (expected 42P01)")
             return
         if change in touched:
-            want_text = f'table "{tab.name}" changed while this query was being planned'
+            want_text = f'table "{name}" changed while this query was being planned'
             if not (got[0].sqlstate == "40001" and want_text in got[0].message
                     and "The query reads column" in got[0].message):
                 problems.append(f"after the change: {got[0]} (expected 40001: {want_text})")

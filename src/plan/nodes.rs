@@ -12,10 +12,10 @@
 
 use super::security;
 use crate::error::error;
-use crate::ffi::catalog::name_of;
+use crate::ffi::catalog::{name_of, type_name};
 use crate::ffi::list::{self, int_node, list_of};
 use crate::ffi::node::{palloc_node, VarAttnos};
-use crate::ffi::relation::{relation_row_type, OpenRelation};
+use crate::ffi::relation::{relation_name, relation_row_type, OpenRelation};
 use crate::ffi::tuple;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -393,10 +393,7 @@ unsafe fn require_analyzed_columns(rel: *mut pg_sys::RelOptInfo, rti: i32, table
             None => "no longer exists".to_string(),
             Some(a) if a.attisdropped => "has been dropped".to_string(),
             Some(a) if a.atttypid != vartype => {
-                format!(
-                    "is now of type {}",
-                    crate::ffi::catalog::type_name(a.atttypid)
-                )
+                format!("is now of type {}", type_name(a.atttypid))
             }
             Some(_) => continue,
         };
@@ -404,12 +401,12 @@ unsafe fn require_analyzed_columns(rel: *mut pg_sys::RelOptInfo, rti: i32, table
             PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
             format!(
                 "table \"{}\" changed while this query was being planned",
-                crate::ffi::relation::relation_name(table.oid())
+                relation_name(table.oid())
             ),
         )
         .detail(format!(
             "The query reads column {attno} of the table as type {}; that column {now}.",
-            crate::ffi::catalog::type_name(vartype)
+            type_name(vartype)
         ))
         .hint("Run the query again.")
         .raise();
