@@ -3,6 +3,8 @@ database whose gsnap tables have snapshots."""
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 
 import psycopg
@@ -15,6 +17,7 @@ from ops_helpers import (
     digest,
     drop_database,
     make_table,
+    measure,
     progress,
     snapshots,
     val,
@@ -300,6 +303,71 @@ def test_a_scan_finds_each_batch_loaded_while_it_read_the_one_before(tiny_cache)
         assert hits_after - hits >= pages - 64, (
             f"{hits_after - hits} of {pages} images pinned from the cache")
         conn.execute("RESET max_parallel_workers_per_gather")
+
+
+PINS = "SELECT group_pins, image_pins FROM gsnap_index_stats()"
+
+
+def test_readers_ended_mid_read_leave_no_pins(tiny_cache):
+    """A reader that ends in the middle of a read gives back every pin it held in the image
+    and group caches: terminated by pg_terminate_backend (a FATAL error ends the process from
+    inside the wait that saw it, and Rust frames above the wait never unwind), cancelled by a
+    statement_timeout, in a parallel query cancelled so (its workers are stopped by SIGTERM),
+    or terminated while a cursor holds its scan. Then gsnap_index_stats() counts no pin and
+    the snapshot reads as it was. Before each process released at exit what its guards still
+    held, each terminated reader could leave a batch of slots pinned for good: with this
+    smallest cache a few of them left no room, and every later read waited forever."""
+    with tiny_cache.connect() as conn, tiny_cache.connect() as admin:
+        conn.execute("CREATE TABLE pin_t (id int PRIMARY KEY, v int, pad text) USING gsnap")
+        conn.execute("INSERT INTO pin_t SELECT g, g * 3, repeat(md5((g * 3)::text), 6) "
+                     "FROM generate_series(1, 40000) g")
+        snap = val(conn, "SELECT gsnap_snapshot()")
+        truth = digest(conn, "pin_t")
+        read = f"SELECT sum(length(md5(r::text))) FROM {asof('pin_t', snap)} r"
+        full = max(measure(conn, read), measure(conn, read))
+        parallel = ("SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;"
+                    " SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2")
+        rng = random.Random(7)
+        ended = {"terminate": 0, "cancel": 0, "parallel": 0}
+        for i in range(24):
+            how = ("terminate", "cancel", "parallel")[i % 3]
+            delay = rng.uniform(0.05, 0.9) * full
+            victim = tiny_cache.connect()
+            timer = None
+            if how == "terminate":
+                pid = victim.info.backend_pid
+                timer = threading.Timer(delay, admin.execute,
+                                        ("SELECT pg_terminate_backend(%s)", (pid,)))
+                timer.start()
+            else:
+                if how == "parallel":
+                    victim.execute(parallel)
+                victim.execute(f"SET statement_timeout = {max(1, int(delay * 1000))}")
+            try:
+                victim.execute(read).fetchall()
+            except (psycopg.errors.QueryCanceled, psycopg.OperationalError):
+                ended[how] += 1
+            if timer is not None:
+                timer.join()
+            victim.close()
+        assert all(n >= 3 for n in ended.values()), f"too few reads were ended to test: {ended}"
+        # a cursor's scan in the middle of its batches, its backend terminated while idle
+        victim = tiny_cache.connect()
+        victim.execute("BEGIN")
+        victim.execute(f"DECLARE k CURSOR FOR SELECT * FROM {asof('pin_t', snap)}")
+        victim.execute("FETCH 5000 FROM k").fetchall()
+        assert val(admin, "SELECT pg_terminate_backend(%s)", (victim.info.backend_pid,))
+        victim.close()
+        conn.execute("SET statement_timeout = '60s'")
+        assert digest(conn, asof("pin_t", snap)) == truth
+        conn.execute("RESET statement_timeout")
+        try:
+            wait_until(lambda: conn.execute(PINS).fetchone() == (0, 0), 15,
+                       "no pin held in the caches once no read runs")
+        except AssertionError:
+            groups, images = conn.execute(PINS).fetchone()
+            raise AssertionError(f"with no read running, {groups} group pin(s) and {images} "
+                                 f"image pin(s) are held (ended: {ended})") from None
 
 
 def test_signals_reaching_any_thread_of_the_worker_do_not_crash_it(tiny_cache):

@@ -279,7 +279,7 @@ pub fn index_pin(first: SnapId, last: SnapId, record_access: bool) -> PinnedGrou
         last,
         record_access,
     }) {
-        Reply::GroupsPinned { groups } => PinnedGroups { entries: groups },
+        Reply::GroupsPinned { groups } => PinnedGroups::adopt(groups),
         reply => unexpected(Kind::IndexPin, reply),
     }
 }
@@ -289,7 +289,7 @@ pub fn index_pin(first: SnapId, last: SnapId, record_access: bool) -> PinnedGrou
 /// has no room.
 pub fn load_images(ids: Vec<ImageId>) -> Pinned {
     match request(Request::LoadImages { ids }) {
-        Reply::ImagesPinned { entries } => Pinned { entries },
+        Reply::ImagesPinned { entries } => Pinned::adopt(entries),
         reply => unexpected(Kind::LoadImages, reply),
     }
 }
@@ -319,7 +319,7 @@ pub fn toast_fetch(value: u64, first_chunk: u32, max_chunks: u32) -> ToastChunks
         } => ToastChunks {
             chunks,
             len,
-            pinned: Pinned { entries },
+            pinned: Pinned::adopt(entries),
         },
         reply => unexpected(Kind::ToastFetch, reply),
     }

@@ -88,20 +88,38 @@ impl Drop for InFlight {
 
 fn abandon(slot: &RequestSlot) {
     if slot.give_up() == GaveUp::AnswerArrived {
-        if let Some(body) = slot.answer() {
-            pinned::release_answer(body.kind, body.message());
-        }
-        slot.release();
+        release_unread(slot);
     }
 }
 
+/// Frees a slot whose answer nobody will read, releasing the pins the answer holds.
+fn release_unread(slot: &RequestSlot) {
+    if let Some(body) = slot.answer() {
+        pinned::release_answer(body.kind, body.message());
+    }
+    slot.release();
+}
+
+/// At exit: gives up the request still in this process's slot, if there is one (see
+/// [`pinned`]'s exit callback).
+pub(super) fn give_up_at_exit() {
+    // SAFETY: MyProc is only read; it is set while the process is attached to shared memory.
+    if unsafe { pg_sys::MyProc.is_null() } {
+        return;
+    }
+    abandon(my_slot().0);
+    PREFETCHING.set(false);
+}
+
 /// Waits until the slot is free again (a previous request was abandoned while the worker
-/// worked on it: the worker makes it idle when done). The wait can be cancelled.
+/// worked on it: the worker makes it idle when done; an answer there was for a process that
+/// has since exited with this PGPROC number, or for a prefetch given up). The wait can be
+/// cancelled.
 fn wait_until_idle(slot: &RequestSlot) {
     loop {
         match slot.give_up() {
             GaveUp::Idle => return,
-            GaveUp::AnswerArrived => slot.release(),
+            GaveUp::AnswerArrived => release_unread(slot),
             GaveUp::Withdrawn => return,
             GaveUp::LeftToWorker => wait_latch(Duration::from_millis(10)),
         }

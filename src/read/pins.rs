@@ -437,6 +437,9 @@ fn take_images(mut pins: Pinned, ids: &[u64], copy_all: bool) -> (Option<Pinned>
             }
         }
     });
+    for &i in &given_back {
+        Pinned::discarded(pins.entries[i].slot);
+    }
     if let Some((i, err)) = failure {
         let id = ImageId(ids[pins.entries[i].key as usize] & !ENCODED);
         let entries = std::mem::take(&mut pins.entries);
@@ -533,7 +536,7 @@ fn try_pin_images(ids: &[u64]) -> Option<Pinned> {
         }
     });
     // Dropping `pinned` unpins, on an error as on giving up.
-    let mut pinned = Pinned { entries };
+    let mut pinned = Pinned::adopt(entries);
     let mut at = 0;
     while at < missing.len() {
         let chunk = &missing[at..(at + MAX_IDS_PER_REQUEST).min(missing.len())];

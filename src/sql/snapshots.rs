@@ -433,8 +433,9 @@ fn gsnap_groups() -> TableIterator<
 }
 
 /// The shared caches: the group cache (index groups) and the image cache (page images and
-/// TOAST chunks), and how many images the backends reading them decompressed themselves
-/// (scans in parallel queries; the worker decompresses the others). One row.
+/// TOAST chunks), how many images the backends reading them decompressed themselves (scans
+/// in parallel queries; the worker decompresses the others), and the pins held in each cache
+/// now (by running reads; zero when none runs). One row.
 #[pg_extern(volatile, parallel_safe)]
 #[allow(clippy::type_complexity)] // pgrx needs the columns spelled out here
 fn gsnap_index_stats() -> TableIterator<
@@ -454,12 +455,20 @@ fn gsnap_index_stats() -> TableIterator<
         name!(image_loads, i64),
         name!(image_evictions, i64),
         name!(images_decompressed_by_readers, i64),
+        name!(group_pins, i64),
+        name!(image_pins, i64),
     ),
 > {
     crate::require_preloaded();
     let g = shmem::groups::with_groups(|c| c.stats()).unwrap_or_default();
-    let (capacity, used, i) =
-        shmem::with_cache(|c| (c.capacity() as i64, c.used() as i64, c.stats()));
+    let (capacity, used, i, image_pins) = shmem::with_cache(|c| {
+        (
+            c.capacity() as i64,
+            c.used() as i64,
+            c.stats(),
+            c.total_pins() as i64,
+        )
+    });
     TableIterator::once((
         g.data_size as i64,
         g.used_bytes as i64,
@@ -475,5 +484,7 @@ fn gsnap_index_stats() -> TableIterator<
         i.inserts as i64,
         i.evictions as i64,
         shmem::reader_decodes() as i64,
+        g.pins as i64,
+        image_pins,
     ))
 }

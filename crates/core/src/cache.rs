@@ -74,6 +74,8 @@ pub struct CacheStats {
     pub used_bytes: u64,
     pub data_size: u64,
     pub groups: u64,
+    /// Pins held now, over all groups.
+    pub pins: u64,
 }
 
 /// One occupied slot.
@@ -440,6 +442,7 @@ impl<'a> GroupCache<'a> {
             used_bytes: occupied.iter().map(|(_, s)| s.size).sum(),
             data_size: self.data_size,
             groups: occupied.len() as u64,
+            pins: occupied.iter().map(|(_, s)| u64::from(s.pins)).sum(),
         })
     }
 }
@@ -522,7 +525,10 @@ mod tests {
         assert_eq!(r.evicted.len(), 1);
         assert_eq!(r.evicted[0].0, 2);
         assert!(c.remove(1).is_err(), "1 is still pinned");
+        // 1 (loaded by this reservation) and 3 (just reserved) are pinned once each
+        assert_eq!(c.stats().unwrap().pins, 2);
         c.unpin(1).unwrap();
+        assert_eq!(c.stats().unwrap().pins, 1);
         assert_eq!(c.remove(1), Ok(true));
     }
 
