@@ -236,12 +236,45 @@ class Cluster:
 
 def gsnap_cluster(name: str, conf: list[str] | None = None):
     """A started cluster with the extension created, destroyed afterwards: the body of a
-    pytest fixture (`yield from gsnap_cluster(...)`)."""
+    pytest fixture (`yield from gsnap_cluster(...)`). After the module's last test, the
+    caches must hold no pin once no other session runs (see `check_no_pins_left`)."""
     c = Cluster(name, conf)
     try:
         c.start()
         with c.connect() as conn:
             conn.execute("CREATE EXTENSION gsnap")
         yield c
+        check_no_pins_left(c)
     finally:
         c.destroy()
+
+
+def check_no_pins_left(c: Cluster, timeout: float = 20) -> None:
+    """Fails if the group or image cache still holds a pin once every other session has
+    ended: a pin nobody releases keeps its slot (or its index group, and with it the
+    snapshots the group covers from reclamation) until the server restarts. Sessions a test
+    left open are terminated first; a terminated session must release its pins too. Skipped
+    where the server is down or the extension is gone (a module may stop the server or drop
+    the extension)."""
+    if not (c.data / "postmaster.pid").exists():
+        return
+    try:
+        conn = c.connect()
+    except psycopg.OperationalError:
+        return
+    pins = "SELECT group_pins, image_pins FROM gsnap_index_stats()"
+    with conn:
+        try:
+            conn.execute(pins)
+        except psycopg.errors.UndefinedFunction:
+            return
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                     " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+        try:
+            wait_until(lambda: conn.execute(pins).fetchone() == (0, 0), timeout,
+                       "no pin held once every session ended")
+        except AssertionError:
+            groups, images = conn.execute(pins).fetchone()
+            raise AssertionError(
+                f"{groups} group pin(s) and {images} image pin(s) are still held {timeout:.0f} s"
+                " after every other session ended: a read did not release its pins") from None
