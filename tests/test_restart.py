@@ -10,16 +10,18 @@ shortcut was taken (the worker's log line: blocks read of total).
 """
 
 import re
+import subprocess
 import threading
 import time
 
 import psycopg
 import pytest
 
-from cluster import Cluster
+from cluster import PGBIN, Cluster, wait_until
 from workload import contents, digest, located_contents, describe_diff, wait_worker_ready
 
 ROWS = 20_000
+SERVER_USER = "gsnap"  # the OS user scripts/cluster.sh runs servers as
 
 
 @pytest.fixture
@@ -209,3 +211,64 @@ def test_snapshot_ids_run_on_across_a_clean_restart_and_are_never_reused_after_a
             # reading the lost or failed snapshot is an ERROR, never another snapshot's rows
             with pytest.raises(psycopg.Error):
                 conn.execute(f"SELECT count(*) FROM gsnap_asof(NULL::big, {lost})")
+
+
+def start_standby(primary: Cluster) -> Cluster:
+    """A streaming standby of `primary`, made by pg_basebackup (-R: it follows the primary)."""
+    s = Cluster("standby")
+    s.data.mkdir(mode=0o700)
+    subprocess.run(["chown", f"{SERVER_USER}:", str(s.data)], check=True)
+    subprocess.run(["runuser", "-u", SERVER_USER, "--", str(PGBIN / "pg_basebackup"),
+                    "-h", str(primary.data), "-p", str(primary.port), "-U", "postgres",
+                    "-D", str(s.data), "-R", "-X", "stream", "-c", "fast"],
+                   check=True, capture_output=True)
+    # The copy has the primary's postgresql.conf: a later line wins.
+    s.set_conf(f"port = {s.port}")
+    s.set_conf(f"unix_socket_directories = '{s.data}'")
+    return s.start()
+
+
+def test_a_standby_refuses_snapshot_functions_at_once_and_a_promoted_one_reads_its_copy(cluster):
+    """A streaming standby made by pg_basebackup: the store comes with the data directory, but
+    it is not replicated, and the worker starts only when recovery ends. Every function that
+    needs the worker fails at once with 55000 naming recovery (it used to wait for a worker that
+    never comes), while live reads of gsnap tables follow the primary. Promoted, the standby
+    reads the snapshots it was copied with as the primary does, and its first capture compares
+    every block (a new timeline: page LSNs cannot vouch for anything) and equals the tables."""
+    c = cluster
+    with c.connect() as conn:
+        s1 = snapshot_equals_live(conn)
+        d1 = {t: digest(conn, t, s1) for t in ("big", "ul")}
+        conn.execute("UPDATE big SET v = v + 1 WHERE id % 100 = 5")
+        s = start_standby(c)
+        try:
+            live = digest(conn, "big")
+            with s.connect() as sc:
+                assert sc.execute("SELECT pg_is_in_recovery()").fetchone()[0]
+                wait_until(lambda: digest(sc, "big") == live, 30, "the standby replays the update")
+                for q in ("SELECT gsnap_snapshot()",
+                          f"SELECT count(*) FROM gsnap_asof(NULL::big, {s1})",
+                          "SELECT count(*) FROM gsnap_snapshots()",
+                          "SELECT count(*) FROM gsnap_versions(NULL::big, 1, 100)",
+                          f"SELECT gsnap_delete({s1})"):
+                    t0 = time.monotonic()
+                    with pytest.raises(psycopg.Error) as err:
+                        sc.execute(q)
+                    took = time.monotonic() - t0
+                    assert err.value.sqlstate == "55000", (q, err.value.sqlstate, str(err.value))
+                    assert "in recovery" in str(err.value), (q, str(err.value))
+                    assert took < 5, f"{q} took {took:.1f} s to fail"
+            r = subprocess.run(["runuser", "-u", SERVER_USER, "--", str(PGBIN / "pg_ctl"), "-D",
+                                str(s.data), "-w", "promote"], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            wait_worker_ready(s)
+            with s.connect() as sc:
+                assert {t: digest(sc, t, s1) for t in ("big", "ul")} == d1
+                snap = snapshot_equals_live(sc)
+                read, blocks, _ = first_capture_line(s, snap)
+                assert read == blocks, f"a new timeline: every block is read ({read} of {blocks})"
+            # The primary's own snapshots are untouched by the standby's.
+            assert {t: digest(conn, t, s1) for t in ("big", "ul")} == d1
+            snapshot_equals_live(conn)
+        finally:
+            s.destroy()

@@ -55,6 +55,24 @@ fn worker_procno() -> usize {
         {
             return p;
         }
+        // SAFETY: reads the shared recovery state; callable in any backend.
+        if unsafe { pg_sys::RecoveryInProgress() } {
+            // The worker starts when recovery ends: on a standby it never runs.
+            error(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "gsnap snapshots cannot be used while the server is in recovery",
+            )
+            .detail(
+                "This server is a standby or is still recovering. gsnap's snapshot store is \
+                 not replicated, and its background worker starts only when recovery ends.",
+            )
+            .hint(
+                "Read, declare and manage snapshots on the primary server. A promoted \
+                 standby keeps the store it was copied with (see the README, \"Standbys and \
+                 backups\").",
+            )
+            .raise();
+        }
         if Instant::now() >= deadline {
             error(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
