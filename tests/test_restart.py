@@ -258,6 +258,7 @@ def test_a_standby_refuses_snapshot_functions_at_once_and_a_promoted_one_reads_i
                     assert err.value.sqlstate == "55000", (q, err.value.sqlstate, str(err.value))
                     assert "in recovery" in str(err.value), (q, str(err.value))
                     assert took < 5, f"{q} took {took:.1f} s to fail"
+                assert sc.execute("SELECT worker FROM gsnap_progress()").fetchone()[0] == "in recovery"
             r = subprocess.run(["runuser", "-u", SERVER_USER, "--", str(PGBIN / "pg_ctl"), "-D",
                                 str(s.data), "-w", "promote"], capture_output=True, text=True)
             assert r.returncode == 0, r.stderr

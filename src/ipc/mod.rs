@@ -28,6 +28,13 @@ use gsnap_protocol::{
 };
 use pgrx::PgSqlErrorCode;
 
+/// Whether the server is in recovery (a standby, or still replaying WAL): the worker starts
+/// only when recovery ends, so no request can be answered meanwhile.
+pub fn in_recovery() -> bool {
+    // SAFETY: reads the shared recovery state; callable in any backend.
+    unsafe { pgrx::pg_sys::RecoveryInProgress() }
+}
+
 /// Sends `request` and waits for the worker's reply; the worker's error is raised as an
 /// ERROR.
 pub fn request(request: Request) -> Reply {

@@ -55,8 +55,7 @@ fn worker_procno() -> usize {
         {
             return p;
         }
-        // SAFETY: reads the shared recovery state; callable in any backend.
-        if unsafe { pg_sys::RecoveryInProgress() } {
+        if super::in_recovery() {
             // The worker starts when recovery ends: on a standby it never runs.
             error(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

@@ -6,7 +6,7 @@ use super::access::require_gsnap_database;
 use crate::error::{error, notice};
 use crate::ffi::relation::relation_name;
 use crate::ipc;
-use crate::shmem;
+use crate::shmem::{self, WorkerState};
 use crate::worker::UNIX_TO_PG_EPOCH_US;
 use gsnap_protocol::{Kind, Reply, Request, SnapId};
 use pgrx::prelude::*;
@@ -327,8 +327,12 @@ fn gsnap_progress() -> TableIterator<
     let w = shmem::worker();
     let p = shmem::progress().read();
     let phase = p.phase.map(|p| p.as_str()).unwrap_or("idle");
+    let state = match w.state() {
+        WorkerState::Down if ipc::in_recovery() => "in recovery",
+        s => s.as_str(),
+    };
     TableIterator::once((
-        w.state().as_str().to_string(),
+        state.to_string(),
         Some(w.pid()).filter(|&p| p != 0),
         phase.to_string(),
         (p.snapshot > 0).then_some(p.snapshot),
