@@ -45,7 +45,8 @@ pub fn set_latch_of(procno: usize) {
 
 pub use crate::ffi::latch::wait as wait_latch;
 
-/// Waits for a running worker and returns its PGPROC number; errors out after a while.
+/// Waits for a running worker and returns its PGPROC number; errors out after a while, and at
+/// once while the server is in recovery.
 fn worker_procno() -> usize {
     let deadline = Instant::now() + WORKER_START_TIMEOUT;
     loop {
