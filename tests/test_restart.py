@@ -9,6 +9,7 @@ clean restart and after kill -9 under load, for logged and unlogged tables; and 
 shortcut was taken (the worker's log line: blocks read of total).
 """
 
+import pwd
 import re
 import subprocess
 import threading
@@ -273,3 +274,96 @@ def test_a_standby_refuses_snapshot_functions_at_once_and_a_promoted_one_reads_i
             snapshot_equals_live(conn)
         finally:
             s.destroy()
+
+
+def committed(conn) -> set[int]:
+    return {r[0] for r in conn.execute("SELECT snap_id FROM gsnap_snapshots() WHERE state = 'committed'")}
+
+
+def test_a_copy_of_the_store_taken_under_load_restores_every_snapshot(cluster):
+    """gsnap_copy_store() while writes and declarations run: the copy (a new directory, mode
+    0700) is the store at one moment. Put in the store's place with the server stopped, it
+    lists exactly the snapshots that were committed up to the newest one it returned, each
+    reads as it did, nothing is missing (gsnap_verify), and the next snapshot, which starts from
+    the copy's newest as after a restart, equals the tables."""
+    c = cluster
+    with c.connect() as conn:
+        s1 = snapshot_equals_live(conn)
+        stop = threading.Event()
+
+        def load():
+            with c.connect() as w:
+                i = 0
+                while not stop.is_set():
+                    w.execute("UPDATE big SET v = v + 1 WHERE id %% 97 = %s", (i % 97,))
+                    w.execute("UPDATE ul SET v = v + 1 WHERE id %% 13 = %s", (i % 13,))
+                    if i % 3 == 0:
+                        w.execute("SELECT gsnap_snapshot(false)")
+                    i += 1
+
+        writer = threading.Thread(target=load)
+        writer.start()
+        try:
+            wait_until(lambda: max(committed(conn)) >= s1 + 3, 60, "snapshots under load")
+            newest = conn.execute("SELECT gsnap_copy_store('store_copy')").fetchone()[0]
+        finally:
+            stop.set()
+            writer.join()
+        assert newest is not None and newest >= s1 + 3
+        kept = {s for s in committed(conn) if s <= newest}
+        digests = {s: {t: digest(conn, t, s) for t in ("big", "ul")} for s in kept}
+        copy = c.data / "store_copy"
+        st = copy.stat()
+        assert st.st_mode & 0o777 == 0o700, oct(st.st_mode)
+        assert st.st_uid == pwd.getpwnam(SERVER_USER).pw_uid
+        assert f'store was copied to "{copy}"' in c.log()
+    c.stop()
+    (c.data / "gsnap").rename(c.data / "gsnap_before")
+    copy.rename(c.data / "gsnap")
+    c.start()
+    wait_worker_ready(c)
+    with c.connect() as conn:
+        assert committed(conn) == kept
+        for s, d in digests.items():
+            assert {t: digest(conn, t, s) for t in ("big", "ul")} == d, f"snapshot {s} in the copy"
+        missing = conn.execute("SELECT missing_images, missing_toast_values FROM gsnap_verify()").fetchone()
+        assert missing == (0, 0)
+        assert snapshot_equals_live(conn) > max(kept)
+
+
+@pytest.mark.parametrize("directory, state", [
+    ("store_copy", "58P02"),       # exists (made below)
+    ("", "22023"),
+    ("gsnap/inside", "22023"),     # inside the store
+    ("store_copy/../gsnap/inside", "22023"),  # the same, by another path
+    ("no_such_parent/copy", "58P01"),
+    (None, "22004"),
+])
+def test_copying_the_store_to_a_bad_directory_is_refused(cluster, directory, state):
+    c = cluster
+    (c.data / "store_copy").mkdir(exist_ok=True)
+    with c.connect() as conn:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute("SELECT gsnap_copy_store(%s)", (directory,))
+        assert err.value.sqlstate == state, str(err.value)
+    assert not (c.data / "gsnap" / "inside").exists()
+
+
+def test_copying_the_store_needs_the_right_to_write_server_files(cluster):
+    """gsnap_admin alone may not choose where the server writes (as COPY TO a file needs
+    pg_write_server_files); a role with neither may not call it at all."""
+    with cluster.connect() as conn:
+        conn.execute("CREATE ROLE copier_admin IN ROLE gsnap_admin")
+        conn.execute("CREATE ROLE copier_both IN ROLE gsnap_admin, pg_write_server_files")
+        conn.execute("CREATE ROLE copier_none")
+        for role, state in (("copier_admin", "42501"), ("copier_none", "42501")):
+            conn.execute(f"SET ROLE {role}")
+            with pytest.raises(psycopg.Error) as err:
+                conn.execute("SELECT gsnap_copy_store('by_role')")
+            assert err.value.sqlstate == state, (role, str(err.value))
+            conn.execute("RESET ROLE")
+        assert not (cluster.data / "by_role").exists()
+        conn.execute("SET ROLE copier_both")
+        conn.execute("SELECT gsnap_copy_store('by_role')")
+        conn.execute("RESET ROLE")
+        assert (cluster.data / "by_role").is_dir()

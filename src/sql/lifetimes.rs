@@ -1,9 +1,11 @@
 //! Lifetimes from SQL (docs/design.md, "Lifetimes"): deleting snapshots, pinning them, ranking
-//! them, previewing the retention policy, and checking the store's references and space.
+//! them, previewing the retention policy, checking the store's references and space, and
+//! copying the store for a backup.
 //!
 //! Every function here asks the worker, which owns the store: a deletion is durable when the
 //! call returns, its space is reclaimed later in the background (`gsnap_progress()` shows
-//! it). Administrative functions are for superusers and members of `gsnap_admin`; the
+//! it). Administrative functions are for superusers and members of `gsnap_admin` (copying
+//! the store also needs `pg_write_server_files`: it writes where the caller says); the
 //! preview and the space report are readable by all (they show what `gsnap_snapshots()`
 //! shows).
 
@@ -13,7 +15,7 @@ use crate::ipc;
 use crate::worker::UNIX_TO_PG_EPOCH_US;
 use gsnap_lifetimes::Rank;
 use gsnap_protocol::listing::ReportRow;
-use gsnap_protocol::{Request, SnapId, SnapshotState};
+use gsnap_protocol::{Kind, Reply, Request, SnapId, SnapshotState};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
@@ -313,8 +315,96 @@ fn gsnap_store_stats() -> TableIterator<
     ))
 }
 
+/// Writes a consistent copy of the snapshot store into `directory` (new; relative to the data
+/// directory), taken at one moment while captures and reads go on: a backup that keeps the
+/// snapshots. Returns the newest snapshot in the copy (NULL: none). The copy's files are
+/// hard links to the store's where they share a file system, so it costs little space until
+/// the store moves on.
+#[pg_extern(volatile, parallel_unsafe)]
+fn gsnap_copy_store(directory: Option<&str>) -> Option<i64> {
+    require_gsnap_database();
+    // SAFETY: privilege lookups of the current user.
+    let allowed = unsafe {
+        pg_sys::has_privs_of_role(
+            pg_sys::GetUserId(),
+            pg_sys::Oid::from(pg_sys::ROLE_PG_WRITE_SERVER_FILES),
+        )
+    };
+    if !allowed {
+        error(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "permission denied to copy the gsnap store",
+        )
+        .detail(
+            "The copy is written by the server's OS user, as COPY TO a file is: only \
+             superusers and members of pg_write_server_files may choose where.",
+        )
+        .raise();
+    }
+    let given = directory.unwrap_or_else(|| null_argument("directory"));
+    match ipc::request(Request::CopyStore {
+        directory: copy_directory(given),
+    }) {
+        Reply::Resolved { snap } => (snap.0 > 0).then_some(snap.0 as i64),
+        reply => ipc::unexpected(Kind::CopyStore, reply),
+    }
+}
+
+/// The directory a copy of the store goes to, resolved and checked: it must not exist, its
+/// parent must, and it must not be inside the store.
+fn copy_directory(given: &str) -> String {
+    let bad = |message: String, hint: &str| -> ! {
+        error(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, message)
+            .hint(hint)
+            .raise()
+    };
+    if given.trim().is_empty() {
+        bad(
+            "the directory to copy the gsnap store to must not be empty".into(),
+            "Name a new directory, e.g. gsnap_backup (relative to the data directory).",
+        );
+    }
+    let dir = crate::worker::in_data_directory(given.trim_end_matches('/'));
+    let path = std::path::Path::new(&dir);
+    if path.symlink_metadata().is_ok() {
+        error(
+            PgSqlErrorCode::ERRCODE_DUPLICATE_FILE,
+            format!("directory \"{dir}\" already exists"),
+        )
+        .hint("Name a directory that does not exist yet; the copy creates it.")
+        .raise();
+    }
+    // Where it really goes: the parent with symbolic links and ".." resolved.
+    let (Some(parent), Some(name)) = (
+        path.parent().and_then(|p| p.canonicalize().ok()),
+        path.file_name(),
+    ) else {
+        error(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
+            format!("the parent directory of \"{dir}\" does not exist"),
+        )
+        .raise();
+    };
+    let store = crate::worker::store_directory();
+    let store_real = std::path::Path::new(&store).canonicalize();
+    if parent
+        .join(name)
+        .starts_with(store_real.as_deref().unwrap_or(store.as_ref()))
+    {
+        bad(
+            format!("directory \"{dir}\" is inside the gsnap store \"{store}\""),
+            "Copy the store to a directory outside it.",
+        );
+    }
+    dir
+}
+
 extension_sql!(
     r#"
+REVOKE EXECUTE ON FUNCTION gsnap_copy_store(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gsnap_copy_store(text) TO gsnap_admin;
+COMMENT ON FUNCTION gsnap_copy_store(text) IS
+    'write a consistent copy of the snapshot store into a new directory (for backups); returns the newest snapshot in it';
 REVOKE EXECUTE ON FUNCTION gsnap_set_rank(bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION gsnap_set_rank(bigint, text) TO gsnap_admin;
 REVOKE EXECUTE ON FUNCTION gsnap_pin(bigint, text, timestamptz) FROM PUBLIC;
@@ -341,6 +431,7 @@ COMMENT ON FUNCTION gsnap_retention_preview(text) IS
         gsnap_delete,
         gsnap_delete_one,
         gsnap_verify,
-        gsnap_retention_preview
+        gsnap_retention_preview,
+        gsnap_copy_store
     ],
 );

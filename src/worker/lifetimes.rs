@@ -178,6 +178,18 @@ impl Worker {
                     space(store, w.reclaimed_total, w.deleted_bytes(store))
                 })
             }
+            Request::CopyStore { directory } => {
+                let newest = store
+                    .copy_to(std::path::Path::new(&directory))
+                    .map_err(store_error)?;
+                pgrx::log!(
+                    "gsnap: the store was copied to \"{directory}\" (newest snapshot in the copy: {})",
+                    newest.map_or("none".to_string(), |s| s.0.to_string())
+                );
+                Ok(Reply::Resolved {
+                    snap: newest.unwrap_or(SnapId(0)),
+                })
+            }
             _ => unreachable!("serve.rs hands only the requests of lifetimes here"),
         }
     }

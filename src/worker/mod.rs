@@ -704,19 +704,19 @@ impl Worker {
 /// The store directory: `gsnap.store_directory`, relative to the data directory, or
 /// `gsnap` in the data directory.
 pub(crate) fn store_directory() -> String {
-    // SAFETY: DataDir is set in every backend and worker.
-    let data_dir = unsafe { CStr::from_ptr(pg_sys::DataDir) }
-        .to_string_lossy()
-        .into_owned();
     match gucs::STORE_DIRECTORY.get() {
-        Some(d) if !d.as_bytes().is_empty() => {
-            let d = d.to_string_lossy().into_owned();
-            if d.starts_with('/') {
-                d
-            } else {
-                format!("{data_dir}/{d}")
-            }
-        }
-        _ => format!("{data_dir}/gsnap"),
+        Some(d) if !d.as_bytes().is_empty() => in_data_directory(&d.to_string_lossy()),
+        _ => in_data_directory("gsnap"),
     }
+}
+
+/// `path` as the server resolves it: an absolute path as it is, a relative one under the
+/// data directory.
+pub(crate) fn in_data_directory(path: &str) -> String {
+    if path.starts_with('/') {
+        return path.to_string();
+    }
+    // SAFETY: DataDir is set in every backend and worker.
+    let data_dir = unsafe { CStr::from_ptr(pg_sys::DataDir) }.to_string_lossy();
+    format!("{data_dir}/{path}")
 }

@@ -210,7 +210,8 @@ impl Worker {
             | Request::SetRank { .. }
             | Request::RetentionPreview { .. }
             | Request::Verify { .. }
-            | Request::StoreStats { .. }) => self.answer_lifetimes(store, request),
+            | Request::StoreStats { .. }
+            | Request::CopyStore { .. }) => self.answer_lifetimes(store, request),
             Request::Declare { .. } | Request::ReleaseExport { .. } => {
                 unreachable!("handled by the caller and above")
             }

@@ -51,6 +51,7 @@
 //!   18 StoreStats      offset:u64
 //!   19 KeyCandidates   rel:u32 from:u64 to:u64 definition:bytes hashes:vec<u64>
 //!   20 ScanRange       relid:u32 from:u64 to:u64 offset:u64
+//!   21 CopyStore       directory:str
 //!
 //! answer  := VERSION:u8 0:u8 reply | VERSION:u8 1:u8 error
 //! reply   := tag:u8 fields

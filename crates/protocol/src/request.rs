@@ -60,11 +60,13 @@ pub enum Kind {
     KeyCandidates = 19,
     /// Paged. Reply: [`Reply::Page`] of [`crate::listing::decode_scan_range`].
     ScanRange = 20,
+    /// Reply: [`Reply::Resolved`] with the newest snapshot committed in the copy (0: none).
+    CopyStore = 21,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 21] = [
         Kind::Declare,
         Kind::ReleaseExport,
         Kind::Snapshots,
@@ -85,6 +87,7 @@ impl Kind {
         Kind::StoreStats,
         Kind::KeyCandidates,
         Kind::ScanRange,
+        Kind::CopyStore,
     ];
 
     /// The tag the transport carries.
@@ -143,7 +146,7 @@ impl Kind {
                     Reply::Page(_)
                 )
                 | (Kind::ScanBegin, Reply::Page(_) | Reply::TableAbsent)
-                | (Kind::ResolveTime, Reply::Resolved { .. })
+                | (Kind::ResolveTime | Kind::CopyStore, Reply::Resolved { .. })
                 | (Kind::IndexPin, Reply::GroupsPinned { .. })
                 | (Kind::ToastFetch, Reply::ToastPinned { .. })
                 | (Kind::LoadImages, Reply::ImagesPinned { .. })
@@ -243,6 +246,9 @@ pub enum Request {
         to: SnapId,
         offset: u64,
     },
+    /// Write a consistent copy of the whole store into `directory` (which must not exist
+    /// yet; relative to the data directory), for a backup that keeps the snapshots.
+    CopyStore { directory: String },
 }
 
 /// The most key hashes one [`Request::KeyCandidates`] carries.
@@ -267,6 +273,7 @@ impl Request {
             Request::Pin { .. } => Kind::Pin,
             Request::Unpin { .. } => Kind::Unpin,
             Request::SetRank { .. } => Kind::SetRank,
+            Request::CopyStore { .. } => Kind::CopyStore,
             Request::RetentionPreview { .. } => Kind::RetentionPreview,
             Request::Verify { .. } => Kind::Verify,
             Request::StoreStats { .. } => Kind::StoreStats,
@@ -392,6 +399,9 @@ impl Request {
             } => {
                 w.u32(*relid).u64(from.0).u64(to.0).u64(*offset);
             }
+            Request::CopyStore { directory } => {
+                w.str(directory)?;
+            }
         }
         w.into_message()
     }
@@ -498,6 +508,9 @@ impl Request {
                 from: SnapId(r.u64()?),
                 to: SnapId(r.u64()?),
                 offset: r.u64()?,
+            },
+            Kind::CopyStore => Request::CopyStore {
+                directory: r.str("directory")?,
             },
         };
         r.finish()?;

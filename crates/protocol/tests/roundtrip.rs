@@ -79,6 +79,7 @@ fn request() -> impl Strategy<Value = Request> {
         (any::<bool>(), any::<u64>())
             .prop_map(|(repair, offset)| Request::Verify { repair, offset }),
         any::<u64>().prop_map(|offset| Request::StoreStats { offset }),
+        text().prop_map(|directory| Request::CopyStore { directory }),
         (
             any::<u32>(),
             vec(any::<u8>(), 0..60),

@@ -14,8 +14,9 @@
 //! - `write(.., sync = true)` returns only when that batch and every earlier one are durable;
 //! - a failed `write` has applied nothing.
 
-use crate::error::Result;
+use crate::error::{ErrorKind, Result, StoreError};
 use crate::keys::Cf;
+use std::path::Path;
 
 /// One operation of a [`WriteBatch`] (borrowed from the batch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,6 +218,20 @@ pub trait KvBackend: Send + Sync {
     /// that deleted entries stop taking space. Default: nothing to do.
     fn compact_range(&self, _cf: Cf, _start: &[u8], _end: &[u8]) -> Result<()> {
         Ok(())
+    }
+
+    /// Writes a consistent copy of everything into the directory `dir`, which must not exist
+    /// yet: what a reader of the copy finds is the backend's content at one moment (every
+    /// batch written before it, none after). Default: not supported.
+    fn copy_to(&self, dir: &Path) -> Result<()> {
+        Err(StoreError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{} cannot be copied to \"{}\"",
+                self.describe(),
+                dir.display()
+            ),
+        ))
     }
 
     /// Bytes the backend takes on disk (or in memory), everything included (a write-ahead

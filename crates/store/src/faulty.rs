@@ -141,6 +141,10 @@ impl<B: KvBackend> KvBackend for FaultyBackend<B> {
         self.inner.disk_bytes()
     }
 
+    fn copy_to(&self, dir: &std::path::Path) -> Result<()> {
+        self.inner.copy_to(dir)
+    }
+
     fn estimate(&self, cf: Cf) -> Result<crate::backend::CfEstimate> {
         self.inner.estimate(cf)
     }

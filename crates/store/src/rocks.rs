@@ -580,6 +580,42 @@ impl KvBackend for RocksBackend {
         Ok(())
     }
 
+    fn copy_to(&self, dir: &Path) -> Result<()> {
+        // A RocksDB checkpoint: the memtables flushed, then a new manifest and the live files
+        // hard-linked (copied across file systems), with the write-ahead log's live part, all
+        // taken at one moment under RocksDB's own lock; writers go on meanwhile.
+        let failed = |e: rocksdb::Error| {
+            let text: &str = e.as_ref();
+            StoreError::new(
+                StoreError::classify_message(text),
+                format!(
+                    "copying the gsnap store at \"{}\" to \"{}\" failed: {text}",
+                    self.path.display(),
+                    dir.display()
+                ),
+            )
+        };
+        if dir.exists() {
+            return Err(StoreError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "the gsnap store cannot be copied to \"{}\": it already exists",
+                    dir.display()
+                ),
+            ));
+        }
+        rocksdb::checkpoint::Checkpoint::new(&self.db)
+            .and_then(|c| c.create_checkpoint(dir))
+            .map_err(failed)?;
+        // Private, as the store is (the server's umask already makes it so).
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| {
+            StoreError::new(
+                ErrorKind::Io,
+                format!("making the copy \"{}\" private: {e}", dir.display()),
+            )
+        })
+    }
+
     fn disk_bytes(&self) -> Result<u64> {
         // The whole directory: table files, the write-ahead log, the manifest and the logs.
         let mut total = 0;

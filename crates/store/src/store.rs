@@ -258,6 +258,17 @@ impl<B: KvBackend> SnapshotStore<B> {
         &self.backend
     }
 
+    /// Writes a consistent copy of the store into the directory `dir` (which must not exist),
+    /// for a backup that keeps the snapshots; returns the newest snapshot committed in it.
+    /// The copy is the store at one moment: opened later (by the same cluster, or a copy of
+    /// its data directory), a capture that was in flight is failed, as after a crash.
+    pub fn copy_to(&self, dir: &std::path::Path) -> Result<Option<SnapId>> {
+        // Commits happen on the thread that calls this, so the newest one stays the newest.
+        let newest = self.latest_committed();
+        self.backend.copy_to(dir)?;
+        Ok(newest)
+    }
+
     /// Gives back the snapshot ids leased and not handed out: the counter is written down to
     /// the next id (synced), so that the next open goes on from there instead of skipping the
     /// lease. Safe at any time (nothing at or above that id was handed out, and the next

@@ -411,3 +411,56 @@ fn space_is_estimated_without_reading_and_counts_the_whole_directory() {
         space.disk_bytes
     );
 }
+
+#[test]
+fn a_copy_is_the_store_at_one_moment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = open(&path).unwrap();
+    let (rels, decl) = setup(&store, 1, 500);
+    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
+    let id = cap.put_image(b"committed before the copy", &[]).unwrap();
+    cap.add_mapping(page_key(rels[0], 0), id).unwrap();
+    let before = cap.commit().unwrap().id;
+    let mut cap = store.declare_and_begin(decl).unwrap();
+    let in_flight = cap.snapshot();
+    for b in 0..250u32 {
+        let id = cap.put_image(&view(u64::from(b), 4000), &[]).unwrap();
+        cap.add_mapping(page_key(rels[0], b), id).unwrap();
+    }
+    let copy = dir.path().join("copy");
+    assert_eq!(store.copy_to(&copy).unwrap(), Some(before));
+    assert_eq!(
+        store.copy_to(&copy).unwrap_err().kind(),
+        ErrorKind::InvalidArgument,
+        "a copy never goes into an existing directory"
+    );
+    // The capture goes on and commits in the store, after the copy.
+    for b in 250..500u32 {
+        let id = cap.put_image(&view(u64::from(b), 4000), &[]).unwrap();
+        cap.add_mapping(page_key(rels[0], b), id).unwrap();
+    }
+    assert_eq!(cap.commit().unwrap().id, in_flight);
+    drop(store);
+
+    let copied = open(&copy).unwrap();
+    check_invariants(&copied);
+    assert_eq!(copied.latest_committed(), Some(before));
+    let info = copied.snapshot(in_flight).unwrap();
+    assert_eq!(
+        info.state,
+        SnapshotState::Failed,
+        "in flight at the copy: failed there"
+    );
+    let table = copied.page_table(before).unwrap();
+    assert_eq!(
+        image_at(&table, page_key(rels[0], 0)).map(|i| copied.image(i).unwrap()),
+        Some(b"committed before the copy".to_vec())
+    );
+    assert_eq!(copied.identity().system_identifier, SYSID);
+    drop(copied);
+    // The store itself is unchanged by the copy.
+    let store = open(&path).unwrap();
+    assert_eq!(store.latest_committed(), Some(in_flight));
+    assert_eq!(store.page_table(in_flight).unwrap().len(), 500);
+}
