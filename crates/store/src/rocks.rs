@@ -581,9 +581,9 @@ impl KvBackend for RocksBackend {
     }
 
     fn copy_to(&self, dir: &Path) -> Result<()> {
-        // A RocksDB checkpoint: the memtables flushed, then a new manifest and the live files
-        // hard-linked (copied across file systems), with the write-ahead log's live part, all
-        // taken at one moment under RocksDB's own lock; writers go on meanwhile.
+        // A RocksDB checkpoint: the memtables flushed, then a new manifest naming the live
+        // files, hard-linked into the copy (copied across file systems); writers go on
+        // meanwhile, and the copy holds what was written up to one moment.
         let failed = |e: rocksdb::Error| {
             let text: &str = e.as_ref();
             StoreError::new(

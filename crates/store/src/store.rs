@@ -263,7 +263,8 @@ impl<B: KvBackend> SnapshotStore<B> {
     /// The copy is the store at one moment: opened later (by the same cluster, or a copy of
     /// its data directory), a capture that was in flight is failed, as after a crash.
     pub fn copy_to(&self, dir: &std::path::Path) -> Result<Option<SnapId>> {
-        // Commits happen on the thread that calls this, so the newest one stays the newest.
+        // Read before the copy: a capture another thread committed meanwhile would be in the
+        // copy too (the worker commits on the thread that asks for copies, so none does).
         let newest = self.latest_committed();
         self.backend.copy_to(dir)?;
         Ok(newest)
