@@ -151,6 +151,19 @@ impl RocksBackend {
         let mut extra = Vec::new();
         if !fresh {
             let existing = DB::list_cf(&Options::default(), path).map_err(|e| {
+                // A CURRENT file says a RocksDB database lives here: one that cannot be
+                // listed is damaged (a file lost or cut short), not someone else's.
+                if path.join("CURRENT").is_file() {
+                    return StoreError::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "gsnap store at \"{}\" cannot be read ({e}); the store is damaged: \
+                             put back a copy made by gsnap_copy_store(), or move it aside to \
+                             start an empty store (its snapshots are then lost)",
+                            path.display()
+                        ),
+                    );
+                }
                 StoreError::incompatible(format!(
                     "directory \"{}\" is not a gsnap store: it is not a readable RocksDB \
                      database ({e}); point gsnap at an empty or missing directory, or at an \

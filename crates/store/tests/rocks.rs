@@ -464,3 +464,26 @@ fn a_copy_is_the_store_at_one_moment() {
     assert_eq!(store.latest_committed(), Some(in_flight));
     assert_eq!(store.page_table(in_flight).unwrap().len(), 500);
 }
+
+#[test]
+fn a_store_that_lost_its_manifest_is_reported_damaged_not_foreign() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = open(&path).unwrap();
+    let (rels, decl) = setup(&store, 1, 10);
+    let mut cap = store.declare_and_begin(decl).unwrap();
+    let id = cap.put_image(b"content", &[]).unwrap();
+    cap.add_mapping(page_key(rels[0], 0), id).unwrap();
+    cap.commit().unwrap();
+    drop(store);
+    for entry in fs::read_dir(&path).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name().to_string_lossy().starts_with("MANIFEST-") {
+            fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    let e = open(&path).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.message().contains("the store is damaged"), "{e}");
+    assert!(e.message().contains("gsnap_copy_store"), "{e}");
+}
