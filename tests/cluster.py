@@ -8,6 +8,7 @@ its data directory. Tests connect as the `postgres` superuser with psycopg.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -23,6 +24,18 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 PGBIN = Path("/usr/lib/postgresql/15/bin")
+SERVER_USER = "gsnap"  # the OS user scripts/cluster.sh runs servers as ($GSNAP_OS_USER)
+
+
+def server_uid() -> int:
+    return pwd.getpwnam(SERVER_USER).pw_uid
+
+
+def assert_private(path: Path):
+    """`path` is the server user's and open to no one else (mode 0700)."""
+    st = path.stat()
+    assert st.st_mode & 0o777 == 0o700, f"{path} has mode {st.st_mode & 0o777:04o}"
+    assert st.st_uid == server_uid(), f"{path} is owned by uid {st.st_uid}"
 
 
 def snapshot(conn: psycopg.Connection) -> int:

@@ -5,7 +5,6 @@ gsnap.store_directory for each case (the setting needs a restart)."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cluster import Cluster, gsnap_cluster
+from cluster import SERVER_USER, Cluster, assert_private, gsnap_cluster, server_uid
 from ops_helpers import (
     asof,
     digest,
@@ -25,13 +24,6 @@ from ops_helpers import (
     wait_ready,
     wait_until,
 )
-
-SERVER_USER = "gsnap"
-
-
-def server_uid() -> int:
-    return pwd.getpwnam(SERVER_USER).pw_uid
-
 
 @pytest.fixture(scope="module")
 def stc():
@@ -48,12 +40,6 @@ def use_store(c: Cluster, directory: str):
 def worker_state(conn, states, timeout=15):
     return wait_until(lambda: (lambda p: p["worker"] in states and p)(progress(conn)), timeout,
                       f"gsnap_progress().worker in {states}")
-
-
-def assert_private(path: Path):
-    st = path.stat()
-    assert st.st_mode & 0o777 == 0o700, f"{path} has mode {st.st_mode & 0o777:04o}"
-    assert st.st_uid == server_uid(), f"{path} is owned by uid {st.st_uid}"
 
 
 def ensure_st_t(conn):

@@ -9,7 +9,6 @@ clean restart and after kill -9 under load, for logged and unlogged tables; and 
 shortcut was taken (the worker's log line: blocks read of total).
 """
 
-import pwd
 import re
 import subprocess
 import threading
@@ -18,11 +17,10 @@ import time
 import psycopg
 import pytest
 
-from cluster import PGBIN, Cluster, wait_until
+from cluster import PGBIN, SERVER_USER, Cluster, assert_private, wait_until
 from workload import contents, digest, located_contents, describe_diff, wait_worker_ready
 
 ROWS = 20_000
-SERVER_USER = "gsnap"  # the OS user scripts/cluster.sh runs servers as
 
 
 @pytest.fixture
@@ -313,9 +311,7 @@ def test_a_copy_of_the_store_taken_under_load_restores_every_snapshot(cluster):
         kept = {s for s in committed(conn) if s <= newest}
         digests = {s: {t: digest(conn, t, s) for t in ("big", "ul")} for s in kept}
         copy = c.data / "store_copy"
-        st = copy.stat()
-        assert st.st_mode & 0o777 == 0o700, oct(st.st_mode)
-        assert st.st_uid == pwd.getpwnam(SERVER_USER).pw_uid
+        assert_private(copy)
         assert f'store was copied to "{copy}"' in c.log()
     c.stop()
     (c.data / "gsnap").rename(c.data / "gsnap_before")

@@ -597,6 +597,15 @@ impl KvBackend for RocksBackend {
         // A RocksDB checkpoint: the memtables flushed, then a new manifest naming the live
         // files, hard-linked into the copy (copied across file systems); writers go on
         // meanwhile, and the copy holds what was written up to one moment.
+        if dir.exists() {
+            return Err(StoreError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "the gsnap store cannot be copied to \"{}\": it already exists",
+                    dir.display()
+                ),
+            ));
+        }
         let failed = |e: rocksdb::Error| {
             let text: &str = e.as_ref();
             StoreError::new(
@@ -608,15 +617,6 @@ impl KvBackend for RocksBackend {
                 ),
             )
         };
-        if dir.exists() {
-            return Err(StoreError::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "the gsnap store cannot be copied to \"{}\": it already exists",
-                    dir.display()
-                ),
-            ));
-        }
         rocksdb::checkpoint::Checkpoint::new(&self.db)
             .and_then(|c| c.create_checkpoint(dir))
             .map_err(failed)?;

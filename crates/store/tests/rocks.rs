@@ -24,6 +24,27 @@ fn open(path: &Path) -> Result<SnapshotStore<RocksBackend>> {
     )
 }
 
+/// Commits a snapshot of `decl` whose block 0 of `rel` holds `content`.
+fn commit_one(
+    store: &SnapshotStore<RocksBackend>,
+    decl: SnapshotDecl,
+    rel: RelId,
+    content: &[u8],
+) -> SnapId {
+    let mut cap = store.declare_and_begin(decl).unwrap();
+    let id = cap.put_image(content, &[]).unwrap();
+    cap.add_mapping(page_key(rel, 0), id).unwrap();
+    cap.commit().unwrap().id
+}
+
+/// Stores a distinct 4000-byte view for each of `blocks` of `rel` and maps it.
+fn put_blocks(cap: &mut Capture<RocksBackend>, rel: RelId, blocks: std::ops::Range<u32>) {
+    for b in blocks {
+        let id = cap.put_image(&view(u64::from(b), 4000), &[]).unwrap();
+        cap.add_mapping(page_key(rel, b), id).unwrap();
+    }
+}
+
 #[test]
 fn capture_reopen_and_read_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -102,18 +123,10 @@ fn interrupted_capture_is_recovered_on_reopen() {
     let path = dir.path().join("store");
     let store = open(&path).unwrap();
     let (rels, decl) = setup(&store, 1, 2000);
-    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
-    let committed = {
-        let id = cap.put_image(b"committed", &[]).unwrap();
-        cap.add_mapping(page_key(rels[0], 0), id).unwrap();
-        cap.commit().unwrap().id
-    };
+    let committed = commit_one(&store, decl.clone(), rels[0], b"committed");
     let mut cap = store.declare_and_begin(decl).unwrap();
     let lost = cap.snapshot();
-    for b in 0..2000u32 {
-        let id = cap.put_image(&view(u64::from(b), 4000), &[]).unwrap();
-        cap.add_mapping(page_key(rels[0], b), id).unwrap();
-    }
+    put_blocks(&mut cap, rels[0], 0..2000);
     // The worker dies without committing or aborting: no clean-up runs. The disk it leaves
     // is the store's files as they are now (written, not necessarily synced).
     let crashed = dir.path().join("crashed");
@@ -418,16 +431,10 @@ fn a_copy_is_the_store_at_one_moment() {
     let path = dir.path().join("store");
     let store = open(&path).unwrap();
     let (rels, decl) = setup(&store, 1, 500);
-    let mut cap = store.declare_and_begin(decl.clone()).unwrap();
-    let id = cap.put_image(b"committed before the copy", &[]).unwrap();
-    cap.add_mapping(page_key(rels[0], 0), id).unwrap();
-    let before = cap.commit().unwrap().id;
+    let before = commit_one(&store, decl.clone(), rels[0], b"committed before the copy");
     let mut cap = store.declare_and_begin(decl).unwrap();
     let in_flight = cap.snapshot();
-    for b in 0..250u32 {
-        let id = cap.put_image(&view(u64::from(b), 4000), &[]).unwrap();
-        cap.add_mapping(page_key(rels[0], b), id).unwrap();
-    }
+    put_blocks(&mut cap, rels[0], 0..250);
     let copy = dir.path().join("copy");
     assert_eq!(store.copy_to(&copy).unwrap(), Some(before));
     assert_eq!(
@@ -436,10 +443,7 @@ fn a_copy_is_the_store_at_one_moment() {
         "a copy never goes into an existing directory"
     );
     // The capture goes on and commits in the store, after the copy.
-    for b in 250..500u32 {
-        let id = cap.put_image(&view(u64::from(b), 4000), &[]).unwrap();
-        cap.add_mapping(page_key(rels[0], b), id).unwrap();
-    }
+    put_blocks(&mut cap, rels[0], 250..500);
     assert_eq!(cap.commit().unwrap().id, in_flight);
     drop(store);
 
@@ -471,10 +475,7 @@ fn a_store_that_lost_its_manifest_is_reported_damaged_not_foreign() {
     let path = dir.path().join("store");
     let store = open(&path).unwrap();
     let (rels, decl) = setup(&store, 1, 10);
-    let mut cap = store.declare_and_begin(decl).unwrap();
-    let id = cap.put_image(b"content", &[]).unwrap();
-    cap.add_mapping(page_key(rels[0], 0), id).unwrap();
-    cap.commit().unwrap();
+    commit_one(&store, decl, rels[0], b"content");
     drop(store);
     for entry in fs::read_dir(&path).unwrap() {
         let entry = entry.unwrap();
