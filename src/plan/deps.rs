@@ -301,5 +301,11 @@ unsafe fn depend_on_table(query: *mut pg_sys::Query, relid: pg_sys::Oid) {
     // SAFETY: the caller's promise: the entry joins the query's range table, in the current
     // (parse) memory context.
     unsafe { (*query).rtable = pg_sys::lappend((*query).rtable, palloc_node(rte).cast()) };
+    crate::read::partitioned::note_inheriting_tables(
+        relid,
+        "reads",
+        "Read each of them by its own row type (gsnap_asof(NULL::child, ...)) and combine the \
+         results with UNION ALL.",
+    );
     // `rel` closes here; its lock stays until the transaction ends.
 }

@@ -119,6 +119,74 @@ pub fn require_gsnap_partitions(parent: pg_sys::Oid) {
     }
 }
 
+thread_local! {
+    /// Above 0 while a function that sent its own NOTICE runs the queries that read the
+    /// table for it (`gsnap_restore`): theirs would only repeat it.
+    static QUIET: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Keeps the readers' NOTICE about inheriting tables quiet while it lives.
+pub struct QuietInheritance;
+
+impl QuietInheritance {
+    pub fn new() -> QuietInheritance {
+        QUIET.set(QUIET.get() + 1);
+        QuietInheritance
+    }
+}
+
+impl Drop for QuietInheritance {
+    fn drop(&mut self) {
+        QUIET.set(QUIET.get() - 1);
+    }
+}
+
+/// Sends a NOTICE if table `relid` has tables inheriting from it (`INHERITS`, not
+/// partitions): gsnap reads and restores a table alone, as `FROM ONLY` and `COPY` do, where a
+/// query of the table now would include their rows. `what` says what the call does with the
+/// table ("reads", "restores"). Called once per query (after parse analysis) or per call.
+pub fn note_inheriting_tables(relid: pg_sys::Oid, what: &str, hint: &str) {
+    if QUIET.get() > 0 {
+        return;
+    }
+    let Some(rel) = OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE) else {
+        return;
+    };
+    let class = rel.class();
+    // relhassubclass may stay true after the last child went (until VACUUM clears it).
+    if class.relkind as u8 != pg_sys::RELKIND_RELATION || !class.relhassubclass {
+        return;
+    }
+    // SAFETY: the tables below `relid`, unlocked: only their names are printed.
+    let below = unsafe {
+        list::oids(partitioning::find_all_inheritors(
+            relid,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            std::ptr::null_mut(),
+        ))
+    };
+    let names: Vec<String> = below
+        .into_iter()
+        .filter(|&r| r != relid)
+        .map(relation_name)
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let shown = if names.len() > 5 {
+        format!("{}, and {} more", names[..5].join(", "), names.len() - 5)
+    } else {
+        names.join(", ")
+    };
+    crate::error::notice(format!(
+        "gsnap {what} table {} alone, as FROM ONLY would: the tables that inherit from it \
+         ({shown}) are not included",
+        relation_name(relid)
+    ))
+    .hint(hint)
+    .send();
+}
+
 /// The layout of `leaf`'s rows in the partitioned table whose descriptor is `desc` now.
 ///
 /// # Safety

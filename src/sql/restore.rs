@@ -217,7 +217,11 @@ fn restore(
         .unwrap_or_else(|| null_argument("the table of gsnap_restore"))
         .0;
     match relation_kind(relid) {
-        Some(pg_sys::RELKIND_RELATION) => {}
+        Some(pg_sys::RELKIND_RELATION) => crate::read::partitioned::note_inheriting_tables(
+            relid,
+            "restores",
+            "Restore each of them with gsnap_restore too.",
+        ),
         Some(pg_sys::RELKIND_PARTITIONED_TABLE) => {
             crate::read::partitioned::require_gsnap_partitions(relid)
         }
@@ -234,6 +238,7 @@ fn restore(
     }
     // The caller's condition, as SQL over the table's columns (evaluated as the caller).
     let filter = condition.map(|c| format!("coalesce(({c}), false)"));
+    let _quiet = crate::read::partitioned::QuietInheritance::new();
     Spi::connect_mut(|client| {
         let table = Table::read(client, relid);
         match into_table {
