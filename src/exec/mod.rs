@@ -73,7 +73,12 @@ impl ScanTable {
         // SAFETY: the private list of one of our plan nodes, which ScanPlan encoded.
         let plan = unsafe { ScanPlan::decode(cscan.custom_private) };
         require_gsnap_database();
-        require_column_access(plan.relid, plan.columns.as_deref(), plan.rls_user);
+        require_column_access(
+            plan.relid,
+            plan.columns.as_deref(),
+            plan.rls_user,
+            plan.check_as,
+        );
         let rel = OpenRelation::open(plan.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
             .unwrap_or_else(|| {
                 error(

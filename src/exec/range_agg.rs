@@ -15,6 +15,7 @@ use super::ScanTable;
 use crate::error::error;
 use crate::ffi::tuple::{self, row_type_copy};
 use crate::ffi::{expr, list};
+use crate::plan::nodes::ScanPlan;
 use crate::plan::AggKind;
 use crate::read::range::RangeCursor;
 use crate::read::versions::VersionsCursor;
@@ -75,12 +76,12 @@ impl ScanNode for RangeAggScan {
     ) -> RangeAggScan {
         // SAFETY: the trait's contract: our node, whose plan is a "gsnap range aggregate"
         // CustomScan (plan/aggregates.rs): custom_exprs from, to, the row filter, the
-        // arguments; custom_private ends with the kinds.
+        // arguments; custom_private is a ScanPlan's list followed by the kinds.
         unsafe {
             let cscan = node::plan_of(css);
             let filter = row_filter_of(cscan);
             let args = list::nth::<pg_sys::List>(cscan.custom_exprs, 3);
-            let kinds = list::nth::<pg_sys::List>(cscan.custom_private, 5);
+            let kinds = list::nth::<pg_sys::List>(cscan.custom_private, ScanPlan::LEN);
             let ps = &mut (*css).ss.ps;
             let aggregates = (0..list::len(kinds))
                 .map(|i| {

@@ -219,13 +219,15 @@ unsafe fn aggregate_path(
         }
         // Row-level security: the range scan below applies the policies to each row; the
         // aggregate node has no place for them.
-        let rls = pg_sys::check_enable_rls(plan.relid, pg_sys::InvalidOid, true);
+        let check_as = super::security::check_as_user(root, (*input_rel).relid as i32);
+        let rls = pg_sys::check_enable_rls(plan.relid, check_as, true);
         if rls != pg_sys::CheckEnableRlsResult::RLS_NONE as i32 {
             return None;
         }
         // Likewise a role with grants on some columns only: the range scan checks the
         // columns the query reads; the aggregate node would need them all.
-        let select = pg_sys::pg_class_aclcheck(plan.relid, pg_sys::GetUserId(), pg_sys::ACL_SELECT);
+        let user = crate::sql::access::effective_user(check_as);
+        let select = pg_sys::pg_class_aclcheck(plan.relid, user, pg_sys::ACL_SELECT);
         if select != pg_sys::AclResult::ACLCHECK_OK {
             return None;
         }
@@ -283,6 +285,7 @@ unsafe fn aggregate_path(
             .collect();
         private.push(list_of(&args).cast());
         private.push(int_node(rti as i32));
+        private.push(int_node(check_as.to_u32() as i32));
         // Cheaper than aggregating the range's rows: about the versions, a tenth of them.
         let cost = (*range).path.total_cost * 0.1;
         Some(new_path(
@@ -306,6 +309,9 @@ struct AggregatePlan {
     aggrefs: *mut pg_sys::List,
     args: *mut pg_sys::List,
     rti: i32,
+    /// The role whose privileges the scan checks (a view's owner; InvalidOid: the current
+    /// user), as in `ScanPlan`.
+    check_as: pg_sys::Oid,
 }
 
 impl AggregatePlan {
@@ -325,6 +331,7 @@ impl AggregatePlan {
                 aggrefs: list::nth(private, 6),
                 args: list::nth(private, 7),
                 rti: list::int_at(private, 8),
+                check_as: pg_sys::Oid::from(list::int_at(private, 9) as u32),
             }
         }
     }
@@ -365,6 +372,7 @@ pub(super) unsafe fn plan_aggregate(
         signature: row_type_signature(&table),
         columns: None,
         rls_user: pg_sys::InvalidOid,
+        check_as: plan.check_as,
     };
     // SAFETY: appending to the list just made, in the current memory context.
     let private = unsafe { pg_sys::lappend(scan_plan.encode(), plan.kinds.cast()) };

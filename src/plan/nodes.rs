@@ -138,12 +138,19 @@ pub struct ScanPlan {
     /// The role whose row-level security policies the scan's conditions apply (InvalidOid:
     /// none were applied).
     pub rls_user: pg_sys::Oid,
+    /// The role whose privileges the scan checks: the owner of the view the scan comes from
+    /// (its range-table entry's `checkAsUser`, as PostgreSQL checks the tables a view reads);
+    /// InvalidOid: the current user when it runs.
+    pub check_as: pg_sys::Oid,
 }
 
 impl ScanPlan {
+    /// The length of the list [`ScanPlan::encode`] makes (a node may append its own items).
+    pub const LEN: usize = 6;
+
     /// Encodes the private list (in the current memory context): the table, the kind, the
     /// signature, the columns as a list (0 first: all columns; 1 first: those after it), then
-    /// the role whose policies were applied.
+    /// the role whose policies were applied and the role whose privileges are checked.
     pub fn encode(&self) -> *mut pg_sys::List {
         let columns: Vec<_> = match &self.columns {
             None => vec![int_node(0)],
@@ -151,13 +158,15 @@ impl ScanPlan {
                 .chain(c.iter().map(|&a| int_node(i32::from(a))))
                 .collect(),
         };
-        list_of(&[
+        let items: [*mut c_void; ScanPlan::LEN] = [
             int_node(self.relid.to_u32() as i32),
             int_node(self.kind as i32),
             self.signature.cast(),
             list_of(&columns).cast(),
             int_node(self.rls_user.to_u32() as i32),
-        ])
+            int_node(self.check_as.to_u32() as i32),
+        ];
+        list_of(&items)
     }
 
     /// Decodes a private list made by [`ScanPlan::encode`].
@@ -178,6 +187,7 @@ impl ScanPlan {
                 signature: list::nth(private, 2),
                 columns: (list::int_at(columns, 0) == 1).then_some(listed),
                 rls_user: pg_sys::Oid::from(list::int_at(private, 4) as u32),
+                check_as: pg_sys::Oid::from(list::int_at(private, 5) as u32),
             }
         }
     }
@@ -533,8 +543,12 @@ unsafe extern "C-unwind" fn plan_path(
     // The row-level security policies that apply to the user come first among the scan's
     // conditions, so that the query's own (which may leak what they see) only see the rows
     // the policies let through (`security.rs`).
+    // Privileges and policies are those of the view's owner when the scan comes from a view
+    // (PostgreSQL's rule for the tables a view reads), else of the current user.
     // SAFETY: the planner's state; the scan's range-table index.
-    let (policies, rls_user) = unsafe { security::quals(root, path.relid, rti) }
+    let check_as = unsafe { security::check_as_user(root, rti) };
+    // SAFETY: the planner's state; the scan's range-table index.
+    let (policies, rls_user) = unsafe { security::quals(root, path.relid, rti, check_as) }
         .unwrap_or((std::ptr::null_mut(), pg_sys::InvalidOid));
     // The columns the query reads, for the privilege check (None: all of them).
     let columns: Option<Vec<i16>>;
@@ -592,6 +606,7 @@ unsafe extern "C-unwind" fn plan_path(
             signature: row_type_signature(&table),
             columns,
             rls_user,
+            check_as,
         }
         .encode(),
         custom_scan_tlist: scan_tlist,

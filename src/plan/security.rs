@@ -18,7 +18,7 @@ use pgrx::PgSqlErrorCode;
 use std::ffi::c_void;
 
 /// The conditions of the row-level security policies of table `relid` that apply to the
-/// current user in a SELECT (PostgreSQL's own `get_row_security_policies`, as the rewriter
+/// current user (`check_as`, the owner of a view, if set) in a SELECT (PostgreSQL's own `get_row_security_policies`, as the rewriter
 /// adds them to a query of the live table), over range-table entry `rti` (the scan returns
 /// the table's row type: its attribute numbers are the table's), and that user; None if row
 /// security does not apply. A cached plan depends on the role whenever the table has row
@@ -31,10 +31,11 @@ pub(super) unsafe fn quals(
     root: *mut pg_sys::PlannerInfo,
     relid: pg_sys::Oid,
     rti: i32,
+    check_as: pg_sys::Oid,
 ) -> Option<(*mut pg_sys::List, pg_sys::Oid)> {
     // SAFETY: a catalog lookup; raises PostgreSQL's own ERROR when row_security is off and
     // policies would apply.
-    let status = unsafe { pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) };
+    let status = unsafe { pg_sys::check_enable_rls(relid, check_as, false) };
     if status == pg_sys::CheckEnableRlsResult::RLS_NONE as i32 {
         return None;
     }
@@ -56,6 +57,7 @@ pub(super) unsafe fn quals(
         (*rte).relid = relid;
         (*rte).relkind = pg_sys::RELKIND_RELATION as std::ffi::c_char;
         (*rte).requiredPerms = pg_sys::ACL_SELECT as pg_sys::AclMode;
+        (*rte).checkAsUser = check_as;
         (query, rte)
     };
     let mut quals: *mut pg_sys::List = std::ptr::null_mut();
@@ -87,8 +89,18 @@ pub(super) unsafe fn quals(
     }
     // SAFETY: the policies' expressions, copies made for this query.
     unsafe { pg_sys::fix_opfuncids(quals.cast()) };
-    // SAFETY: the current user's id.
-    Some((quals, unsafe { pg_sys::GetUserId() }))
+    Some((quals, crate::sql::access::effective_user(check_as)))
+}
+
+/// The role a scan of range-table entry `rti` checks privileges and policies as: the entry's
+/// `checkAsUser`, which PostgreSQL sets to a view's owner on every entry of the view's query
+/// (unless the view is `security_invoker`); InvalidOid: the current user.
+///
+/// # Safety
+/// The planner's state, during planning; `rti` is an entry of its query.
+pub(super) unsafe fn check_as_user(root: *mut pg_sys::PlannerInfo, rti: i32) -> pg_sys::Oid {
+    // SAFETY: the caller's promise: the planner's array of range-table entries.
+    unsafe { (**(*root).simple_rte_array.add(rti as usize)).checkAsUser }
 }
 
 /// What [`over_rec`] rewrites: Vars of range-table entry `rti` into fields of its column

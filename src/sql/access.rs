@@ -43,7 +43,7 @@ pub fn require_gsnap_database() {
 
 /// Raises an ERROR unless the current user may read all of `relid` now.
 pub fn require_read_access(relid: pg_sys::Oid) {
-    require_column_access(relid, None, pg_sys::InvalidOid);
+    require_column_access(relid, None, pg_sys::InvalidOid, pg_sys::InvalidOid);
 }
 
 /// Raises an ERROR unless the current user may read the columns `columns` of `relid` now
@@ -51,10 +51,18 @@ pub fn require_read_access(relid: pg_sys::Oid) {
 /// query of the live table: SELECT on the table, or on each of those columns. Row-level
 /// security that applies to the user is refused unless `rls_user` is the user: the scan
 /// applies that user's policies (`plan::nodes`).
-pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>, rls_user: pg_sys::Oid) {
+///
+/// `check_as` is the role to check instead of the current user (the owner of the view a scan
+/// comes from, as PostgreSQL checks the tables a view reads as its owner); InvalidOid: the
+/// current user.
+pub fn require_column_access(
+    relid: pg_sys::Oid,
+    columns: Option<&[i16]>,
+    rls_user: pg_sys::Oid,
+    check_as: pg_sys::Oid,
+) {
     use pg_sys::AclResult::ACLCHECK_OK;
-    // SAFETY: the current user's id, set for every session.
-    let user = unsafe { pg_sys::GetUserId() };
+    let user = effective_user(check_as);
     // SAFETY: a privilege check by OIDs in the catalog.
     let table_ok =
         unsafe { pg_sys::pg_class_aclcheck(relid, user, pg_sys::ACL_SELECT) } == ACLCHECK_OK;
@@ -101,7 +109,7 @@ pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>, rls_us
         .raise();
     }
     // SAFETY: whether row-level security applies to the current user, by OID in the catalog.
-    let rls = unsafe { pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) };
+    let rls = unsafe { pg_sys::check_enable_rls(relid, check_as, false) };
     if rls == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 && rls_user != user {
         error(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -120,5 +128,16 @@ pub fn require_column_access(relid: pg_sys::Oid, columns: Option<&[i16]>, rls_us
              with BYPASSRLS, can read all of its snapshots.",
         )
         .raise();
+    }
+}
+
+/// The role whose privileges are checked: `check_as` (a range-table entry's `checkAsUser`)
+/// if set, else the current user, as PostgreSQL's executor chooses.
+pub fn effective_user(check_as: pg_sys::Oid) -> pg_sys::Oid {
+    if check_as == pg_sys::InvalidOid {
+        // SAFETY: the current user's id, set for every session.
+        unsafe { pg_sys::GetUserId() }
+    } else {
+        check_as
     }
 }
