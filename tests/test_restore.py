@@ -192,16 +192,16 @@ def test_a_restore_that_may_take_a_snapshot_reads_only_what_changed(cluster, con
     assert restore(conn, f"'rfast', {snap}")[1] == sum(1 for r in want.elements() if r[0] % 4 == 0)
     assert not any("took snapshot" in n for n in notices), notices
     assert rows(conn, "SELECT id, v, pad FROM rfast") == want
-    # a column added since the snapshot (without a rewrite: the pages do not change) reads as
-    # NULL at the snapshot: the diff of two snapshots would not see it, the whole table is
-    # compared, and every row gets NULL there
+    # a column added since the snapshot (without a rewrite: the pages do not change) has no
+    # value at the snapshot: the diff of two snapshots would not see it, the whole table is
+    # compared on the snapshot's columns, and the rows keep their value of it
     snap = snapshot(conn)
     conn.execute("ALTER TABLE rfast ADD COLUMN w int DEFAULT 5")
     conn.execute("UPDATE rfast SET v = v + 1 WHERE id = 1")
     notices.clear()
-    restore(conn, f"'rfast', {snap}")
+    assert restore(conn, f"'rfast', {snap}") == (0, 1, 0)
     assert any("took snapshot" in n and "compared the whole table" in n for n in notices), notices
-    assert conn.execute("SELECT count(*) FROM rfast WHERE w IS NOT NULL").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM rfast WHERE w IS DISTINCT FROM 5").fetchone()[0] == 0
     assert rows(conn, "SELECT id, v, pad FROM rfast") == want
 
 
@@ -658,3 +658,90 @@ def test_a_table_whose_columns_are_all_key_or_generated_is_restored(conn):
     conn.execute("INSERT INTO rkg VALUES (31)")
     assert restore(conn, f"'rkg', {snap}") == (1, 0, 2)
     assert rows(conn, "SELECT id, g FROM rkg") == rows(conn, "SELECT g, g * 2 FROM generate_series(1, 30) g")
+
+
+def test_columns_added_since_the_snapshot_keep_their_values_or_take_their_defaults(cluster, conn):
+    """The undone deploy: a migration added columns (NOT NULL with a default, a default, an
+    identity key) and then changed rows. The snapshot has no value for those columns, so the
+    restore compares and writes the columns it has: a row updated back keeps its value of an
+    added column, a row put back takes the column's default, a row that differs only there is
+    left alone, and a second restore changes nothing. A NOTICE names the columns."""
+    notices = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+    conn.execute("CREATE TABLE rdeploy (id int PRIMARY KEY, name text, price int) USING gsnap")
+    conn.execute("INSERT INTO rdeploy SELECT g, 'n' || g, g FROM generate_series(1, 100) g")
+    snap = snapshot(conn)
+    conn.execute("ALTER TABLE rdeploy ADD COLUMN active bool NOT NULL DEFAULT true")
+    conn.execute("ALTER TABLE rdeploy ADD COLUMN note text DEFAULT 'migrated'")
+    conn.execute("UPDATE rdeploy SET price = price * 100, active = false WHERE id % 10 = 0")
+    conn.execute("UPDATE rdeploy SET note = 'only this changed' WHERE id = 7")
+    conn.execute("DELETE FROM rdeploy WHERE id > 95")
+    conn.execute("INSERT INTO rdeploy VALUES (200, 'new', 1, false, 'x')")
+    before = {r[0]: r for r in conn.execute("SELECT * FROM rdeploy")}
+    assert restore(conn, f"'rdeploy', {snap}") == (1, 9, 5)
+    assert any("columns active, note were added to public.rdeploy after snapshot" in n for n in notices), notices
+    # The snapshot's columns are the snapshot's rows.
+    assert rows(conn, "SELECT id, name, price FROM rdeploy") == \
+        rows(conn, f"SELECT id, name, price FROM gsnap_asof(NULL::rdeploy, {snap})")
+    after = {r[0]: r for r in conn.execute("SELECT * FROM rdeploy")}
+    for i in range(1, 96):  # kept or updated back: the added columns as they were
+        assert after[i][3:] == before[i][3:], i
+    for i in range(96, 101):  # put back: the defaults
+        assert after[i][3:] == (True, "migrated"), i
+    assert after[7][4] == "only this changed"
+    assert restore(conn, f"'rdeploy', {snap}") == (0, 0, 0)
+    # The same through a condition, and into a new table (NOT NULL kept by LIKE: the default).
+    conn.execute("UPDATE rdeploy SET name = 'again', active = false WHERE id IN (1, 2)")
+    assert restore(conn, f"'rdeploy', {snap}, condition => 'id = 1'") == (0, 1, 0)
+    assert conn.execute("SELECT id, name, active FROM rdeploy WHERE id IN (1, 2) ORDER BY 1").fetchall() == \
+        [(1, "n1", False), (2, "again", False)]
+    assert restore(conn, f"'rdeploy', {snap}, into_table => 'rdeploy_copy'") == (0, 0, 100)
+    assert conn.execute("SELECT count(*) FILTER (WHERE active AND note = 'migrated') FROM rdeploy_copy").fetchone()[0] == 100
+    # A column dropped and added again under the same name is a new column (a new attribute).
+    snap2 = snapshot(conn)
+    conn.execute("ALTER TABLE rdeploy DROP COLUMN name")
+    conn.execute("ALTER TABLE rdeploy ADD COLUMN name text DEFAULT 'fresh'")
+    conn.execute("DELETE FROM rdeploy WHERE id = 3")
+    notices.clear()
+    assert restore(conn, f"'rdeploy', {snap2}") == (0, 0, 1)
+    assert any("column name was added" in n for n in notices), notices
+    assert conn.execute("SELECT name FROM rdeploy WHERE id = 3").fetchone()[0] == "fresh"
+    # A NOT NULL column without a default: a row put back is PostgreSQL's own error, named.
+    conn.execute("ALTER TABLE rdeploy ADD COLUMN required int")
+    conn.execute("UPDATE rdeploy SET required = 1")
+    conn.execute("ALTER TABLE rdeploy ALTER COLUMN required SET NOT NULL")
+    conn.execute("DELETE FROM rdeploy WHERE id = 4")
+    with pytest.raises(psycopg.errors.NotNullViolation) as e:
+        restore(conn, f"'rdeploy', {snap2}")
+    assert "required" in str(e.value)
+    # No key at the snapshot, an identity key added since: rows are matched by the
+    # snapshot's columns (as multisets), and the rows put back get new key values.
+    conn.execute("CREATE TABLE rnokey (a int, b text) USING gsnap")
+    conn.execute("INSERT INTO rnokey VALUES (1, 'x'), (1, 'x'), (2, 'y'), (3, 'z')")
+    snap3 = snapshot(conn)
+    conn.execute("ALTER TABLE rnokey ADD COLUMN id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
+    conn.execute("DELETE FROM rnokey WHERE b = 'y'")
+    conn.execute("UPDATE rnokey SET b = 'changed' WHERE id = 1")
+    kept = conn.execute("SELECT id FROM rnokey WHERE a = 3").fetchone()[0]
+    assert restore(conn, f"'rnokey', {snap3}") == (1, 0, 2)
+    assert rows(conn, "SELECT a, b FROM rnokey") == rows(conn, f"SELECT a, b FROM gsnap_asof(NULL::rnokey, {snap3})")
+    assert conn.execute("SELECT id FROM rnokey WHERE a = 3").fetchone()[0] == kept
+    assert conn.execute("SELECT count(DISTINCT id) FROM rnokey").fetchone()[0] == 4
+
+
+def test_a_partitioned_table_with_a_column_added_since_keeps_it(conn):
+    """The same for a partitioned table: a column added to it since the snapshot is in no
+    partition's recorded columns."""
+    conn.execute("CREATE TABLE rpadd (id int, region text, v int, PRIMARY KEY (id, region)) "
+                 "PARTITION BY LIST (region)")
+    conn.execute("CREATE TABLE rpadd_eu PARTITION OF rpadd FOR VALUES IN ('eu') USING gsnap")
+    conn.execute("CREATE TABLE rpadd_us PARTITION OF rpadd FOR VALUES IN ('us') USING gsnap")
+    conn.execute("INSERT INTO rpadd SELECT g, (ARRAY['eu','us'])[1 + g % 2], g FROM generate_series(1, 60) g")
+    snap = snapshot(conn)
+    conn.execute("ALTER TABLE rpadd ADD COLUMN flag int NOT NULL DEFAULT 7")
+    conn.execute("UPDATE rpadd SET v = -v, flag = 8 WHERE id % 6 = 0")
+    conn.execute("DELETE FROM rpadd WHERE id IN (1, 2)")
+    assert restore(conn, f"'rpadd', {snap}") == (0, 10, 2)
+    assert rows(conn, "SELECT id, region, v FROM rpadd") == \
+        rows(conn, f"SELECT id, region, v FROM gsnap_asof(NULL::rpadd, {snap})")
+    assert rows(conn, "SELECT flag, count(*) FROM rpadd GROUP BY 1") == Counter({(7, 50): 1, (8, 10): 1})

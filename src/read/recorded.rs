@@ -13,6 +13,19 @@ pub fn at(snap: u64, relid: u32) -> TableAtSnapshot {
     table::at(snap, pg_sys::Oid::from(relid))
 }
 
+/// The attribute numbers of the columns table `relid` had at snapshot `snap` (dropped ones
+/// left out); None if the snapshot does not hold it.
+pub fn columns_at(snap: u64, relid: u32) -> Option<Vec<i16>> {
+    table::held_by(snap, pg_sys::Oid::from(relid)).map(|t| {
+        t.row_type
+            .attributes
+            .iter()
+            .filter(|a| !a.dropped)
+            .map(|a| a.attnum)
+            .collect()
+    })
+}
+
 /// The rows of a recorded table.
 pub struct RecordedRows {
     rows: AsofRows,

@@ -28,7 +28,10 @@
 //!    multiset (duplicates count). The diff is written with the memory of a maintenance
 //!    operation (`work_mem` raised to `maintenance_work_mem` for that statement). Contents
 //!    are compared byte for byte (the record image operator `*=`, or `record_send` where a
-//!    hash is needed), the way REFRESH MATERIALIZED VIEW CONCURRENTLY compares rows by image;
+//!    hash is needed), the way REFRESH MATERIALIZED VIEW CONCURRENTLY compares rows by image,
+//!    on the columns the snapshot has: a column added since has no value there, so it is
+//!    neither compared nor written (a row put back takes its default, a row updated keeps
+//!    its value; [`Table::mark_added_since`]);
 //! 4. DELETE, then UPDATE, then INSERT, each one statement by row identity (ctid: a TID scan
 //!    reads only the rows that change), so that a unique value moving from one row to another
 //!    is free before it is taken again;
@@ -100,10 +103,15 @@ fn gsnap_restore_time(
 struct Column {
     /// Quoted for SQL.
     name: String,
+    attnum: i16,
     /// GENERATED ALWAYS AS (...) STORED: computed, never written.
     generated: bool,
     /// In the primary key.
     key: bool,
+    /// Added since the snapshot restored (it has no value there): not compared, not
+    /// written; a row put back takes its default, a row updated keeps its value
+    /// ([`Table::mark_added_since`]).
+    added: bool,
 }
 
 /// What the statements need to know of the table.
@@ -138,7 +146,7 @@ impl Table {
         let mut columns = Vec::new();
         for row in spi(client.select(
             "SELECT quote_ident(a.attname), a.attgenerated <> '', \
-             coalesce(a.attnum = ANY(i.indkey::int2[]), false) \
+             coalesce(a.attnum = ANY(i.indkey::int2[]), false), a.attnum \
              FROM pg_attribute a \
              LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary \
              WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped \
@@ -150,6 +158,8 @@ impl Table {
                 name: spi(row.get(1)).unwrap_or_default(),
                 generated: spi(row.get(2)).unwrap_or(false),
                 key: spi(row.get(3)).unwrap_or(false),
+                attnum: spi(row.get(4)).unwrap_or_default(),
+                added: false,
             });
         }
         Table {
@@ -171,16 +181,81 @@ impl Table {
         }
     }
 
-    /// The columns a statement writes (not the generated ones), comma-separated, each
-    /// through `each`.
+    /// Marks the columns added since snapshot `snap`: those of the table now whose attribute
+    /// number no column had at the snapshot (in no partition, for a partitioned table), as
+    /// `gsnap_asof` reads them as NULL, and says so in a NOTICE (`in_place`: a restore of
+    /// the table, else a copy into a new one). Nothing is marked if the
+    /// snapshot does not hold the table (the restore's first read says so).
+    fn mark_added_since(&mut self, snap: u64, in_place: bool) {
+        let then: Vec<i16> = if self.partitioned {
+            crate::read::partitioned::leaves(snap, self.relid)
+                .iter()
+                .flat_map(|leaf| leaf.attnums.iter().copied())
+                .filter(|&a| a > 0)
+                .collect()
+        } else {
+            crate::read::recorded::columns_at(snap, self.relid.to_u32()).unwrap_or_default()
+        };
+        if then.is_empty() {
+            return;
+        }
+        let mut added = Vec::new();
+        for c in &mut self.columns {
+            c.added = !then.contains(&c.attnum);
+            if c.added {
+                added.push(c.name.as_str());
+            }
+        }
+        if !added.is_empty() {
+            let (what, whose) = match added.as_slice() {
+                [one] => (format!("column {one} was"), "its"),
+                _ => (format!("columns {} were", added.join(", ")), "their"),
+            };
+            crate::error::notice(format!(
+                "{what} added to {} after snapshot {snap}, which has no value for {}",
+                self.name,
+                if added.len() == 1 { "it" } else { "them" }
+            ))
+            .detail(if in_place {
+                format!(
+                    "The rows put back take {whose} default; the rows updated keep {whose} \
+                     value now."
+                )
+            } else {
+                format!("The rows copied take {whose} default.")
+            })
+            .send();
+        }
+    }
+
+    /// The columns a statement writes (not the generated ones, nor those added since the
+    /// snapshot), comma-separated, each through `each`.
     fn written(&self, each: impl Fn(&str) -> String) -> String {
         let names: Vec<String> = self
             .columns
             .iter()
-            .filter(|c| !c.generated)
+            .filter(|c| !c.generated && !c.added)
             .map(|c| each(&c.name))
             .collect();
         names.join(", ")
+    }
+
+    /// Whether a column was added since the snapshot.
+    fn any_added(&self) -> bool {
+        self.columns.iter().any(|c| c.added)
+    }
+
+    /// `ROW(...)::record` of the columns the snapshot has (those not added since), each
+    /// through `each`: what two rows are compared on when columns were added since. (The
+    /// cast keeps `ROW(..) op ROW(..)` from being a row-wise comparison, column by column.)
+    fn compared_row(&self, each: impl Fn(&str) -> String) -> String {
+        let names: Vec<String> = self
+            .columns
+            .iter()
+            .filter(|c| !c.added)
+            .map(|c| each(&c.name))
+            .collect();
+        format!("ROW({})::record", names.join(", "))
     }
 
     /// A condition over the primary key's columns: `each` of every key column, joined by
@@ -195,8 +270,11 @@ impl Table {
         terms.join(" AND ")
     }
 
+    /// Whether rows are matched by the primary key: the table has one, on columns the
+    /// snapshot has (a key on a column added since has no value there: rows are then
+    /// matched by their contents).
     fn has_key(&self) -> bool {
-        self.columns.iter().any(|c| c.key)
+        self.columns.iter().any(|c| c.key) && !self.columns.iter().any(|c| c.key && c.added)
     }
 }
 
@@ -240,7 +318,14 @@ fn restore(
     let filter = condition.map(|c| format!("coalesce(({c}), false)"));
     let _quiet = crate::read::partitioned::QuietInheritance::new();
     Spi::connect_mut(|client| {
-        let table = Table::read(client, relid);
+        let mut table = Table::read(client, relid);
+        // The privileges first: what the snapshot held is read to find the columns added
+        // since.
+        match into_table {
+            Some(_) => crate::sql::access::require_read_access(relid),
+            None => require_privileges(relid),
+        }
+        table.mark_added_since(snap as u64, into_table.is_none());
         match into_table {
             Some(target) => (0, 0, copy_into(client, &table, snap, filter, target)),
             None => restore_in_place(client, &table, snap, filter, triggers),
@@ -371,7 +456,6 @@ fn restore_in_place(
     filter: Option<String>,
     triggers: bool,
 ) -> Counts {
-    require_privileges(table.relid);
     // Whether a snapshot may be taken is decided before the lock (which assigns the
     // transaction an id); it is taken after.
     let may_snapshot = may_take_snapshot(client, table, snap);
@@ -485,7 +569,7 @@ fn restore_in_place(
     let set: Vec<&Column> = table
         .columns
         .iter()
-        .filter(|c| !c.generated && !c.key)
+        .filter(|c| !c.generated && !c.key && !c.added)
         .collect();
     let mut updated = 0;
     let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
@@ -602,8 +686,17 @@ fn diff_by_key(table: &Table, m: &str) -> String {
          SELECT CASE WHEN l.tid IS NULL THEN 'i' WHEN o.here IS NULL THEN 'd' ELSE 'u' END AS op, \
          l.tid, l.toid, o.r FROM o FULL JOIN l ON {} \
          WHERE (coalesce(o.m, false) OR coalesce(l.m, false)) \
-         AND (l.tid IS NULL OR o.here IS NULL OR NOT o.r OPERATOR(pg_catalog.*=) l.r)",
-        table.key_equal(|c| format!("(o.r).{c} = (l.r).{c}"))
+         AND (l.tid IS NULL OR o.here IS NULL OR NOT {same})",
+        table.key_equal(|c| format!("(o.r).{c} = (l.r).{c}")),
+        same = if table.any_added() {
+            format!(
+                "{} OPERATOR(pg_catalog.*=) {}",
+                table.compared_row(|c| format!("(o.r).{c}")),
+                table.compared_row(|c| format!("(l.r).{c}"))
+            )
+        } else {
+            "o.r OPERATOR(pg_catalog.*=) l.r".to_string()
+        }
     )
 }
 
@@ -777,12 +870,21 @@ fn diff_whole_by_key(table: &Table, diff: &DiffTable) -> String {
         "SELECT CASE WHEN l.tid IS NULL THEN 'i' ELSE 'u' END AS {op}, l.tid AS {tid}, \
          l.toid AS {toid}, {columns} FROM gsnap_asof(NULL::{t}, $1) o \
          LEFT JOIN (SELECT x AS r, x.ctid AS tid, x.tableoid AS toid FROM {only} {t} x) l ON {on} \
-         WHERE l.tid IS NULL OR NOT ROW({columns})::{t} OPERATOR(pg_catalog.*=) l.r",
+         WHERE l.tid IS NULL OR NOT {same}",
         op = diff.op,
         tid = diff.tid,
         toid = diff.toid,
         columns = all.join(", "),
-        on = table.key_equal(|c| format!("o.{c} = (l.r).{c}"))
+        on = table.key_equal(|c| format!("o.{c} = (l.r).{c}")),
+        same = if table.any_added() {
+            format!(
+                "{} OPERATOR(pg_catalog.*=) {}",
+                table.compared_row(|c| format!("o.{c}")),
+                table.compared_row(|c| format!("(l.r).{c}"))
+            )
+        } else {
+            format!("ROW({})::{t} OPERATOR(pg_catalog.*=) l.r", all.join(", "))
+        }
     )
 }
 
@@ -915,12 +1017,21 @@ fn same_key_at(client: &SpiClient<'_>, table: &Table, snap: i64) -> bool {
 fn diff_by_content(table: &Table, filter: Option<&str>) -> String {
     let (t, only) = (&table.name, table.only());
     let m = filter.unwrap_or("true");
+    // Rows are compared on the columns the snapshot has.
+    let (o_img, l_img) = if table.any_added() {
+        (
+            format!("record_send({})", table.compared_row(|c| format!("s.{c}"))),
+            format!("record_send({})", table.compared_row(|c| format!("x.{c}"))),
+        )
+    } else {
+        (format!("record_send(s::{t})"), "record_send(x)".to_string())
+    };
     format!(
         "WITH s AS (SELECT x.* FROM gsnap_asof(NULL::{t}, $1) x WHERE {m}), \
-         o AS (SELECT s::{t} AS r, record_send(s::{t}) AS img, \
-         row_number() OVER (PARTITION BY record_send(s::{t})) AS n FROM s), \
-         l AS (SELECT x.ctid AS tid, x.tableoid AS toid, record_send(x) AS img, \
-         row_number() OVER (PARTITION BY record_send(x)) AS n FROM {only} {t} x WHERE {m}) \
+         o AS (SELECT s::{t} AS r, {o_img} AS img, \
+         row_number() OVER (PARTITION BY {o_img}) AS n FROM s), \
+         l AS (SELECT x.ctid AS tid, x.tableoid AS toid, {l_img} AS img, \
+         row_number() OVER (PARTITION BY {l_img}) AS n FROM {only} {t} x WHERE {m}) \
          SELECT CASE WHEN l.tid IS NULL THEN 'i' ELSE 'd' END AS op, l.tid, l.toid, o.r \
          FROM o FULL JOIN l ON o.img = l.img AND o.n = l.n \
          WHERE o.img IS NULL OR l.img IS NULL"
