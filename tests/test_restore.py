@@ -697,6 +697,16 @@ def test_columns_added_since_the_snapshot_keep_their_values_or_take_their_defaul
         [(1, "n1", False), (2, "again", False)]
     assert restore(conn, f"'rdeploy', {snap}, into_table => 'rdeploy_copy'") == (0, 0, 100)
     assert conn.execute("SELECT count(*) FILTER (WHERE active AND note = 'migrated') FROM rdeploy_copy").fetchone()[0] == 100
+    # A column dropped since: its values are read back in the snapshot's columns (the
+    # README's recipe for a deploy that dropped one).
+    conn.execute("CREATE TABLE rdropped (id int PRIMARY KEY, note text, keep int) USING gsnap")
+    conn.execute("INSERT INTO rdropped SELECT g, 'note ' || g, g FROM generate_series(1, 20) g")
+    snap_d = snapshot(conn)
+    conn.execute("ALTER TABLE rdropped DROP COLUMN note")
+    conn.execute("ALTER TABLE rdropped ADD COLUMN note text")
+    conn.execute(f"UPDATE rdropped a SET note = o.note FROM gsnap_asof_dropped('public.rdropped', {snap_d}) "
+                 "AS o(id int, note text, keep int) WHERE a.id = o.id")
+    assert rows(conn, "SELECT id, note FROM rdropped") == rows(conn, "SELECT g, 'note ' || g FROM generate_series(1, 20) g")
     # A column dropped and added again under the same name is a new column (a new attribute).
     snap2 = snapshot(conn)
     conn.execute("ALTER TABLE rdeploy DROP COLUMN name")
