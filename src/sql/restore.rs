@@ -240,6 +240,26 @@ impl Table {
         names.join(", ")
     }
 
+    /// The condition that a snapshot row and a live row have the same contents, byte for
+    /// byte: `whole` (their whole rows compared) when the table has only the snapshot's
+    /// columns, else the snapshot's columns of each (`a`, `b`: a column of each side).
+    fn same_contents(
+        &self,
+        whole: String,
+        a: impl Fn(&str) -> String,
+        b: impl Fn(&str) -> String,
+    ) -> String {
+        if self.any_added() {
+            format!(
+                "{} OPERATOR(pg_catalog.*=) {}",
+                self.compared_row(a),
+                self.compared_row(b)
+            )
+        } else {
+            whole
+        }
+    }
+
     /// Whether a column was added since the snapshot.
     fn any_added(&self) -> bool {
         self.columns.iter().any(|c| c.added)
@@ -688,15 +708,11 @@ fn diff_by_key(table: &Table, m: &str) -> String {
          WHERE (coalesce(o.m, false) OR coalesce(l.m, false)) \
          AND (l.tid IS NULL OR o.here IS NULL OR NOT {same})",
         table.key_equal(|c| format!("(o.r).{c} = (l.r).{c}")),
-        same = if table.any_added() {
-            format!(
-                "{} OPERATOR(pg_catalog.*=) {}",
-                table.compared_row(|c| format!("(o.r).{c}")),
-                table.compared_row(|c| format!("(l.r).{c}"))
-            )
-        } else {
-            "o.r OPERATOR(pg_catalog.*=) l.r".to_string()
-        }
+        same = table.same_contents(
+            "o.r OPERATOR(pg_catalog.*=) l.r".to_string(),
+            |c| format!("(o.r).{c}"),
+            |c| format!("(l.r).{c}")
+        )
     )
 }
 
@@ -876,15 +892,11 @@ fn diff_whole_by_key(table: &Table, diff: &DiffTable) -> String {
         toid = diff.toid,
         columns = all.join(", "),
         on = table.key_equal(|c| format!("o.{c} = (l.r).{c}")),
-        same = if table.any_added() {
-            format!(
-                "{} OPERATOR(pg_catalog.*=) {}",
-                table.compared_row(|c| format!("o.{c}")),
-                table.compared_row(|c| format!("(l.r).{c}"))
-            )
-        } else {
-            format!("ROW({})::{t} OPERATOR(pg_catalog.*=) l.r", all.join(", "))
-        }
+        same = table.same_contents(
+            format!("ROW({})::{t} OPERATOR(pg_catalog.*=) l.r", all.join(", ")),
+            |c| format!("o.{c}"),
+            |c| format!("(l.r).{c}")
+        )
     )
 }
 
