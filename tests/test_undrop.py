@@ -369,3 +369,62 @@ def test_undrop_gives_the_table_its_storage_parameters_back(conn):
     assert options == (["fillfactor=50", "autovacuum_enabled=false"], ["autovacuum_enabled=false"])
     # Half-filled pages, as the table had (at the default fillfactor they would be half as many).
     assert abs(conn.execute("SELECT pg_relation_size('stored')").fetchone()[0] - size) <= 8192
+
+
+def test_a_table_made_again_under_the_name_points_at_the_one_the_snapshot_holds(conn):
+    """The engineer's deploy dropped the table and created it again (or renamed it and made
+    a new one): the snapshot follows tables, not names, so reading or restoring the new table
+    at the old snapshot is 42P01, and the error names the table the snapshot holds under
+    that name and how to read it; following the hint gives the rows."""
+    conn.execute("CREATE TABLE made_again (id int PRIMARY KEY, v text) USING gsnap")
+    conn.execute("CREATE TABLE \"made's\" (id int) USING gsnap")
+    conn.execute("CREATE TABLE renamed_away (id int) USING gsnap")
+    conn.execute("INSERT INTO made_again SELECT g, 'old' || g FROM generate_series(1, 50) g")
+    conn.execute("INSERT INTO renamed_away VALUES (7)")
+    s = snapshot(conn)
+    conn.execute("DROP TABLE made_again, \"made's\"")
+    conn.execute("CREATE TABLE made_again (id int PRIMARY KEY, v text) USING gsnap")
+    conn.execute("CREATE TABLE \"made's\" (id int) USING gsnap")
+    conn.execute("ALTER TABLE renamed_away RENAME TO renamed_now")
+    conn.execute("CREATE TABLE renamed_away (id int) USING gsnap")
+    for query in (f"SELECT * FROM gsnap_asof(NULL::made_again, {s})",
+                  f"SELECT * FROM gsnap_restore('made_again', {s})"):
+        with pytest.raises(psycopg.errors.UndefinedTable) as e:
+            conn.execute(query)
+        assert "dropped since" in e.value.diag.message_detail
+        hint = e.value.diag.message_hint
+        assert f"gsnap_asof_dropped('public.made_again', {s}) AS t(...)" in hint
+        assert f"gsnap_undrop('public.made_again', {s}, 'new_name')" in hint
+    # The hint's call, with the columns filled in, reads the dropped table's rows.
+    assert rows(conn, f"SELECT * FROM gsnap_asof_dropped('public.made_again', {s}) AS t(id int, v text)") == \
+        Counter((g, f"old{g}") for g in range(1, 51))
+    # A name that needs quoting is written as a literal SQL accepts.
+    with pytest.raises(psycopg.errors.UndefinedTable) as e:
+        conn.execute(f"SELECT * FROM gsnap_asof(NULL::\"made's\", {s})")
+    literal = e.value.diag.message_hint.split("gsnap_asof_dropped(")[1].split(f", {s})")[0]
+    assert conn.execute(f"SELECT count(*) FROM gsnap_asof_dropped({literal}, {s}) AS t(id int)").fetchone()[0] == 0
+    # Renamed: the table still exists, under its new name.
+    with pytest.raises(psycopg.errors.UndefinedTable) as e:
+        conn.execute(f"SELECT * FROM gsnap_asof(NULL::renamed_away, {s})")
+    assert "named public.renamed_now now" in e.value.diag.message_detail
+    assert f"gsnap_asof(NULL::public.renamed_now, {s})" in e.value.diag.message_hint
+    assert conn.execute(f"SELECT * FROM gsnap_asof(NULL::public.renamed_now, {s})").fetchall() == [(7,)]
+    # A table the snapshot never held under any table of its name: the plain error.
+    conn.execute("CREATE TABLE never_held (id int) USING gsnap")
+    with pytest.raises(psycopg.errors.UndefinedTable) as e:
+        conn.execute(f"SELECT * FROM gsnap_asof(NULL::never_held, {s})")
+    assert e.value.diag.message_detail is None and "gsnap_snapshot_tables" in e.value.diag.message_hint
+
+
+def test_a_time_before_the_first_snapshot_names_its_time_in_the_session_zone(conn):
+    first = conn.execute("SELECT min(snap_id) FROM gsnap_snapshots() WHERE state = 'committed'").fetchone()[0]
+    if first is None:
+        first = snapshot(conn)
+    conn.execute("CREATE TABLE timed (id int) USING gsnap")
+    for zone in ("UTC", "Asia/Kolkata"):
+        conn.execute(f"SET TimeZone = '{zone}'")
+        taken = conn.execute("SELECT taken_at::text FROM gsnap_snapshots() WHERE snap_id = %s", (first,)).fetchone()[0]
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+            conn.execute("SELECT * FROM gsnap_asof(NULL::timed, '1999-01-01'::timestamptz)")
+        assert e.value.diag.message_hint == f"The first readable snapshot, {first}, was taken at {taken}."
+    conn.execute("RESET TimeZone")

@@ -31,3 +31,13 @@ pub fn with_settings<R>(settings: &[(&CStr, &CStr)], f: impl FnOnce() -> R) -> R
     unsafe { pg_sys::AtEOXact_GUC(true, level) };
     r
 }
+
+/// A time given in microseconds since the Unix epoch, printed as PostgreSQL prints a
+/// `timestamptz` in ISO style in the session's `TimeZone`, for messages.
+pub fn timestamptz_text(unix_us: i64) -> String {
+    let pg_us = unix_us.saturating_sub(crate::worker::UNIX_TO_PG_EPOCH_US);
+    // SAFETY: formats into a static buffer of PostgreSQL's, copied at once.
+    unsafe {
+        super::catalog::string_from(pg_sys::timestamptz_to_str(pg_sys::TimestampTz::from(pg_us)))
+    }
+}

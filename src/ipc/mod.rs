@@ -272,9 +272,23 @@ pub fn scan_range(relid: u32, from: SnapId, to: SnapId) -> listing::ScanRange {
 
 /// The latest readable snapshot taken at or before `unix_us` (µs since the Unix epoch).
 pub fn resolve_time(unix_us: i64) -> SnapId {
-    match request(Request::ResolveTime { unix_us }) {
-        Reply::Resolved { snap } => snap,
-        reply => unexpected(Kind::ResolveTime, reply),
+    match request_checked(Request::ResolveTime { unix_us }) {
+        Ok(Reply::Resolved { snap }) => snap,
+        Ok(reply) => unexpected(Kind::ResolveTime, reply),
+        Err(mut e) => {
+            // The worker's hint names the first snapshot; its time is printed here, in the
+            // session's time zone and date style.
+            if e.code == ErrorCode::NoSnapshotAtTime {
+                if let Some(first) = snapshots().into_iter().find(|s| s.state.is_readable()) {
+                    e.hint = Some(format!(
+                        "The first readable snapshot, {}, was taken at {}.",
+                        first.id.0,
+                        crate::ffi::settings::timestamptz_text(first.taken_at_us)
+                    ));
+                }
+            }
+            raise(e)
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! which holds it is an ERROR.
 
 use crate::error::{self, error, not_in_snapshot};
-use crate::ffi::relation::relation_name;
+use crate::ffi::relation::{qualified_name, relation_name};
 use crate::ipc;
 use gsnap_format::rowtype::RowType;
 use gsnap_protocol::{ErrorCode, SnapId};
@@ -89,7 +89,48 @@ pub fn confirm_readable(snaps: &[u64], lease: u64) {
 
 /// What snapshot `snap` holds of `relid`, or the ERROR that it does not hold the table.
 pub fn at(snap: u64, relid: pg_sys::Oid) -> TableAtSnapshot {
-    held_by(snap, relid).unwrap_or_else(|| not_in_snapshot(&relation_name(relid), snap))
+    held_by(snap, relid).unwrap_or_else(|| not_held(snap, relid))
+}
+
+/// The ERROR that snapshot `snap` does not hold table `relid`. When the snapshot holds
+/// another table that had the same name then (the table was dropped and created again, or
+/// renamed and another made in its place), the ERROR says which and how to read it: the
+/// snapshot follows tables, not names.
+fn not_held(snap: u64, relid: pg_sys::Oid) -> ! {
+    let name = qualified_name(relid);
+    let earlier = name.as_ref().and_then(|n| {
+        ipc::snapshot_tables(SnapId(snap))
+            .into_iter()
+            .find(|t| &t.name == n && t.relid != relid.to_u32())
+    });
+    let (Some(name), Some(earlier)) = (name, earlier) else {
+        not_in_snapshot(&relation_name(relid), snap)
+    };
+    let e = error(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+        format!("table {name} is not in snapshot {snap}"),
+    );
+    let literal = name.replace('\'', "''");
+    match qualified_name(pg_sys::Oid::from(earlier.relid)) {
+        Some(now) => e
+            .detail(format!(
+                "Snapshot {snap} holds another table that was named {name} then and is \
+                 named {now} now."
+            ))
+            .hint(format!(
+                "Read it as gsnap_asof(NULL::{now}, {snap}), or restore it by that name."
+            )),
+        None => e
+            .detail(format!(
+                "Snapshot {snap} holds an earlier table named {name}, dropped since (OID {}).",
+                earlier.relid
+            ))
+            .hint(format!(
+                "Read its rows with gsnap_asof_dropped('{literal}', {snap}) AS t(...), or \
+                 recreate it with gsnap_undrop('{literal}', {snap}, 'new_name')."
+            )),
+    }
+    .raise()
 }
 
 /// The readable snapshots in `from..=to`, ascending; none is an ERROR.

@@ -368,8 +368,8 @@ fn resolve_time(store: &Store, time_us: i64) -> Result<SnapId, WorkerError> {
     );
     Err(match first {
         Some(f) => e.with_hint(format!(
-            "the first readable snapshot, {}, was taken at {} (Unix time in microseconds)",
-            f.id.0, f.decl.declared_at_us
+            "the first readable snapshot is {} (gsnap_snapshots() lists when each was taken)",
+            f.id.0
         )),
         None => e.with_hint("no readable snapshot exists yet; take one with gsnap_snapshot()"),
     })
