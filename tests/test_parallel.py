@@ -170,12 +170,20 @@ def test_a_parallel_as_of_scan_returns_each_row_of_its_snapshot_once(conn, dropp
     t = "par_drop" if dropped else "par_flat"
     make_table(conn, t, 60000, dropped)
     truths = {}
-    for _ in range(3):
-        truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
+    for i in range(3):
+        label = f"{t} #{i}"
+        snap = conn.execute("SELECT gsnap_snapshot(label => %s)", (label,)).fetchone()[0]
+        truths[snap] = rows(conn, f"SELECT id, v, note FROM {t}")
         change(conn, t, rng)
     parallel(conn)
     for snap, truth in truths.items():
         parallel_asof_matches(conn, t, snap, truth)
+    # the text form, by label and by id written as text: resolved once, in the leader
+    for i, (snap, truth) in enumerate(sorted(truths.items())):
+        for name in (f"{t} #{i}", str(snap)):
+            q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, '{name}')"
+            assert "Parallel Custom Scan (gsnap AS OF)" in plan(conn, q)
+            assert rows(conn, q) == truth, name
     # the time form resolves once, in the leader: the latest snapshot
     latest = max(truths)
     q = f"SELECT id, v, note FROM gsnap_asof(NULL::{t}, now())"

@@ -134,11 +134,19 @@ impl ScanTable {
     unsafe fn snapshot_argument(&self, css: *mut pg_sys::CustomScanState, i: usize) -> u64 {
         // SAFETY: the caller's promise: the argument was prepared in `begin` for this node,
         // whose expression context ExecInitCustomScan made.
-        let value = unsafe { expr::eval(self.args[i], (*css).ss.ps.ps_ExprContext) }
-            .map(|d| d.value() as i64);
+        let datum = unsafe { expr::eval(self.args[i], (*css).ss.ps.ps_ExprContext) };
+        if self.kind == ScanKind::AsofText {
+            let Some(d) = datum else {
+                null_argument("the snapshot of gsnap_asof")
+            };
+            // SAFETY: the argument of gsnap_asof(anyelement, text), a text datum.
+            let text = unsafe { crate::ffi::fcinfo::text_string(d) };
+            return crate::sql::asof::resolve_text(&text, "gsnap_asof");
+        }
+        let value = datum.map(|d| d.value() as i64);
         let what = match (self.kind, i) {
             (ScanKind::AsofId, _) => "the snapshot id of gsnap_asof",
-            (ScanKind::AsofTime, _) => "the time of gsnap_asof",
+            (ScanKind::AsofTime | ScanKind::AsofText, _) => "the time of gsnap_asof",
             (ScanKind::Range, 0) => "the first snapshot of gsnap_range",
             (ScanKind::Range, _) => "the last snapshot of gsnap_range",
             (ScanKind::Versions, 0) => "the first snapshot of gsnap_versions",

@@ -55,6 +55,14 @@ impl Call {
         self.arg(i).map(|d| d.value() as i64)
     }
 
+    /// Argument `i` as text (None for NULL).
+    pub fn arg_text(self, i: usize) -> Option<String> {
+        self.arg(i).map(|d| {
+            // SAFETY: the argument is a text datum (the function's signature says so).
+            unsafe { text_string(d) }
+        })
+    }
+
     /// The type of argument `i` as the call site resolved it (the table's row type for the
     /// readers' first argument).
     pub fn arg_type(self, i: usize) -> pg_sys::Oid {
@@ -111,4 +119,13 @@ impl ResultSet {
         // SAFETY: the caller's promise; the tuplestore copies the tuple.
         unsafe { pg_sys::tuplestore_puttuple(self.store, tuple) };
     }
+}
+
+/// The contents of a `text` datum (detoasted if need be).
+///
+/// # Safety
+/// `d` is a valid, non-NULL `text` datum.
+pub unsafe fn text_string(d: pg_sys::Datum) -> String {
+    // SAFETY: the caller's promise; text_to_cstring detoasts and copies into a palloc'd C string.
+    unsafe { super::catalog::string_from(pg_sys::text_to_cstring(d.cast_mut_ptr())) }
 }

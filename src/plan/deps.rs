@@ -47,6 +47,8 @@ pub enum Reader {
     AsofId,
     /// `gsnap_asof(anyelement, timestamptz)`.
     AsofTime,
+    /// `gsnap_asof(anyelement, text)`.
+    AsofText,
     /// `gsnap_range(anyelement, bigint, bigint)`.
     Range,
     /// `gsnap_diff(anyelement, bigint, bigint)`.
@@ -106,6 +108,10 @@ pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
         (
             crate::sql::asof::gsnap_asof_time as *const () as usize,
             Reader::AsofTime,
+        ),
+        (
+            crate::sql::asof::gsnap_asof_text as *const () as usize,
+            Reader::AsofText,
         ),
         (
             crate::sql::range::gsnap_range as *const () as usize,

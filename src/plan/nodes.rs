@@ -36,6 +36,8 @@ pub enum ScanKind {
     RangeAggregate = 4,
     /// `gsnap_diff(NULL::t, a, b)`.
     Diff = 5,
+    /// `gsnap_asof(NULL::t, text)`: a snapshot id, label or time written as text.
+    AsofText = 6,
 }
 
 impl ScanKind {
@@ -46,6 +48,7 @@ impl ScanKind {
             2 => ScanKind::Range,
             3 => ScanKind::Versions,
             4 => ScanKind::RangeAggregate,
+            6 => ScanKind::AsofText,
             _ => ScanKind::Diff,
         }
     }
@@ -72,7 +75,10 @@ impl ScanKind {
         match self {
             ScanKind::Range | ScanKind::Diff => Some(2),
             ScanKind::Versions => Some(3),
-            ScanKind::RangeAggregate | ScanKind::AsofId | ScanKind::AsofTime => None,
+            ScanKind::RangeAggregate
+            | ScanKind::AsofId
+            | ScanKind::AsofTime
+            | ScanKind::AsofText => None,
         }
     }
 
@@ -83,7 +89,7 @@ impl ScanKind {
             ScanKind::Range => c"gsnap range",
             ScanKind::Versions => c"gsnap versions",
             ScanKind::RangeAggregate => c"gsnap range aggregate",
-            ScanKind::AsofId | ScanKind::AsofTime => c"gsnap AS OF",
+            ScanKind::AsofId | ScanKind::AsofTime | ScanKind::AsofText => c"gsnap AS OF",
         }
     }
 }
@@ -258,7 +264,7 @@ fn methods(kind: ScanKind) -> &'static Methods {
         ScanKind::Versions => &VERSIONS_METHODS,
         ScanKind::RangeAggregate => &AGGREGATE_METHODS,
         ScanKind::Diff => &DIFF_METHODS,
-        ScanKind::AsofId | ScanKind::AsofTime => &ASOF_METHODS,
+        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::AsofText => &ASOF_METHODS,
     }
 }
 

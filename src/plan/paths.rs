@@ -34,6 +34,7 @@ fn scan_kind(funcid: pg_sys::Oid) -> Option<ScanKind> {
     match reader_kind(funcid)? {
         Reader::AsofId => Some(ScanKind::AsofId),
         Reader::AsofTime => Some(ScanKind::AsofTime),
+        Reader::AsofText => Some(ScanKind::AsofText),
         Reader::Range => Some(ScanKind::Range),
         Reader::Versions => Some(ScanKind::Versions),
         Reader::Diff => Some(ScanKind::Diff),
@@ -127,7 +128,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let per_table = match kind {
         ScanKind::Range | ScanKind::RangeAggregate => 10.0,
         ScanKind::Versions => 2.0,
-        ScanKind::AsofId | ScanKind::AsofTime => 1.0,
+        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::AsofText => 1.0,
         ScanKind::Diff => 0.1,
     };
     let partitioned = table.class().relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE;
@@ -141,7 +142,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     // pages its key map names (`keymap.rs`), when the snapshots have one.
     let by_key = matches!(
         kind,
-        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::Range | ScanKind::Versions
+        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::AsofText | ScanKind::Range | ScanKind::Versions
     ) && !partitioned
         // SAFETY: the open table, and the planner's conditions over the relation `rti`.
         && unsafe {
@@ -194,7 +195,11 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     // The aggregate node and the diff stay serial.
     let parallel_aware = matches!(
         kind,
-        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::Range | ScanKind::Versions
+        ScanKind::AsofId
+            | ScanKind::AsofTime
+            | ScanKind::AsofText
+            | ScanKind::Range
+            | ScanKind::Versions
     );
     if parallel_aware && parallel_safe && !by_key {
         // SAFETY: the planner's relation; `private` is a valid plan encoding.

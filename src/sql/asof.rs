@@ -7,7 +7,7 @@
 //! themselves) returning their rows in materialize mode.
 
 use super::{reader_table, snapshot_argument};
-use crate::error::null_argument;
+use crate::error::{error, null_argument};
 use crate::ffi::fcinfo::Call;
 use crate::ffi::relation::relation_kind;
 use crate::ipc;
@@ -17,6 +17,7 @@ use crate::v1_function_info;
 use crate::worker::UNIX_TO_PG_EPOCH_US;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
 
 /// A call of `gsnap_asof`: the table of its first argument read at the snapshot `snapshot`
 /// finds from the call, into the call's result set.
@@ -80,9 +81,95 @@ pub unsafe extern "C-unwind" fn gsnap_asof_time(fcinfo: pg_sys::FunctionCallInfo
     unsafe { asof(fcinfo, snapshot) }
 }
 
+v1_function_info!(pg_finfo_gsnap_asof_text);
+
+/// `gsnap_asof(anyelement, text)`: the snapshot named by an id, a label or a time
+/// ([`resolve_text`]).
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn gsnap_asof_text(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    let snapshot = |call: Call| {
+        let text = call.arg_text(1);
+        resolve_text(
+            &text.unwrap_or_else(|| null_argument("the snapshot of gsnap_asof")),
+            "gsnap_asof",
+        )
+    };
+    // SAFETY: PostgreSQL calls this with the call info of gsnap_asof(anyelement, text).
+    unsafe { asof(fcinfo, snapshot) }
+}
+
 /// The latest readable snapshot taken at or before `t` (a PostgreSQL timestamptz).
 pub fn resolve_time(t: pg_sys::TimestampTz) -> u64 {
     ipc::resolve_time(t.saturating_add(UNIX_TO_PG_EPOCH_US)).0
+}
+
+/// The words PostgreSQL's timestamptz input takes without a digit (`'yesterday'`).
+const TIME_WORDS: [&str; 7] = [
+    "now",
+    "today",
+    "tomorrow",
+    "yesterday",
+    "epoch",
+    "infinity",
+    "-infinity",
+];
+
+/// A snapshot written as text, as a DBA would name it: an id (`'42'`), a label given by
+/// `gsnap_snapshot(label => ...)` (`'before the deploy'`), or a time (`'2026-11-17 14:00'`,
+/// `'yesterday'`, read as a `timestamptz` in the session's zone: the latest snapshot taken
+/// at or before it), tried in that order. A label several readable snapshots share, or text
+/// that is none of these, is an ERROR saying so.
+pub fn resolve_text(text: &str, function: &str) -> u64 {
+    let trimmed = text.trim();
+    if let Ok(id) = trimmed.parse::<i64>() {
+        if id <= 0 {
+            crate::error::no_such_snapshot(id);
+        }
+        return id as u64;
+    }
+    let labelled: Vec<u64> = ipc::snapshots()
+        .into_iter()
+        .filter(|s| s.state.is_readable() && s.label.as_deref() == Some(text))
+        .map(|s| s.id.0)
+        .collect();
+    let forms = format!(
+        "{function} takes a snapshot id, a label (gsnap_snapshots() lists both), or a time \
+         ('2026-11-17 14:00')."
+    );
+    match labelled.as_slice() {
+        [one] => return *one,
+        [] => {}
+        many => {
+            let ids: Vec<String> = many.iter().map(u64::to_string).collect();
+            error(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!(
+                    "label '{text}' names {} snapshots: {}",
+                    many.len(),
+                    ids.join(", ")
+                ),
+            )
+            .hint("Give the snapshot's id.")
+            .raise()
+        }
+    }
+    let word = TIME_WORDS.contains(&trimmed.to_ascii_lowercase().as_str());
+    if !word && !trimmed.bytes().any(|b| b.is_ascii_digit()) {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("no readable snapshot is labelled '{text}'"),
+        )
+        .hint(forms)
+        .raise();
+    }
+    // PostgreSQL's own timestamptz input (its ERROR for text it cannot read).
+    let c = std::ffi::CString::new(trimmed).unwrap_or_default();
+    let (input, ioparam) = crate::ffi::catalog::input_function(pg_sys::TIMESTAMPTZOID);
+    // SAFETY: timestamptz's input function on a C string, with no type modifier; it returns
+    // a timestamptz by value or raises an ERROR.
+    let t = unsafe { pg_sys::OidInputFunctionCall(input, c.as_ptr().cast_mut(), ioparam, -1) };
+    resolve_time(t.value() as i64)
 }
 
 extension_sql!(
@@ -95,6 +182,10 @@ CREATE FUNCTION gsnap_asof(rel anyelement, taken_at timestamptz) RETURNS SETOF a
     AS 'MODULE_PATHNAME', 'gsnap_asof_time' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_asof(anyelement, timestamptz) IS
     'rows of a table as of the latest snapshot taken at or before a time';
+CREATE FUNCTION gsnap_asof(rel anyelement, snapshot text) RETURNS SETOF anyelement
+    AS 'MODULE_PATHNAME', 'gsnap_asof_text' LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION gsnap_asof(anyelement, text) IS
+    'rows of a table as of a snapshot written as text: its id, its label or a time';
 "#,
     name = "gsnap_asof",
     requires = ["gsnap_preload_check_call"],

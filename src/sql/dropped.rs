@@ -380,6 +380,19 @@ fn gsnap_undrop_time(
     undrop(table_name, snap, new_name)
 }
 
+/// [`gsnap_undrop`] of the snapshot written as text: its id, its label or a time
+/// (`sql::asof::resolve_text`).
+#[pg_extern(volatile, parallel_unsafe, name = "gsnap_undrop")]
+fn gsnap_undrop_text(
+    table_name: Option<&str>,
+    snapshot: Option<&str>,
+    new_name: default!(Option<&str>, "NULL"),
+) -> i64 {
+    let text = snapshot.unwrap_or_else(|| null_argument("the snapshot of gsnap_undrop"));
+    let snap = crate::sql::asof::resolve_text(text, "gsnap_undrop");
+    undrop(table_name, snap, new_name)
+}
+
 fn spi<T>(r: Result<T, pgrx::spi::SpiError>) -> T {
     super::spi_result("gsnap_undrop", r)
 }

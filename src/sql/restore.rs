@@ -99,6 +99,28 @@ fn gsnap_restore_time(
     TableIterator::once(restore(rel, snap as i64, condition, into_table, triggers))
 }
 
+/// [`gsnap_restore`] of the snapshot written as text: its id, its label or a time
+/// (`sql::asof::resolve_text`).
+#[pg_extern(volatile, parallel_unsafe, name = "gsnap_restore")]
+fn gsnap_restore_text(
+    rel: Option<RegClass>,
+    snapshot: Option<&str>,
+    condition: default!(Option<&str>, "NULL"),
+    into_table: default!(Option<&str>, "NULL"),
+    triggers: default!(Option<bool>, false),
+) -> TableIterator<
+    'static,
+    (
+        name!(deleted, i64),
+        name!(updated, i64),
+        name!(inserted, i64),
+    ),
+> {
+    let text = snapshot.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore"));
+    let snap = crate::sql::asof::resolve_text(text, "gsnap_restore");
+    TableIterator::once(restore(rel, snap as i64, condition, into_table, triggers))
+}
+
 /// A column of the restored table.
 struct Column {
     /// Quoted for SQL.
