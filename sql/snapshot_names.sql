@@ -46,3 +46,26 @@ SELECT gsnap_undrop('public.sn', 'sn before the deploy', 'sn_back');
 RESET client_min_messages;
 SELECT count(*) FILTER (WHERE v = 'bad') AS bad, count(*) FROM sn_back;
 DROP TABLE sn_back;
+
+-- ranges and diffs: bounds written as ids, labels or times (a range from a time starts at
+-- the first snapshot taken at or after it, and ends at the last taken at or before its end)
+CREATE TABLE sr (id int PRIMARY KEY, v int) USING gsnap;
+INSERT INTO sr SELECT g, g FROM generate_series(1, 100) g;
+SELECT gsnap_snapshot(label => 'sr month end') AS r1 \gset
+SELECT clock_timestamp() AS after_r1 \gset
+UPDATE sr SET v = v + 1 WHERE id <= 10;
+SELECT gsnap_snapshot() AS r2 \gset
+UPDATE sr SET v = v + 1 WHERE id <= 20;
+SELECT gsnap_snapshot(label => 'sr today') AS r3 \gset
+SELECT clock_timestamp() AS after_r3 \gset
+SELECT snap_id - :r1 AS n, count(*), sum((rec).v) FROM gsnap_range(NULL::sr, 'sr month end', 'sr today')
+GROUP BY 1 ORDER BY 1;
+SELECT snap_id - :r1 AS n, count(*) FROM gsnap_range(NULL::sr, :'after_r1', :'after_r3') GROUP BY 1 ORDER BY 1;
+SELECT snap_id - :r1 AS n, count(*) FROM gsnap_range(NULL::sr, :'r2', 'sr today') GROUP BY 1 ORDER BY 1;
+SELECT count(*) FROM gsnap_versions(NULL::sr, 'sr month end', :'after_r3');
+SELECT change, count(*) FROM gsnap_diff(NULL::sr, 'sr month end', 'sr today') GROUP BY 1 ORDER BY 1;
+SELECT count(*) FROM gsnap_diff_by_key(NULL::sr, 'sr month end', :'r2');
+SELECT count(*) FROM gsnap_diff_at(NULL::sr, :'r2', 'sr today');
+-- a range starting after the last snapshot
+SELECT sqlstate_of($$SELECT * FROM gsnap_range(NULL::sr, '2999-01-01', '2999-12-31')$$);
+DROP TABLE sr;

@@ -400,12 +400,12 @@ def test_errors_and_cancels_in_parallel_scans_leave_nothing_pinned(cluster, conn
     assert "terminated by signal" not in cluster.log()
 
 
-def range_rows(conn, t: str, first: int, last: int, where: str = "true") -> Counter:
+def range_rows(conn, t: str, first, last, where: str = "true") -> Counter:
     return rows(conn, f"SELECT snap_id, (rec).id, (rec).v, (rec).note "
                       f"FROM gsnap_range(NULL::{t}, {first}, {last}) WHERE {where}")
 
 
-def version_rows(conn, t: str, first: int, last: int, where: str = "true") -> Counter:
+def version_rows(conn, t: str, first, last, where: str = "true") -> Counter:
     return rows(conn, f"SELECT first_snap, last_snap, (rec).id, (rec).v, (rec).note "
                       f"FROM gsnap_versions(NULL::{t}, {first}, {last}) WHERE {where}")
 
@@ -467,6 +467,7 @@ def test_parallel_range_and_versions_hand_out_each_row_version_once(conn):
     t = "par_range"
     make_table(conn, t, 40000, False)
     truths = {}
+    began = conn.execute("SELECT clock_timestamp()::text").fetchone()[0]
     for i in range(5):
         truths[snapshot(conn)] = rows(conn, f"SELECT id, v, note FROM {t}")
         change(conn, t, rng)
@@ -474,8 +475,15 @@ def test_parallel_range_and_versions_hand_out_each_row_version_once(conn):
             conn.execute(f"VACUUM FULL {t}")
         if i == 2:
             conn.execute(f"ALTER TABLE {t} ADD COLUMN extra int DEFAULT 5")
+    ended = conn.execute("SELECT clock_timestamp()::text").fetchone()[0]
     first, last = min(truths), max(truths)
     expected, serial_versions = parallel_range_matches(conn, t, truths)
+    # the same range written as the times it was taken between (the text form, resolved
+    # once in the leader: from the first snapshot at or after the start)
+    p = plan(conn, f"SELECT * FROM gsnap_range(NULL::{t}, '{began}', '{ended}')")
+    assert "Parallel Custom Scan (gsnap range)" in p, p
+    assert range_rows(conn, t, f"'{began}'", f"'{ended}'") == expected
+    assert version_rows(conn, t, f"'{began}'", f"'{ended}'") == serial_versions
     # the Row Filter, checked once per version in each participant
     where = "(rec).v % 5 = 0"
     p = plan(conn, f"SELECT snap_id FROM gsnap_range(NULL::{t}, {first}, {last}) WHERE {where}")

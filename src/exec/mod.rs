@@ -135,18 +135,10 @@ impl ScanTable {
         // SAFETY: the caller's promise: the argument was prepared in `begin` for this node,
         // whose expression context ExecInitCustomScan made.
         let datum = unsafe { expr::eval(self.args[i], (*css).ss.ps.ps_ExprContext) };
-        if self.kind == ScanKind::AsofText {
-            let Some(d) = datum else {
-                null_argument("the snapshot of gsnap_asof")
-            };
-            // SAFETY: the argument of gsnap_asof(anyelement, text), a text datum.
-            let text = unsafe { crate::ffi::fcinfo::text_string(d) };
-            return crate::sql::asof::resolve_text(&text, "gsnap_asof");
-        }
-        let value = datum.map(|d| d.value() as i64);
         let what = match (self.kind, i) {
             (ScanKind::AsofId, _) => "the snapshot id of gsnap_asof",
-            (ScanKind::AsofTime | ScanKind::AsofText, _) => "the time of gsnap_asof",
+            (ScanKind::AsofTime, _) => "the time of gsnap_asof",
+            (ScanKind::AsofText, _) => "the snapshot of gsnap_asof",
             (ScanKind::Range, 0) => "the first snapshot of gsnap_range",
             (ScanKind::Range, _) => "the last snapshot of gsnap_range",
             (ScanKind::Versions, 0) => "the first snapshot of gsnap_versions",
@@ -156,9 +148,24 @@ impl ScanTable {
             (ScanKind::Diff, 0) => "the first snapshot of gsnap_diff",
             (ScanKind::Diff, _) => "the second snapshot of gsnap_diff",
         };
-        let Some(value) = value else {
+        let Some(datum) = datum else {
             null_argument(what)
         };
+        // The text forms: an id, a label or a time (a range's first snapshot taken at or
+        // after the time it starts at).
+        // SAFETY: the argument's state, prepared in `begin`, keeps its expression.
+        if unsafe { pg_sys::exprType((*self.args[i]).expr.cast()) } == pg_sys::TEXTOID {
+            use crate::sql::asof::Bound;
+            let bound = match (self.kind.over_a_range(), i) {
+                (true, 0) => Bound::From,
+                (true, _) => Bound::To,
+                (false, _) => Bound::At,
+            };
+            // SAFETY: a text datum (its expression's type says so).
+            let text = unsafe { crate::ffi::fcinfo::text_string(datum) };
+            return crate::sql::asof::resolve_text(&text, bound);
+        }
+        let value = datum.value() as i64;
         if self.kind == ScanKind::AsofTime {
             return crate::sql::asof::resolve_time(value);
         }

@@ -49,15 +49,15 @@ pub enum Reader {
     AsofTime,
     /// `gsnap_asof(anyelement, text)`.
     AsofText,
-    /// `gsnap_range(anyelement, bigint, bigint)`.
+    /// `gsnap_range(anyelement, bigint, bigint)`, and its `text` form (the same C function).
     Range,
-    /// `gsnap_diff(anyelement, bigint, bigint)`.
+    /// `gsnap_diff(anyelement, bigint, bigint)`, and its `text` form.
     Diff,
     /// `gsnap_diff_at(anyelement, bigint, bigint)`: a function scan (no custom scan).
     DiffAt,
     /// `gsnap_diff_by_key(anyelement, bigint, bigint)`: a function scan (no custom scan).
     DiffByKey,
-    /// `gsnap_versions(anyelement, bigint, bigint)`.
+    /// `gsnap_versions(anyelement, bigint, bigint)`, and its `text` form.
     Versions,
 }
 

@@ -62,7 +62,7 @@ v1_function_info!(pg_finfo_gsnap_asof_id);
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn gsnap_asof_id(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    let snapshot = |call| snapshot_argument(call, 1, "the snapshot id of gsnap_asof");
+    let snapshot = |call| snapshot_argument(call, 1, "the snapshot id of gsnap_asof", Bound::At);
     // SAFETY: PostgreSQL calls this with the call info of gsnap_asof(anyelement, bigint).
     unsafe { asof(fcinfo, snapshot) }
 }
@@ -92,7 +92,7 @@ pub unsafe extern "C-unwind" fn gsnap_asof_text(fcinfo: pg_sys::FunctionCallInfo
         let text = call.arg_text(1);
         resolve_text(
             &text.unwrap_or_else(|| null_argument("the snapshot of gsnap_asof")),
-            "gsnap_asof",
+            Bound::At,
         )
     };
     // SAFETY: PostgreSQL calls this with the call info of gsnap_asof(anyelement, text).
@@ -115,12 +115,22 @@ const TIME_WORDS: [&str; 7] = [
     "-infinity",
 ];
 
+/// Which snapshot a time names: the one a reader reads at (the latest taken at or before
+/// it), or a bound of a range of snapshots (from: the earliest taken at or after it; to: the
+/// latest at or before it).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Bound {
+    At,
+    From,
+    To,
+}
+
 /// A snapshot written as text, as a DBA would name it: an id (`'42'`), a label given by
 /// `gsnap_snapshot(label => ...)` (`'before the deploy'`), or a time (`'2026-11-17 14:00'`,
-/// `'yesterday'`, read as a `timestamptz` in the session's zone: the latest snapshot taken
-/// at or before it), tried in that order. A label several readable snapshots share, or text
-/// that is none of these, is an ERROR saying so.
-pub fn resolve_text(text: &str, function: &str) -> u64 {
+/// `'yesterday'`, read as a `timestamptz` in the session's zone, resolved as `bound` says),
+/// tried in that order. A label several readable snapshots share, or text that is none of
+/// these, is an ERROR saying so.
+pub fn resolve_text(text: &str, bound: Bound) -> u64 {
     let trimmed = text.trim();
     if let Ok(id) = trimmed.parse::<i64>() {
         if id <= 0 {
@@ -128,15 +138,12 @@ pub fn resolve_text(text: &str, function: &str) -> u64 {
         }
         return id as u64;
     }
-    let labelled: Vec<u64> = ipc::snapshots()
-        .into_iter()
+    let listed = ipc::snapshots();
+    let labelled: Vec<u64> = listed
+        .iter()
         .filter(|s| s.state.is_readable() && s.label.as_deref() == Some(text))
         .map(|s| s.id.0)
         .collect();
-    let forms = format!(
-        "{function} takes a snapshot id, a label (gsnap_snapshots() lists both), or a time \
-         ('2026-11-17 14:00')."
-    );
     match labelled.as_slice() {
         [one] => return *one,
         [] => {}
@@ -160,7 +167,10 @@ pub fn resolve_text(text: &str, function: &str) -> u64 {
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!("no readable snapshot is labelled '{text}'"),
         )
-        .hint(forms)
+        .hint(
+            "A snapshot is given by its id, its label (gsnap_snapshots() lists both), or a \
+             time ('2026-11-17 14:00').",
+        )
         .raise();
     }
     // PostgreSQL's own timestamptz input (its ERROR for text it cannot read).
@@ -169,7 +179,24 @@ pub fn resolve_text(text: &str, function: &str) -> u64 {
     // SAFETY: timestamptz's input function on a C string, with no type modifier; it returns
     // a timestamptz by value or raises an ERROR.
     let t = unsafe { pg_sys::OidInputFunctionCall(input, c.as_ptr().cast_mut(), ioparam, -1) };
-    resolve_time(t.value() as i64)
+    let t = t.value() as i64;
+    if bound != Bound::From {
+        return resolve_time(t);
+    }
+    let unix_us = t.saturating_add(UNIX_TO_PG_EPOCH_US);
+    listed
+        .iter()
+        .filter(|s| s.state.is_readable() && s.taken_at_us >= unix_us)
+        .map(|s| s.id.0)
+        .min()
+        .unwrap_or_else(|| {
+            error(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                "no snapshot was taken at or after that time",
+            )
+            .hint("gsnap_snapshots() lists the snapshots and when each was taken.")
+            .raise()
+        })
 }
 
 extension_sql!(

@@ -1,6 +1,7 @@
 //! `gsnap_diff(NULL::t, a, b)`: rows present at b and not at a (`'added'`) and at a and not
 //! at b (`'removed'`); an update is one of each, a row that only moved is no change.
 
+use super::asof::Bound;
 use super::range::rec_descriptor;
 use super::{reader_table, snapshot_argument};
 use crate::ffi::fcinfo::Call;
@@ -43,8 +44,13 @@ unsafe fn diff_call(fcinfo: pg_sys::FunctionCallInfo, name: &str) -> (Call, pg_s
     // SAFETY: the caller's promise.
     let call = unsafe { Call::new(fcinfo) };
     let relid = reader_table(call, name);
-    let a = snapshot_argument(call, 1, &format!("the first snapshot of {name}"));
-    let b = snapshot_argument(call, 2, &format!("the second snapshot of {name}"));
+    let a = snapshot_argument(call, 1, &format!("the first snapshot of {name}"), Bound::At);
+    let b = snapshot_argument(
+        call,
+        2,
+        &format!("the second snapshot of {name}"),
+        Bound::At,
+    );
     (call, relid, a, b)
 }
 
@@ -135,6 +141,17 @@ COMMENT ON FUNCTION gsnap_diff_by_key(anyelement, bigint, bigint) IS
     'rows that differ between two snapshots matched by primary key: updated (old and new), removed (old), added (new); at is the TID at b (at a for removed)';
 COMMENT ON FUNCTION gsnap_diff_at(anyelement, bigint, bigint) IS
     'gsnap_diff with each row''s TID at its snapshot (b for an added row, a for a removed one)';
+CREATE FUNCTION gsnap_diff(rel anyelement, a text, b text)
+    RETURNS TABLE (change text, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_diff' LANGUAGE C STABLE PARALLEL RESTRICTED;
+CREATE FUNCTION gsnap_diff_at(rel anyelement, a text, b text)
+    RETURNS TABLE (change text, rec anyelement, at tid)
+    AS 'MODULE_PATHNAME', 'gsnap_diff_at' LANGUAGE C STABLE PARALLEL RESTRICTED;
+CREATE FUNCTION gsnap_diff_by_key(rel anyelement, a text, b text)
+    RETURNS TABLE (change text, at tid, old anyelement, new anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_diff_by_key' LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION gsnap_diff(anyelement, text, text) IS
+    'gsnap_diff with its snapshots written as ids, labels or times';
 "#,
     name = "gsnap_diff",
     requires = ["gsnap_preload_check_call"],

@@ -295,7 +295,14 @@ v1_function_info!(pg_finfo_gsnap_asof_dropped_id);
 pub unsafe extern "C-unwind" fn gsnap_asof_dropped_id(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
-    let snapshot = |call| snapshot_argument(call, 1, "the snapshot id of gsnap_asof_dropped");
+    let snapshot = |call| {
+        snapshot_argument(
+            call,
+            1,
+            "the snapshot id of gsnap_asof_dropped",
+            crate::sql::asof::Bound::At,
+        )
+    };
     // SAFETY: PostgreSQL calls this with the call info of gsnap_asof_dropped(text, bigint).
     unsafe { asof_dropped(fcinfo, snapshot) }
 }
@@ -389,7 +396,7 @@ fn gsnap_undrop_text(
     new_name: default!(Option<&str>, "NULL"),
 ) -> i64 {
     let text = snapshot.unwrap_or_else(|| null_argument("the snapshot of gsnap_undrop"));
-    let snap = crate::sql::asof::resolve_text(text, "gsnap_undrop");
+    let snap = crate::sql::asof::resolve_text(text, crate::sql::asof::Bound::At);
     undrop(table_name, snap, new_name)
 }
 

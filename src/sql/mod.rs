@@ -72,8 +72,13 @@ pub fn spi_result<T>(function: &str, r: Result<T, pgrx::spi::SpiError>) -> T {
     })
 }
 
-/// Argument `i`, a snapshot id: not NULL, positive.
-pub fn snapshot_argument(call: Call, i: usize, what: &str) -> u64 {
+/// Argument `i`, a snapshot: an id (not NULL, positive), or, for the `text` forms, an id, a
+/// label or a time resolved as `bound` says (`asof::resolve_text`).
+pub fn snapshot_argument(call: Call, i: usize, what: &str, bound: asof::Bound) -> u64 {
+    if call.arg_type(i) == pg_sys::TEXTOID {
+        let text = call.arg_text(i).unwrap_or_else(|| null_argument(what));
+        return asof::resolve_text(&text, bound);
+    }
     let snap = call.arg_i64(i).unwrap_or_else(|| null_argument(what));
     if snap <= 0 {
         no_such_snapshot(snap);

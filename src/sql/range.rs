@@ -2,6 +2,7 @@
 //! row of the table at every readable snapshot of the range. (In FROM it is planned as the
 //! "gsnap range" custom scan instead, `exec::range_scan`.)
 
+use super::asof::Bound;
 use super::{reader_table, snapshot_argument};
 use crate::error::error;
 use crate::ffi::fcinfo::{Call, ResultSet};
@@ -33,8 +34,8 @@ pub unsafe extern "C-unwind" fn gsnap_range(fcinfo: pg_sys::FunctionCallInfo) ->
     // SAFETY: PostgreSQL calls this with the call info of this function.
     let call = unsafe { Call::new(fcinfo) };
     let relid = reader_table(call, "gsnap_range");
-    let from = snapshot_argument(call, 1, "the first snapshot of gsnap_range");
-    let to = snapshot_argument(call, 2, "the last snapshot of gsnap_range");
+    let from = snapshot_argument(call, 1, "the first snapshot of gsnap_range", Bound::From);
+    let to = snapshot_argument(call, 2, "the last snapshot of gsnap_range", Bound::To);
     let result = call.materialize();
     // SAFETY: the result's descriptor, valid during the call.
     let snap_id = unsafe { tuple::attributes(result.desc) }[0];
@@ -96,6 +97,11 @@ CREATE FUNCTION gsnap_range(rel anyelement, from_snap bigint, to_snap bigint)
     AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_range(anyelement, bigint, bigint) IS
     'rows of a table at every snapshot of a range: SELECT snap_id, (rec).* FROM gsnap_range(NULL::t, 40, 60)';
+CREATE FUNCTION gsnap_range(rel anyelement, from_snap text, to_snap text)
+    RETURNS TABLE (snap_id bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION gsnap_range(anyelement, text, text) IS
+    'gsnap_range with its bounds written as ids, labels or times (the snapshots taken from one time to the other)';
 "#,
     name = "gsnap_range",
     requires = ["gsnap_preload_check_call"],

@@ -117,7 +117,7 @@ fn gsnap_restore_text(
     ),
 > {
     let text = snapshot.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore"));
-    let snap = crate::sql::asof::resolve_text(text, "gsnap_restore");
+    let snap = crate::sql::asof::resolve_text(text, crate::sql::asof::Bound::At);
     TableIterator::once(restore(rel, snap as i64, condition, into_table, triggers))
 }
 

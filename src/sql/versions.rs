@@ -3,6 +3,7 @@
 //! range, once per run of consecutive snapshots holding it. (In FROM it is planned as the
 //! "gsnap versions" custom scan instead, `exec::range_scan`.)
 
+use super::asof::Bound;
 use super::range::rec_descriptor;
 use super::{reader_table, snapshot_argument};
 use crate::error::error;
@@ -25,8 +26,8 @@ pub unsafe extern "C-unwind" fn gsnap_versions(fcinfo: pg_sys::FunctionCallInfo)
     // SAFETY: PostgreSQL calls this with the call info of this function.
     let call = unsafe { Call::new(fcinfo) };
     let relid = reader_table(call, "gsnap_versions");
-    let from = snapshot_argument(call, 1, "the first snapshot of gsnap_versions");
-    let to = snapshot_argument(call, 2, "the last snapshot of gsnap_versions");
+    let from = snapshot_argument(call, 1, "the first snapshot of gsnap_versions", Bound::From);
+    let to = snapshot_argument(call, 2, "the last snapshot of gsnap_versions", Bound::To);
     let result = call.materialize();
     // SAFETY: the result's descriptor, valid during the call.
     let attrs = unsafe { tuple::attributes(result.desc) };
@@ -68,6 +69,11 @@ CREATE FUNCTION gsnap_versions(rel anyelement, from_snap bigint, to_snap bigint)
     AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_versions(anyelement, bigint, bigint) IS
     'every distinct row version of a range of snapshots once, with the run of snapshots holding it: SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::t, 1, 100)';
+CREATE FUNCTION gsnap_versions(rel anyelement, from_snap text, to_snap text)
+    RETURNS TABLE (first_snap bigint, last_snap bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION gsnap_versions(anyelement, text, text) IS
+    'gsnap_versions with its bounds written as ids, labels or times';
 "#,
     name = "gsnap_versions",
     requires = ["gsnap_preload_check_call"],
