@@ -69,3 +69,10 @@ SELECT count(*) FROM gsnap_diff_at(NULL::sr, :'r2', 'sr today');
 -- a range starting after the last snapshot
 SELECT sqlstate_of($$SELECT * FROM gsnap_range(NULL::sr, '2999-01-01', '2999-12-31')$$);
 DROP TABLE sr;
+
+-- a dropped table's rows by label
+CREATE TABLE sd (id int, v text) USING gsnap;
+INSERT INTO sd VALUES (1, 'kept');
+SELECT gsnap_snapshot(label => 'sd before drop') IS NOT NULL AS taken;
+DROP TABLE sd;
+SELECT * FROM gsnap_asof_dropped('public.sd', 'sd before drop') AS t(id int, v text);

@@ -289,7 +289,7 @@ unsafe fn asof_dropped(
 
 v1_function_info!(pg_finfo_gsnap_asof_dropped_id);
 
-/// `gsnap_asof_dropped(text, bigint)`.
+/// `gsnap_asof_dropped(text, bigint)`, and `(text, text)`: a snapshot id, label or time.
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn gsnap_asof_dropped_id(
@@ -333,6 +333,10 @@ CREATE FUNCTION gsnap_asof_dropped(table_name text, taken_at timestamptz) RETURN
     AS 'MODULE_PATHNAME', 'gsnap_asof_dropped_time' LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION gsnap_asof_dropped(text, timestamptz) IS
     'rows of a table as the latest snapshot taken at or before a time recorded it';
+CREATE FUNCTION gsnap_asof_dropped(table_name text, snapshot text) RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'gsnap_asof_dropped_id' LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION gsnap_asof_dropped(text, text) IS
+    'gsnap_asof_dropped of a snapshot written as its id, its label or a time';
 "#,
     name = "gsnap_asof_dropped",
     requires = ["gsnap_preload_check_call"],
