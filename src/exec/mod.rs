@@ -136,9 +136,8 @@ impl ScanTable {
         // whose expression context ExecInitCustomScan made.
         let datum = unsafe { expr::eval(self.args[i], (*css).ss.ps.ps_ExprContext) };
         let what = match (self.kind, i) {
-            (ScanKind::AsofId, _) => "the snapshot id of gsnap_asof",
+            (ScanKind::AsofId, _) => "the snapshot of gsnap_asof",
             (ScanKind::AsofTime, _) => "the time of gsnap_asof",
-            (ScanKind::AsofText, _) => "the snapshot of gsnap_asof",
             (ScanKind::Range, 0) => "the first snapshot of gsnap_range",
             (ScanKind::Range, _) => "the last snapshot of gsnap_range",
             (ScanKind::Versions, 0) => "the first snapshot of gsnap_versions",

@@ -43,12 +43,10 @@ use std::ffi::c_void;
 /// gsnap's functions that read a table named by the row type of their first argument.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Reader {
-    /// `gsnap_asof(anyelement, bigint)`.
+    /// `gsnap_asof(anyelement, bigint)`, and its `text` form (the same C function).
     AsofId,
     /// `gsnap_asof(anyelement, timestamptz)`.
     AsofTime,
-    /// `gsnap_asof(anyelement, text)`.
-    AsofText,
     /// `gsnap_range(anyelement, bigint, bigint)`, and its `text` form (the same C function).
     Range,
     /// `gsnap_diff(anyelement, bigint, bigint)`, and its `text` form.
@@ -108,10 +106,6 @@ pub fn reader_kind(funcid: pg_sys::Oid) -> Option<Reader> {
         (
             crate::sql::asof::gsnap_asof_time as *const () as usize,
             Reader::AsofTime,
-        ),
-        (
-            crate::sql::asof::gsnap_asof_text as *const () as usize,
-            Reader::AsofText,
         ),
         (
             crate::sql::range::gsnap_range as *const () as usize,

@@ -36,8 +36,6 @@ pub enum ScanKind {
     RangeAggregate = 4,
     /// `gsnap_diff(NULL::t, a, b)`.
     Diff = 5,
-    /// `gsnap_asof(NULL::t, text)`: a snapshot id, label or time written as text.
-    AsofText = 6,
 }
 
 impl ScanKind {
@@ -48,7 +46,6 @@ impl ScanKind {
             2 => ScanKind::Range,
             3 => ScanKind::Versions,
             4 => ScanKind::RangeAggregate,
-            6 => ScanKind::AsofText,
             _ => ScanKind::Diff,
         }
     }
@@ -78,7 +75,7 @@ impl ScanKind {
             ScanKind::RangeAggregate
             | ScanKind::AsofId
             | ScanKind::AsofTime
-            | ScanKind::AsofText => None,
+            => None,
         }
     }
 
@@ -89,7 +86,7 @@ impl ScanKind {
             ScanKind::Range => c"gsnap range",
             ScanKind::Versions => c"gsnap versions",
             ScanKind::RangeAggregate => c"gsnap range aggregate",
-            ScanKind::AsofId | ScanKind::AsofTime | ScanKind::AsofText => c"gsnap AS OF",
+            ScanKind::AsofId | ScanKind::AsofTime => c"gsnap AS OF",
         }
     }
 }
@@ -264,7 +261,7 @@ fn methods(kind: ScanKind) -> &'static Methods {
         ScanKind::Versions => &VERSIONS_METHODS,
         ScanKind::RangeAggregate => &AGGREGATE_METHODS,
         ScanKind::Diff => &DIFF_METHODS,
-        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::AsofText => &ASOF_METHODS,
+        ScanKind::AsofId | ScanKind::AsofTime => &ASOF_METHODS,
     }
 }
 

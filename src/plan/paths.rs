@@ -34,7 +34,6 @@ fn scan_kind(funcid: pg_sys::Oid) -> Option<ScanKind> {
     match reader_kind(funcid)? {
         Reader::AsofId => Some(ScanKind::AsofId),
         Reader::AsofTime => Some(ScanKind::AsofTime),
-        Reader::AsofText => Some(ScanKind::AsofText),
         Reader::Range => Some(ScanKind::Range),
         Reader::Versions => Some(ScanKind::Versions),
         Reader::Diff => Some(ScanKind::Diff),
@@ -128,7 +127,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     let per_table = match kind {
         ScanKind::Range | ScanKind::RangeAggregate => 10.0,
         ScanKind::Versions => 2.0,
-        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::AsofText => 1.0,
+        ScanKind::AsofId | ScanKind::AsofTime => 1.0,
         ScanKind::Diff => 0.1,
     };
     let partitioned = table.class().relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE;
@@ -142,7 +141,11 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     // pages its key map names (`keymap.rs`), when the snapshots have one.
     let by_key = matches!(
         kind,
-        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::AsofText | ScanKind::Range | ScanKind::Versions
+        ScanKind::AsofId
+            | ScanKind::AsofTime
+           
+            | ScanKind::Range
+            | ScanKind::Versions
     ) && !partitioned
         // SAFETY: the open table, and the planner's conditions over the relation `rti`.
         && unsafe {
@@ -197,7 +200,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         kind,
         ScanKind::AsofId
             | ScanKind::AsofTime
-            | ScanKind::AsofText
+           
             | ScanKind::Range
             | ScanKind::Versions
     );

@@ -18,9 +18,10 @@ use pgrx::PgSqlErrorCode;
 use std::ffi::c_void;
 
 /// The conditions of the row-level security policies of table `relid` that apply to the
-/// current user (`check_as`, the owner of a view, if set) in a SELECT (PostgreSQL's own `get_row_security_policies`, as the rewriter
-/// adds them to a query of the live table), over range-table entry `rti` (the scan returns
-/// the table's row type: its attribute numbers are the table's), and that user; None if row
+/// current user (or to `check_as`, a view's owner, if set) in a SELECT (PostgreSQL's own
+/// `get_row_security_policies`, as the rewriter adds them to a query of the live table), over
+/// range-table entry `rti` (the scan returns the table's row type: its attribute numbers are
+/// the table's), and that user; None if row
 /// security does not apply. A cached plan depends on the role whenever the table has row
 /// security (it is planned again for another role, as PostgreSQL does). Policies with
 /// sub-queries cannot be evaluated by the scan: an ERROR naming the table.

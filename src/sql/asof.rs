@@ -58,11 +58,12 @@ unsafe fn asof(
 
 v1_function_info!(pg_finfo_gsnap_asof_id);
 
-/// `gsnap_asof(anyelement, bigint)`.
+/// `gsnap_asof(anyelement, bigint)`, and `(anyelement, text)`: an id, a label or a time
+/// ([`resolve_text`]).
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn gsnap_asof_id(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    let snapshot = |call| snapshot_argument(call, 1, "the snapshot id of gsnap_asof", Bound::At);
+    let snapshot = |call| snapshot_argument(call, 1, "the snapshot of gsnap_asof", Bound::At);
     // SAFETY: PostgreSQL calls this with the call info of gsnap_asof(anyelement, bigint).
     unsafe { asof(fcinfo, snapshot) }
 }
@@ -81,23 +82,6 @@ pub unsafe extern "C-unwind" fn gsnap_asof_time(fcinfo: pg_sys::FunctionCallInfo
     unsafe { asof(fcinfo, snapshot) }
 }
 
-v1_function_info!(pg_finfo_gsnap_asof_text);
-
-/// `gsnap_asof(anyelement, text)`: the snapshot named by an id, a label or a time
-/// ([`resolve_text`]).
-#[pg_guard]
-#[no_mangle]
-pub unsafe extern "C-unwind" fn gsnap_asof_text(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    let snapshot = |call: Call| {
-        let text = call.arg_text(1);
-        resolve_text(
-            &text.unwrap_or_else(|| null_argument("the snapshot of gsnap_asof")),
-            Bound::At,
-        )
-    };
-    // SAFETY: PostgreSQL calls this with the call info of gsnap_asof(anyelement, text).
-    unsafe { asof(fcinfo, snapshot) }
-}
 
 /// The latest readable snapshot taken at or before `t` (a PostgreSQL timestamptz).
 pub fn resolve_time(t: pg_sys::TimestampTz) -> u64 {
@@ -210,7 +194,7 @@ CREATE FUNCTION gsnap_asof(rel anyelement, taken_at timestamptz) RETURNS SETOF a
 COMMENT ON FUNCTION gsnap_asof(anyelement, timestamptz) IS
     'rows of a table as of the latest snapshot taken at or before a time';
 CREATE FUNCTION gsnap_asof(rel anyelement, snapshot text) RETURNS SETOF anyelement
-    AS 'MODULE_PATHNAME', 'gsnap_asof_text' LANGUAGE C STABLE PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'gsnap_asof_id' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_asof(anyelement, text) IS
     'rows of a table as of a snapshot written as text: its id, its label or a time';
 "#,
