@@ -64,6 +64,9 @@ SETUP = [
     "GRANT SELECT ON fz_t, fz_u, fz_view TO fz_user",
 ]
 
+# The label of s1.
+FUZZ_LABEL = "fz s1 label \u00fc"
+
 # What happens between the snapshots s1, s2, s3 (fz_dropped is dropped after s3).
 BETWEEN = [
     "UPDATE fz_t SET s = s || '+', n = n + 1 WHERE id % 3 = 0",
@@ -108,6 +111,14 @@ class Ctx:
                 "'epoch'::timestamptz", f"'{self.ts1}'::timestamptz", "now()",
                 "'2200-01-01'::timestamptz"]
 
+    def texts(self) -> list[str]:
+        """Snapshots written as text: ids, the label of s1, times, and what is none of these."""
+        return ["NULL::text", "''", "' '", f"'{self.s2}'", f"' {self.s2} '", "'0'", "'-1'",
+                "'+1'", "'1e3'", "'99999999999999999999999'", f"'{FUZZ_LABEL}'", "'no such label'",
+                "'yesterday'", "'NOW'", "'infinity'", "'-infinity'", "'epoch'", f"'{self.ts1}'",
+                "'2026-13-45 99:00'", "'1999-01-01'", "'2200-01-01'", "'12'::varchar",
+                "'; DROP TABLE fz_t; --'", "'\\'", "repeat('x', 100000)"]
+
     def pairs(self) -> list[tuple[str, str]]:
         s1, s2, s3 = map(str, (self.s1, self.s2, self.s3))
         big, small = "9223372036854775807", "'-9223372036854775808'::bigint"
@@ -136,13 +147,23 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
                             ("gsnap_asof", [good_t], ["timestamptz"]),
                             ("gsnap_range", [str(ctx.s1), str(ctx.s3)], ["bigint", "bigint"]),
                             ("gsnap_versions", [str(ctx.s1), str(ctx.s3)], ["bigint", "bigint"]),
-                            ("gsnap_diff", [str(ctx.s1), str(ctx.s3)], ["bigint", "bigint"])):
+                            ("gsnap_diff", [str(ctx.s1), str(ctx.s3)], ["bigint", "bigint"]),
+                            ("gsnap_asof", [f"'{FUZZ_LABEL}'"], ["text"]),
+                            ("gsnap_range", [f"'{FUZZ_LABEL}'", "'now'"], ["text", "text"]),
+                            ("gsnap_versions", [f"'{ctx.s1}'", "'infinity'"], ["text", "text"]),
+                            ("gsnap_diff", [f"'{FUZZ_LABEL}'", f"'{ctx.s3}'"], ["text", "text"])):
         for rel in REL_ARGS:
             out.append((fn, [rel, *rest], types))
         if types == ["bigint"]:
             out += [(fn, [good_rel, i], types) for i in ids]
         elif types == ["timestamptz"]:
             out += [(fn, [good_rel, t], types) for t in times]
+        elif types == ["text"]:
+            out += [(fn, [good_rel, x], types) for x in ctx.texts()]
+        elif types == ["text", "text"]:
+            texts = ctx.texts()
+            out += [(fn, [good_rel, x, rest[1]], types) for x in texts]
+            out += [(fn, [good_rel, rest[0], x], types) for x in texts]
         else:
             out += [(fn, [good_rel, a, b], types) for a, b in pairs]
         # random combinations: any first argument with any other arguments
@@ -152,10 +173,12 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
                 out.append((fn, [rel, rng.choice(ids)], types))
             elif types == ["timestamptz"]:
                 out.append((fn, [rel, rng.choice(times)], types))
+            elif types[0] == "text":
+                out.append((fn, [rel, *(rng.choice(ctx.texts()) for _ in types)], types))
             else:
                 a, b = rng.choice(pairs) if rng.random() < 0.5 else (rng.choice(ids), rng.choice(ids))
                 out.append((fn, [rel, a, b], types))
-    # the untyped NULL second argument is ambiguous between the two gsnap_asof
+    # an untyped NULL second argument picks the text forms
     out.append(("gsnap_asof", [good_rel, "NULL"], ["unknown"]))
     out.append(("gsnap_range", [good_rel, "NULL", "NULL"], ["unknown", "unknown"]))
     out.append(("gsnap_versions", [good_rel, "NULL", "NULL"], ["unknown", "unknown"]))
@@ -168,6 +191,8 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
         out += [(fn, [n, good_id], []) for n in names]
         out += [(fn, ["'fz_t'", i], []) for i in ids]
     out += [("gsnap_asof_dropped", ["'fz_t'", t], []) for t in times]
+    out += [(fn, ["'fz_t'", x], []) for fn in ("gsnap_asof_dropped", "gsnap_undrop")
+            for x in ctx.texts()]
     for r in ctx.regclasses():
         out.append(("gsnap_written_blocks", [r], []))
         out.append(("gsnap_full_capture_pending", [r], []))
@@ -270,7 +295,8 @@ def make_database(cluster: Cluster) -> Ctx:
                               ).fetchone()[0]
         snaps = []
         for i in range(3):
-            snaps.append(c.execute("SELECT gsnap_snapshot()").fetchone()[0])
+            label = FUZZ_LABEL if i == 0 else None
+            snaps.append(c.execute("SELECT gsnap_snapshot(label => %s)", (label,)).fetchone()[0])
             if i < 2:
                 for sql in BETWEEN:
                     c.execute(sql)
@@ -310,6 +336,18 @@ def answers(cluster: Cluster, ctx: Ctx) -> list[str]:
         same("AS OF a snapshot's own time is AS OF that snapshot",
              f"SELECT x::text FROM gsnap_asof({t}, '{ctx.ts1}'::timestamptz) x",
              f"SELECT x::text FROM gsnap_asof({t}, {ctx.s1}) x")
+        same("AS OF the label of s1 is AS OF s1",
+             f"SELECT x::text FROM gsnap_asof({t}, '{FUZZ_LABEL}') x",
+             f"SELECT x::text FROM gsnap_asof({t}, {ctx.s1}) x")
+        same("AS OF an id written as text is AS OF the id",
+             f"SELECT x::text FROM gsnap_asof({t}, ' {ctx.s2} ') x",
+             f"SELECT x::text FROM gsnap_asof({t}, {ctx.s2}) x")
+        same("a range by label and time is the range by ids",
+             f"SELECT snap_id, rec::text FROM gsnap_range({t}, '{FUZZ_LABEL}', 'infinity')",
+             f"SELECT snap_id, rec::text FROM gsnap_range({t}, {ctx.s1}, {ctx.s3})")
+        same("a range from s1's time starts at s1",
+             f"SELECT snap_id, rec::text FROM gsnap_range({t}, '{ctx.ts1}', '{ctx.s2}')",
+             f"SELECT snap_id, rec::text FROM gsnap_range({t}, {ctx.s1}, {ctx.s2})")
         same("a range of one snapshot is that snapshot",
              f"SELECT snap_id, rec::text FROM gsnap_range({t}, {ctx.s2}, {ctx.s2})",
              f"SELECT {ctx.s2}::bigint, x::text FROM gsnap_asof({t}, {ctx.s2}) x")
@@ -322,7 +360,8 @@ def answers(cluster: Cluster, ctx: Ctx) -> list[str]:
 def test_odd_arguments(fz):
     """Every gsnap function called with odd arguments (NULLs of every argument, 0, -1, huge
     and most negative ids, ids of snapshots not taken yet, from-after-to ranges, a == b diffs,
-    times out of range, first arguments that are not tables: views, composite types, domains
+    times out of range, snapshots written as text (ids with spaces and signs, a label, unknown
+    labels, time words, bad times, a 100,000-character string), first arguments that are not tables: views, composite types, domains
     over composites, catalogs, scalars, arrays, records, temporary tables, partitioned
     parents, sequences; unlogged, heap and schema-qualified tables; regclass arguments of 0,
     of a dropped table, of an index, a sequence, a TOAST table), in FROM, in the select list,
@@ -330,8 +369,9 @@ def test_odd_arguments(fz):
     call; once as superuser and once (FROM and prepared only) as a role allowed to read a few
     tables. Each call gives rows or a clean ERROR, and a few identities hold (a diff of a
     snapshot with itself is empty, a diff backwards is the diff forwards swapped, AS OF
-    'infinity' is AS OF the latest snapshot, AS OF a snapshot's time is AS OF it, a range of
-    one snapshot is that snapshot); the full list of violations is reported at the end.
+    'infinity' is AS OF the latest snapshot, AS OF a snapshot's time is AS OF it, AS OF a label
+    or an id written as text is AS OF that snapshot, a range by label and times is the range
+    by ids, a range of one snapshot is that snapshot); the full list of violations is reported at the end.
     gsnap_snapshot() itself is called last (it declares snapshots)."""
     watch = ServerWatch(fz)
     ctx = make_database(fz)
