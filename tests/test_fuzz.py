@@ -448,6 +448,7 @@ def smith_views(s1: int, s2: int, s3: int, ts2: str) -> list[str]:
         f"CREATE VIEW smith.v_range_agg AS SELECT snap_id, count(*) AS n FROM gsnap_range(NULL::smith.sm_a, {s1}, {s3})"
         " GROUP BY snap_id",
         f"CREATE VIEW smith.v_versions AS SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::smith.sm_a, {s1}, {s3})",
+        f"CREATE VIEW smith.v_range_text AS SELECT snap_id, (rec).* FROM gsnap_range(NULL::smith.sm_a, '{ts2}', 'infinity')",
         f"CREATE VIEW smith.v_diff AS SELECT change, (rec).* FROM gsnap_diff(NULL::smith.sm_a, {s1}, {s3})",
         "CREATE VIEW smith.v_snapshots AS SELECT * FROM gsnap_snapshots()",
         f"CREATE VIEW smith.v_snapshot_tables AS SELECT * FROM gsnap_snapshot_tables({s2})",
