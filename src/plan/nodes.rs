@@ -72,10 +72,7 @@ impl ScanKind {
         match self {
             ScanKind::Range | ScanKind::Diff => Some(2),
             ScanKind::Versions => Some(3),
-            ScanKind::RangeAggregate
-            | ScanKind::AsofId
-            | ScanKind::AsofTime
-            => None,
+            ScanKind::RangeAggregate | ScanKind::AsofId | ScanKind::AsofTime => None,
         }
     }
 

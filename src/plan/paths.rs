@@ -143,7 +143,6 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
         kind,
         ScanKind::AsofId
             | ScanKind::AsofTime
-           
             | ScanKind::Range
             | ScanKind::Versions
     ) && !partitioned
@@ -198,11 +197,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
     // The aggregate node and the diff stay serial.
     let parallel_aware = matches!(
         kind,
-        ScanKind::AsofId
-            | ScanKind::AsofTime
-           
-            | ScanKind::Range
-            | ScanKind::Versions
+        ScanKind::AsofId | ScanKind::AsofTime | ScanKind::Range | ScanKind::Versions
     );
     if parallel_aware && parallel_safe && !by_key {
         // SAFETY: the planner's relation; `private` is a valid plan encoding.

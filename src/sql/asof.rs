@@ -82,7 +82,6 @@ pub unsafe extern "C-unwind" fn gsnap_asof_time(fcinfo: pg_sys::FunctionCallInfo
     unsafe { asof(fcinfo, snapshot) }
 }
 
-
 /// The latest readable snapshot taken at or before `t` (a PostgreSQL timestamptz).
 pub fn resolve_time(t: pg_sys::TimestampTz) -> u64 {
     ipc::resolve_time(t.saturating_add(UNIX_TO_PG_EPOCH_US)).0
