@@ -276,16 +276,20 @@ pub fn resolve_time(unix_us: i64) -> SnapId {
         Ok(Reply::Resolved { snap }) => snap,
         Ok(reply) => unexpected(Kind::ResolveTime, reply),
         Err(mut e) => {
-            // The worker's hint names the first snapshot; its time is printed here, in the
-            // session's time zone and date style.
+            // The hint names the first snapshot and its time, printed here in the session's
+            // time zone.
             if e.code == ErrorCode::NoSnapshotAtTime {
-                if let Some(first) = snapshots().into_iter().find(|s| s.state.is_readable()) {
-                    e.hint = Some(format!(
-                        "The first readable snapshot, {}, was taken at {}.",
-                        first.id.0,
-                        crate::ffi::settings::timestamptz_text(first.taken_at_us)
-                    ));
-                }
+                e.hint = Some(
+                    match snapshots().into_iter().find(|s| s.state.is_readable()) {
+                        Some(first) => format!(
+                            "The first readable snapshot, {}, was taken at {}.",
+                            first.id.0,
+                            crate::ffi::settings::timestamptz_text(first.taken_at_us)
+                        ),
+                        None => "no readable snapshot exists yet; take one with gsnap_snapshot()"
+                            .to_string(),
+                    },
+                );
             }
             raise(e)
         }

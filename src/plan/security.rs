@@ -21,10 +21,10 @@ use std::ffi::c_void;
 /// current user (or to `check_as`, a view's owner, if set) in a SELECT (PostgreSQL's own
 /// `get_row_security_policies`, as the rewriter adds them to a query of the live table), over
 /// range-table entry `rti` (the scan returns the table's row type: its attribute numbers are
-/// the table's), and that user; None if row
-/// security does not apply. A cached plan depends on the role whenever the table has row
-/// security (it is planned again for another role, as PostgreSQL does). Policies with
-/// sub-queries cannot be evaluated by the scan: an ERROR naming the table.
+/// the table's), and that user; None if row security does not apply. A cached plan depends
+/// on the role whenever the table has row security (it is planned again for another role, as
+/// PostgreSQL does). Policies with sub-queries cannot be evaluated by the scan: an ERROR
+/// naming the table.
 ///
 /// # Safety
 /// The planner's state, during planning.

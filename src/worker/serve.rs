@@ -354,24 +354,13 @@ fn readable(store: &Store, snap: SnapId) -> Result<(), WorkerError> {
 }
 
 fn resolve_time(store: &Store, time_us: i64) -> Result<SnapId, WorkerError> {
-    if let Some(s) = store.committed_at_or_before(time_us) {
-        return Ok(s);
-    }
-    let first = store
-        .snapshots()
-        .map_err(fail)?
-        .into_iter()
-        .find(|s| s.state == SnapshotState::Committed);
-    let e = WorkerError::new(
-        ErrorCode::NoSnapshotAtTime,
-        "no snapshot was taken at or before that time",
-    );
-    Err(match first {
-        Some(f) => e.with_hint(format!(
-            "the first readable snapshot is {} (gsnap_snapshots() lists when each was taken)",
-            f.id.0
-        )),
-        None => e.with_hint("no readable snapshot exists yet; take one with gsnap_snapshot()"),
+    // The hint (the first snapshot and its time, in the session's time zone) is the
+    // backend's: `ipc::resolve_time`.
+    store.committed_at_or_before(time_us).ok_or_else(|| {
+        WorkerError::new(
+            ErrorCode::NoSnapshotAtTime,
+            "no snapshot was taken at or before that time",
+        )
     })
 }
 
