@@ -520,11 +520,6 @@ impl KeyConditions {
         Some(KeyConditions { def, columns })
     }
 
-    /// The definition of the key the conditions fix, as key maps record it.
-    pub fn definition(&self) -> Vec<u8> {
-        self.def.encode()
-    }
-
     /// The key columns' names, for EXPLAIN.
     ///
     /// # Safety
@@ -549,13 +544,27 @@ impl KeyConditions {
             .join(", ")
     }
 
-    /// The hashes of the keys the conditions allow, their expressions evaluated in
-    /// `planstate`'s context (parameters bound); None if there are more than a lookup takes.
-    /// A NULL value allows no key (the operators are strict).
+    /// The lookup the conditions ask for: the key and the hashes of the keys they allow,
+    /// their expressions evaluated in `planstate`'s context (parameters bound); None if
+    /// there are more keys than a lookup takes. A NULL value allows no key (the operators
+    /// are strict).
     ///
     /// # Safety
     /// `planstate` is the scan node's state, initialized; in a transaction.
-    pub unsafe fn hashes(&self, planstate: *mut pg_sys::PlanState) -> Option<Vec<u64>> {
+    pub unsafe fn lookup(&self, planstate: *mut pg_sys::PlanState) -> Option<KeyLookup> {
+        // SAFETY: the caller's promise.
+        let hashes = unsafe { self.hashes(planstate) }?;
+        Some(KeyLookup {
+            def: self.def.clone(),
+            hashes,
+        })
+    }
+
+    /// The hashes of [`KeyConditions::lookup`].
+    ///
+    /// # Safety
+    /// As for [`KeyConditions::lookup`].
+    unsafe fn hashes(&self, planstate: *mut pg_sys::PlanState) -> Option<Vec<u64>> {
         let mut keys = vec![KeyHash::new()];
         for (c, column) in self.columns.iter().zip(&self.def.columns) {
             // SAFETY: the caller's promise.
@@ -572,6 +581,40 @@ impl KeyConditions {
         hashes.sort_unstable();
         hashes.dedup();
         Some(hashes)
+    }
+}
+
+/// A lookup by key: the table's key, and the hashes of the keys sought.
+pub struct KeyLookup {
+    def: KeyDef,
+    pub hashes: Vec<u64>,
+}
+
+impl KeyLookup {
+    /// The definition of the key, as the table's key map records it.
+    pub fn definition(&self) -> Vec<u8> {
+        self.def.encode()
+    }
+
+    /// The definition of the key as the key map of a partition of the table records it
+    /// (the partition's own key: the partition of the table's key index), where the
+    /// partition's attribute `i + 1` holds the table's attribute `attnums[i]` (0: none);
+    /// None if a key column is not in the partition. The hashes are the same: they are
+    /// made from the key's values, with the same functions and collations.
+    pub fn definition_in(&self, attnums: &[i16]) -> Option<Vec<u8>> {
+        let columns = self
+            .def
+            .columns
+            .iter()
+            .map(|c| {
+                let at = attnums.iter().position(|&a| a == c.attnum)?;
+                Some(KeyColumn {
+                    attnum: i16::try_from(at + 1).ok()?,
+                    ..*c
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(KeyDef { columns }.encode())
     }
 }
 

@@ -198,6 +198,124 @@ def test_composite_text_and_nullable_keys(cluster):
             assert conn.execute(f"SELECT * FROM gsnap_asof(NULL::uq, {s}) WHERE u = NULL").fetchall() == []
 
 
+def partitioned_read(plan: str) -> tuple[int, int, int] | None:
+    """Of a lookup in a partitioned table whose partitions' maps all served it: candidate
+    blocks, partitions, pages (or page images) read."""
+    m = re.search(r"Key Map: (\d+) candidate blocks in (\d+) partitions, (\d+) (?:pages|page images) read",
+                  plan)
+    return tuple(int(g) for g in m.groups()) if m else None
+
+
+def whole_partitions(plan: str) -> int | None:
+    """Of a lookup in a partitioned table none of whose partitions' maps served it: how many
+    partitions were read whole."""
+    m = re.search(r"Key Map: none covers it in the (\d+) partitions: every page read", plan)
+    return int(m.group(1)) if m else None
+
+
+def test_lookups_by_key_in_a_partitioned_table(cluster):
+    """A partitioned table's key (its primary key, which every partition's is a partition
+    of) is looked up in each partition's key map, recorded in the partition's own attribute
+    numbers: a partition made with another column order and attached, one detached and
+    dropped since and the one made in its place, are looked up too. Snapshots taken before the table had its key read every
+    page of every partition. The rows always equal a filtered scan of the same snapshot."""
+    rng = random.Random(20261207)
+    with cluster.connect() as conn:
+        conn.execute("CREATE TABLE orders (id int NOT NULL, gen int NOT NULL, pad text) "
+                     "PARTITION BY HASH (id)")
+        for r in range(3):
+            conn.execute(f"CREATE TABLE orders_{r} PARTITION OF orders "
+                         f"FOR VALUES WITH (MODULUS 4, REMAINDER {r}) USING gsnap")
+        # Another layout: columns in another order, and a dropped one.
+        conn.execute("CREATE TABLE orders_3 (pad text, junk int, gen int NOT NULL, id int NOT NULL) USING gsnap")
+        conn.execute("ALTER TABLE orders_3 DROP COLUMN junk")
+        conn.execute("ALTER TABLE orders ATTACH PARTITION orders_3 FOR VALUES WITH (MODULUS 4, REMAINDER 3)")
+        conn.execute("INSERT INTO orders SELECT g, 0, repeat('x', 200) FROM generate_series(1, 6000) g")
+        before_key = snapshot(conn)
+        conn.execute("ALTER TABLE orders ADD PRIMARY KEY (id)")
+        live = set(range(1, 6001))
+        snaps = []
+        for step in range(8):
+            gen = step + 1
+            op = step % 4
+            ids = rng.sample(sorted(live), 60)
+            if op == 0:  # non-HOT updates: rows grow and move
+                conn.execute("UPDATE orders SET gen = %s, pad = repeat('y', 500) WHERE id = ANY(%s)", (gen, ids))
+            elif op == 1:  # keys change (and rows move between partitions)
+                for i in ids[:20]:
+                    conn.execute("UPDATE orders SET id = %s, gen = %s WHERE id = %s", (i + 100000, gen, i))
+                    live.discard(i)
+                    live.add(i + 100000)
+            elif op == 2:  # deletes, some keys back
+                conn.execute("DELETE FROM orders WHERE id = ANY(%s)", (ids,))
+                live -= set(ids)
+                conn.execute("INSERT INTO orders SELECT g, %s, 'back' FROM unnest(%s::int[]) g", (gen, ids[:20]))
+                live |= set(ids[:20])
+            else:
+                conn.execute("UPDATE orders SET gen = %s WHERE id = ANY(%s)", (gen, ids))
+            snaps.append(snapshot(conn))
+            if step == 4:  # a partition goes: detached and dropped (its snapshots keep it)
+                conn.execute("ALTER TABLE orders DETACH PARTITION orders_1")
+                conn.execute("DROP TABLE orders_1")
+                conn.execute("CREATE TABLE orders_1b PARTITION OF orders "
+                             "FOR VALUES WITH (MODULUS 4, REMAINDER 1) USING gsnap")
+                live = {r[0] for r in conn.execute("SELECT id FROM orders").fetchall()}
+        snaps.append(conn.execute("SELECT gsnap_snapshot(true)").fetchone()[0])
+        ever = sorted(set(r[0] for s in [before_key] + snaps for r in conn.execute(
+            "SELECT id FROM gsnap_asof(NULL::orders, %s)", (s,)).fetchall()))
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("PREPARE part_key(bigint, int) AS "
+                     "SELECT id, gen, pad FROM gsnap_asof(NULL::orders, $1) WHERE id = $2")
+        for s in [before_key] + snaps:
+            for k in rng.sample(ever, 10) + [0, 999999]:
+                want = conn.execute("SELECT id, gen, pad FROM gsnap_asof(NULL::orders, %s) "
+                                    "WHERE id + 0 = %s", (s, k)).fetchall()
+                got = conn.execute("SELECT id, gen, pad FROM gsnap_asof(NULL::orders, %s) "
+                                   "WHERE id = %s", (s, k)).fetchall()
+                assert got == want, (s, k)
+                assert conn.execute(f"EXECUTE part_key({s}, {k})").fetchall() == want, (s, k)
+            many = rng.sample(ever, 5)
+            want = sorted(conn.execute("SELECT id, gen FROM gsnap_asof(NULL::orders, %s) "
+                                       "WHERE id + 0 = ANY(%s)", (s, many)).fetchall())
+            got = sorted(conn.execute("SELECT id, gen FROM gsnap_asof(NULL::orders, %s) "
+                                      "WHERE id = ANY(%s)", (s, many)).fetchall())
+            assert got == want, s
+            plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::orders, {s}) WHERE id = {ever[len(ever) // 2]}")
+            assert "Key Lookup: id" in plan, plan
+            partitions = int(re.search(r"Partitions Read: (\d+) of", plan).group(1))
+            assert partitions == 4, plan
+            if s == before_key:
+                # No partition had a map then: every page of each is read.
+                assert whole_partitions(plan) == 4, plan
+            else:
+                # Each partition's map names a page or two (collisions aside), the dropped
+                # partition's and the reordered one's included.
+                _, mapped, read = partitioned_read(plan)
+                assert mapped == 4 and read <= 2 * 4, plan
+        # Ranges and versions over the partitions (the dropped one and its successor for
+        # part of the range each).
+        for a, b in [(snaps[0], snaps[-1]), (before_key, snaps[2])]:
+            for k in rng.sample(ever, 5) + [0]:
+                for q in ["SELECT snap_id, (rec).* FROM gsnap_range(NULL::orders, {a}, {b}) WHERE (rec).id {c}",
+                          "SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::orders, {a}, {b}) "
+                          "WHERE (rec).id {c}"]:
+                    want = sorted(conn.execute(q.format(a=a, b=b, c=f"+ 0 = {k}")).fetchall())
+                    got = sorted(conn.execute(q.format(a=a, b=b, c=f"= {k}")).fetchall())
+                    assert got == want, (a, b, k, q)
+            for reader in ["gsnap_range", "gsnap_versions"]:
+                plan = explain(conn, f"SELECT * FROM {reader}(NULL::orders, {a}, {b}) WHERE (rec).id = {ever[0]}")
+                assert "Key Lookup: id" in plan, plan
+                partitions = int(re.search(r"Partitions Read: (\d+) of", plan).group(1))
+                if a == before_key:
+                    # The map of each starts after the range's first snapshot.
+                    assert partitions == 4 and whole_partitions(plan) == 4, plan
+                else:
+                    # orders_1 for part of the range, orders_1b for the rest.
+                    n = snaps.index(b) - snaps.index(a) + 1
+                    _, mapped, images = partitioned_read(plan)
+                    assert mapped == partitions == 5 and images <= 2 * 4 * n, plan
+
+
 def test_a_map_started_later_and_key_maps_off(cluster):
     with cluster.connect() as conn:
         conn.execute("CREATE TABLE nokey (id int, v int) USING gsnap")

@@ -106,12 +106,14 @@ unsafe extern "C-unwind" fn explain(
     let Some(keys) = (unsafe { key_conditions(css, rel.as_ptr(), &scan.columns) }) else {
         return;
     };
-    let read = match &scan.rows {
-        Some(Reader::Table(rows)) => rows.pages_read().map(|n| format!("{n} pages read")),
-        _ => None,
+    let (read, used) = match &scan.rows {
+        Some(Reader::Table(rows)) => (rows.pages_read(), scan.key_map),
+        Some(Reader::Partitioned(rows)) => (rows.pages_read(), rows.key_map.or(scan.key_map)),
+        None => (None, scan.key_map),
     };
+    let read = read.map(|n| format!("{n} pages read"));
     // SAFETY: EXPLAIN's state; in its transaction.
-    unsafe { node::explain_key_map(es, &keys, rel.oid(), scan.key_map, read) };
+    unsafe { node::explain_key_map(es, &keys, rel.oid(), used, read) };
 }
 
 /// The node's conditions that fix the table's key, if they do (`keymap.rs`): over its scan
@@ -226,8 +228,8 @@ impl AsofScan {
             // SAFETY: our node (the caller's promise).
             } else if let Some(keys) = unsafe { key_conditions(css, rel.as_ptr(), &self.columns) } {
                 // SAFETY: our node's state, initialized; parameters are bound by now.
-                let use_ = match unsafe { keys.hashes(&mut (*css).ss.ps) } {
-                    Some(hashes) => rows.look_up_keys(&keys.definition(), &hashes),
+                let use_ = match unsafe { keys.lookup(&mut (*css).ss.ps) } {
+                    Some(lookup) => rows.look_up_keys(&lookup.definition(), &lookup.hashes),
                     None => KeyMapUse::TooMany,
                 };
                 self.key_map = Some(use_);
@@ -242,9 +244,22 @@ impl AsofScan {
         // are the plan's, so every participant of a parallel scan prunes alike.)
         let mut keep = |leaf: &_| !unsafe { pruning::refuted(leaf, quals, columns) };
         // SAFETY: the open table's current descriptor, valid while the scan runs.
-        let rows = unsafe {
+        let mut rows = unsafe {
             PartitionedRows::open(relid, desc, snap, &mut keep, self.shared, self.heap_slot)
         };
+        // A lookup by key reads each partition's key map (`keymap.rs`).
+        let keys = match self.shared {
+            // SAFETY: our node (the caller's promise).
+            None => unsafe { key_conditions(css, rel.as_ptr(), &self.columns) },
+            Some(_) => None,
+        };
+        if let Some(keys) = keys {
+            // SAFETY: our node's state, initialized; parameters are bound by now.
+            match unsafe { keys.lookup(&mut (*css).ss.ps) } {
+                Some(lookup) => rows.look_up_keys(lookup),
+                None => self.key_map = Some(KeyMapUse::TooMany),
+            }
+        }
         self.partitions = Some((rows.partitions, rows.read));
         self.rows = Some(Reader::Partitioned(Box::new(rows)));
     }

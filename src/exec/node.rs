@@ -108,6 +108,34 @@ pub(super) unsafe fn explain_key_map(
         (Some(KeyMapUse::NoMap), _) => "none at this snapshot: every page read".to_string(),
         (Some(KeyMapUse::Later(s)), _) => format!("starts at snapshot {s}: every page read"),
         (Some(KeyMapUse::TooMany), _) => "too many keys or pages: every page read".to_string(),
+        (
+            Some(KeyMapUse::Partitions {
+                mapped: 0, whole, ..
+            }),
+            _,
+        ) => format!("none covers it in the {whole} partitions: every page read"),
+        (
+            Some(KeyMapUse::Partitions {
+                candidates,
+                mapped,
+                whole: 0,
+            }),
+            read,
+        ) => {
+            let text = format!("{candidates} candidate blocks in {mapped} partitions");
+            read.map_or(text.clone(), |read| format!("{text}, {read}"))
+        }
+        (
+            Some(KeyMapUse::Partitions {
+                candidates,
+                mapped,
+                whole,
+            }),
+            _,
+        ) => format!(
+            "{candidates} candidate blocks in {mapped} partitions, every page read in {whole} \
+             more (no map of theirs covers it)"
+        ),
     };
     // SAFETY: the caller's promise.
     unsafe { explain_property(es, "Key Map", &text) };

@@ -116,8 +116,10 @@ unsafe extern "C-unwind" fn explain_range(
         return;
     };
     let read = match &scan.cursor {
-        Some(Cursor::Range(cursors, _)) => cursors.first().map(RangeCursor::images_read),
-        Some(Cursor::Versions(cursors, _)) => cursors.first().map(VersionsCursor::images_read),
+        Some(Cursor::Range(cursors, _)) => Some(cursors.iter().map(RangeCursor::images_read).sum()),
+        Some(Cursor::Versions(cursors, _)) => {
+            Some(cursors.iter().map(VersionsCursor::images_read).sum::<u64>())
+        }
         None => None,
     };
     let read = read.map(|n| format!("{n} page images read"));
@@ -276,14 +278,14 @@ impl RangeScan {
                 let read = cursors.iter().filter(|c| !c.is_empty()).count();
                 self.partitions = Some((cursors.len(), read));
             }
-            // A lookup by key reads a table's key map (not a partitioned table's).
-            let keys = match (self.shared, partitioned) {
-                (None, false) => {
+            // A lookup by key reads the table's key map, or each partition's.
+            let keys = match self.shared {
+                None => {
                     let rel = self.table.rel().as_ptr();
                     // SAFETY: our node (the caller's promise); its open table.
                     unsafe { key_conditions(css, rel, self.table.kind) }
                 }
-                _ => None,
+                Some(_) => None,
             };
             if let Some(shared) = self.shared {
                 // (Of a partitioned table, every participant opens the partitions' cursors
@@ -291,13 +293,17 @@ impl RangeScan {
                 range::share(&mut cursors, shared);
             } else if let Some(keys) = keys {
                 // SAFETY: our node's state, initialized; parameters are bound by now.
-                let used = match unsafe { keys.hashes(&mut (*css).ss.ps) } {
-                    Some(hashes) => cursors
-                        .first_mut()
-                        .map(|c| c.look_up_keys(&keys.definition(), &hashes)),
+                self.key_map = match unsafe { keys.lookup(&mut (*css).ss.ps) } {
+                    Some(lookup) if partitioned => {
+                        let mut summary = KeyMapUse::PARTITIONS;
+                        for cursor in cursors.iter_mut().filter(|c| !c.is_empty()) {
+                            summary.count(cursor.look_up_keys(&lookup));
+                        }
+                        Some(summary)
+                    }
+                    Some(lookup) => cursors.first_mut().map(|c| c.look_up_keys(&lookup)),
                     None => Some(KeyMapUse::TooMany),
                 };
-                self.key_map = used;
             }
             self.cursor = Some(if versions {
                 Cursor::Versions(cursors.into_iter().map(VersionsCursor::new).collect(), 0)

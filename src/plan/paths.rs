@@ -145,7 +145,7 @@ unsafe extern "C-unwind" fn set_rel_pathlist(
             | ScanKind::AsofTime
             | ScanKind::Range
             | ScanKind::Versions
-    ) && !partitioned
+    )
         // SAFETY: the open table, and the planner's conditions over the relation `rti`.
         && unsafe {
             let rec = kind.rec_column().map(|c| c as i16);

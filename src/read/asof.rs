@@ -46,6 +46,41 @@ pub enum KeyMapUse {
     Later(u64),
     /// The map named more pages than a lookup takes: every page is read.
     TooMany,
+    /// Of a partitioned table: the maps of `mapped` partitions named `candidates` blocks in
+    /// all; every page of `whole` partitions was read (no map of theirs covered the
+    /// snapshot or the range, or one named too many pages).
+    Partitions {
+        candidates: usize,
+        mapped: usize,
+        whole: usize,
+    },
+}
+
+impl KeyMapUse {
+    /// The summary of a partitioned table's lookups, none made yet.
+    pub const PARTITIONS: KeyMapUse = KeyMapUse::Partitions {
+        candidates: 0,
+        mapped: 0,
+        whole: 0,
+    };
+
+    /// Counts one more partition's lookup in a summary ([`KeyMapUse::PARTITIONS`]).
+    pub fn count(&mut self, partition: KeyMapUse) {
+        if let KeyMapUse::Partitions {
+            candidates,
+            mapped,
+            whole,
+        } = self
+        {
+            match partition {
+                KeyMapUse::Pages(n) => {
+                    *candidates += n;
+                    *mapped += 1;
+                }
+                _ => *whole += 1,
+            }
+        }
+    }
 }
 
 /// The blocks of incarnation `rel` that may hold one of the keys hashed to `hashes` at the

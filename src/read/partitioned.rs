@@ -15,7 +15,7 @@
 //! Every partition P has now must be a gsnap table, or rows of a partition no snapshot holds
 //! would be silently missing: otherwise an ERROR names it.
 
-use super::asof::{AsofRows, Row};
+use super::asof::{AsofRows, KeyMapUse, Row};
 use super::pages::SharedBlocks;
 use super::range::RangeCursor;
 use super::table::{self, TableAtSnapshot};
@@ -26,6 +26,7 @@ use crate::ffi::memcx::OwnedContext;
 use crate::ffi::relation::{relation_name, OpenRelation};
 use crate::ffi::tuple;
 use crate::ipc;
+use crate::keymap::KeyLookup;
 use gsnap_format::columns::Column;
 use gsnap_format::rowtype::RowType;
 use gsnap_protocol::SnapId;
@@ -374,6 +375,11 @@ pub struct PartitionedRows {
     /// Partitions at the snapshot, and those read (the others were pruned).
     pub partitions: usize,
     pub read: usize,
+    /// Of a lookup by key: the key and hashes sought, what the partitions' key maps said so
+    /// far, and how many pages they left to read in the partitions closed.
+    lookup: Option<KeyLookup>,
+    pub key_map: Option<KeyMapUse>,
+    pages_read: usize,
 }
 
 impl PartitionedRows {
@@ -415,7 +421,27 @@ impl PartitionedRows {
             scratch: OwnedContext::new("gsnap partitioned AS OF rows"),
             partitions,
             read,
+            lookup: None,
+            key_map: None,
+            pages_read: 0,
         }
+    }
+
+    /// Reads in each partition only the blocks its key map says may hold one of the keys
+    /// of `lookup` (the partitioned table's key), where the map covers the snapshot; call
+    /// before the first row, not in a parallel scan. Each partition records the key in its
+    /// own attributes (`KeyLookup::definition_in`, by the place it had at the snapshot), so
+    /// partitions detached or dropped since are looked up too.
+    pub fn look_up_keys(&mut self, lookup: KeyLookup) {
+        self.lookup = Some(lookup);
+        self.key_map = Some(KeyMapUse::PARTITIONS);
+    }
+
+    /// Of a lookup by key: the pages its maps left to read in the partitions opened so far.
+    pub fn pages_read(&self) -> Option<usize> {
+        self.lookup.as_ref()?;
+        let current = self.current.as_ref().and_then(|c| c.rows.pages_read());
+        Some(self.pages_read + current.unwrap_or(0))
     }
 
     /// Opens the next partition (of a parallel scan: the one the participants read now);
@@ -449,6 +475,12 @@ impl PartitionedRows {
         let at = at as u32;
         if let Some(shared) = self.shared {
             rows.share(shared, Some(at));
+        } else if let (Some(lookup), Some(summary)) = (&self.lookup, &mut self.key_map) {
+            let used = match lookup.definition_in(&leaf.attnums) {
+                Some(definition) => rows.look_up_keys(&definition, &lookup.hashes),
+                None => KeyMapUse::NoMap,
+            };
+            summary.count(used);
         }
         self.current = Some(Current {
             relid: leaf.relid,
@@ -463,6 +495,9 @@ impl PartitionedRows {
     /// take).
     fn close_current(&mut self) {
         let current = self.current.take();
+        if let Some(n) = current.as_ref().and_then(|c| c.rows.pages_read()) {
+            self.pages_read += n;
+        }
         if let (Some(current), Some(shared)) = (current, self.shared) {
             // Nothing left to take from it (a partition of no blocks never moves it on).
             shared.blocks.finish_leaf(current.at);

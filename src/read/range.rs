@@ -23,6 +23,7 @@ use super::pins::{GroupPins, ImageBatches, PinnedBatch};
 use super::table::{self, TableAtSnapshot};
 use crate::error::{corrupt, corrupt_index, error};
 use crate::ffi::memcx::OwnedContext;
+use crate::keymap::KeyLookup;
 use gsnap_core::{ImageRun, RelId, SnapId};
 use gsnap_format::versions::ImageMatcher;
 use pgrx::pg_sys;
@@ -469,16 +470,26 @@ impl RangeCursor {
     }
 
     /// Reads only the blocks the key maps of the range's incarnations say may hold one of
-    /// the keys hashed to `hashes` (key definition `definition`, `keymap.rs`), if a map covers
-    /// every snapshot of the range; call before the first row. Returns what the maps said
-    /// (the candidate pages of all incarnations).
-    pub fn look_up_keys(&mut self, definition: &[u8], hashes: &[u64]) -> KeyMapUse {
+    /// the keys of `lookup` (`keymap.rs`), if a map covers every snapshot of the range; call
+    /// before the first row. Returns what the maps said (the candidate pages of all
+    /// incarnations). Of a partition, the key is the partitioned table's, which the
+    /// partition's map records in its own attributes (by its place at each incarnation's
+    /// first snapshot).
+    pub fn look_up_keys(&mut self, lookup: &KeyLookup) -> KeyMapUse {
         let mut only = Vec::with_capacity(self.segments.len());
         let mut pages = 0;
         for segment in &self.segments {
             let (first, t) = &self.snaps[segment.start];
             let last = self.snaps[segment.end - 1].0;
-            match key_blocks(t.rel, definition, hashes, (*first, last)) {
+            let definition = match self.decoders.parent {
+                None => Some(lookup.definition()),
+                Some(parent) => partitioned::place_in(&t.row_type, parent)
+                    .and_then(|(attnums, _)| lookup.definition_in(attnums)),
+            };
+            let Some(definition) = definition else {
+                return KeyMapUse::NoMap;
+            };
+            match key_blocks(t.rel, &definition, &lookup.hashes, (*first, last)) {
                 Ok(blocks) => {
                     pages += blocks.len();
                     only.push(blocks);
