@@ -51,6 +51,7 @@ DROP TABLE sn_back;
 -- the first snapshot taken at or after it, and ends at the last taken at or before its end)
 CREATE TABLE sr (id int PRIMARY KEY, v int) USING gsnap;
 INSERT INTO sr SELECT g, g FROM generate_series(1, 100) g;
+SELECT clock_timestamp() AS before_r1 \gset
 SELECT gsnap_snapshot(label => 'sr month end') AS r1 \gset
 SELECT clock_timestamp() AS after_r1 \gset
 UPDATE sr SET v = v + 1 WHERE id <= 10;
@@ -68,6 +69,28 @@ SELECT count(*) FROM gsnap_diff_by_key(NULL::sr, 'sr month end', :'r2');
 SELECT count(*) FROM gsnap_diff_at(NULL::sr, :'r2', 'sr today');
 -- a range starting after the last snapshot
 SELECT sqlstate_of($$SELECT * FROM gsnap_range(NULL::sr, '2999-01-01', '2999-12-31')$$);
+-- bounds of type timestamptz (now(), an expression, a driver's parameter): the same rules
+SELECT snap_id - :r1 AS n, count(*) FROM gsnap_range(NULL::sr, :'before_r1'::timestamptz, now())
+GROUP BY 1 ORDER BY 1;
+SELECT snap_id - :r1 AS n, count(*)
+FROM gsnap_range(NULL::sr, :'after_r1'::timestamptz, now() + interval '1 hour') GROUP BY 1 ORDER BY 1;
+SELECT snap_id - :r1 AS n, count(*)
+FROM gsnap_range(NULL::sr, :'before_r1'::timestamptz, :'after_r1'::timestamptz) GROUP BY 1 ORDER BY 1;
+EXPLAIN (COSTS OFF) SELECT * FROM gsnap_range(NULL::sr, now() - interval '1 hour', now());
+SELECT first_snap - :r1 AS f, last_snap - :r1 AS l, count(*)
+FROM gsnap_versions(NULL::sr, :'before_r1'::timestamptz, now()) GROUP BY 1, 2 ORDER BY 1, 2;
+SELECT change, count(*) FROM gsnap_diff(NULL::sr, :'after_r1'::timestamptz, now()) GROUP BY 1 ORDER BY 1;
+SELECT change, count(*) FROM gsnap_diff_by_key(NULL::sr, :'after_r1'::timestamptz, now()) GROUP BY 1;
+SELECT count(*) FROM gsnap_diff_at(NULL::sr, :'after_r1'::timestamptz, now());
+SELECT count(*) FROM (SELECT gsnap_range(NULL::sr, :'after_r1'::timestamptz, now())) AS outside_from;
+PREPARE sr_q(timestamptz, timestamptz) AS
+    SELECT count(DISTINCT snap_id) FROM gsnap_range(NULL::sr, $1, $2);
+EXECUTE sr_q(:'before_r1', now());
+EXECUTE sr_q(:'after_r1', :'after_r3');
+DEALLOCATE sr_q;
+SELECT sqlstate_of($$SELECT * FROM gsnap_range(NULL::sr, now() + interval '1 day', now() + interval '2 days')$$);
+SELECT sqlstate_of($$SELECT * FROM gsnap_range(NULL::sr, NULL::timestamptz, now())$$);
+SELECT sqlstate_of($$SELECT * FROM gsnap_diff(NULL::sr, '1999-01-01'::timestamptz, now())$$);
 DROP TABLE sr;
 
 -- a dropped table's rows by label

@@ -150,23 +150,24 @@ impl ScanTable {
         let Some(datum) = datum else {
             null_argument(what)
         };
-        // The text forms: an id, a label or a time (a range's first snapshot taken at or
-        // after the time it starts at).
+        // The text forms: an id, a label or a time; the timestamptz forms: a time (a
+        // range's first snapshot is the first taken at or after the time it starts at).
+        use crate::sql::asof::Bound;
+        let bound = match (self.kind.over_a_range(), i) {
+            (true, 0) => Bound::From,
+            (true, _) => Bound::To,
+            (false, _) => Bound::At,
+        };
         // SAFETY: the argument's state, prepared in `begin`, keeps its expression.
-        if unsafe { pg_sys::exprType((*self.args[i]).expr.cast()) } == pg_sys::TEXTOID {
-            use crate::sql::asof::Bound;
-            let bound = match (self.kind.over_a_range(), i) {
-                (true, 0) => Bound::From,
-                (true, _) => Bound::To,
-                (false, _) => Bound::At,
-            };
+        let ty = unsafe { pg_sys::exprType((*self.args[i]).expr.cast()) };
+        if ty == pg_sys::TEXTOID {
             // SAFETY: a text datum (its expression's type says so).
             let text = unsafe { crate::ffi::fcinfo::text_string(datum) };
             return crate::sql::asof::resolve_text(&text, bound);
         }
         let value = datum.value() as i64;
-        if self.kind == ScanKind::AsofTime {
-            return crate::sql::asof::resolve_time(value);
+        if ty == pg_sys::TIMESTAMPTZOID {
+            return crate::sql::asof::resolve_time_as(value, bound);
         }
         if value <= 0 {
             no_such_snapshot(value);

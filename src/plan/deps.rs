@@ -47,15 +47,16 @@ pub enum Reader {
     AsofId,
     /// `gsnap_asof(anyelement, timestamptz)`.
     AsofTime,
-    /// `gsnap_range(anyelement, bigint, bigint)`, and its `text` form (the same C function).
+    /// `gsnap_range(anyelement, bigint, bigint)`, and its `text` and `timestamptz` forms (the
+    /// same C function).
     Range,
-    /// `gsnap_diff(anyelement, bigint, bigint)`, and its `text` form.
+    /// `gsnap_diff(anyelement, bigint, bigint)`, and its `text` and `timestamptz` forms.
     Diff,
     /// `gsnap_diff_at(anyelement, bigint, bigint)`: a function scan (no custom scan).
     DiffAt,
     /// `gsnap_diff_by_key(anyelement, bigint, bigint)`: a function scan (no custom scan).
     DiffByKey,
-    /// `gsnap_versions(anyelement, bigint, bigint)`, and its `text` form.
+    /// `gsnap_versions(anyelement, bigint, bigint)`, and its `text` and `timestamptz` forms.
     Versions,
 }
 

@@ -162,10 +162,16 @@ pub fn resolve_text(text: &str, bound: Bound) -> u64 {
     // SAFETY: timestamptz's input function on a C string, with no type modifier; it returns
     // a timestamptz by value or raises an ERROR.
     let t = unsafe { pg_sys::OidInputFunctionCall(input, c.as_ptr().cast_mut(), ioparam, -1) };
-    let t = t.value() as i64;
+    resolve_time_as(t.value() as i64, bound)
+}
+
+/// The snapshot time `t` names as `bound` says: the latest taken at or before it, or, for
+/// the start of a range, the earliest taken at or after it.
+pub fn resolve_time_as(t: pg_sys::TimestampTz, bound: Bound) -> u64 {
     if bound != Bound::From {
         return resolve_time(t);
     }
+    let listed = ipc::snapshots();
     let unix_us = t.saturating_add(UNIX_TO_PG_EPOCH_US);
     listed
         .iter()

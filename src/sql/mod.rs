@@ -72,14 +72,19 @@ pub fn spi_result<T>(function: &str, r: Result<T, pgrx::spi::SpiError>) -> T {
     })
 }
 
-/// Argument `i`, a snapshot: an id (not NULL, positive), or, for the `text` forms, an id, a
-/// label or a time resolved as `bound` says (`asof::resolve_text`).
+/// Argument `i`, a snapshot: an id (not NULL, positive); for the `timestamptz` forms, a
+/// time resolved as `bound` says (`asof::resolve_time_as`); for the `text` forms, an id, a
+/// label or a time (`asof::resolve_text`).
 pub fn snapshot_argument(call: Call, i: usize, what: &str, bound: asof::Bound) -> u64 {
-    if call.arg_type(i) == pg_sys::TEXTOID {
+    let ty = call.arg_type(i);
+    if ty == pg_sys::TEXTOID {
         let text = call.arg_text(i).unwrap_or_else(|| null_argument(what));
         return asof::resolve_text(&text, bound);
     }
     let snap = call.arg_i64(i).unwrap_or_else(|| null_argument(what));
+    if ty == pg_sys::TIMESTAMPTZOID {
+        return asof::resolve_time_as(snap, bound);
+    }
     if snap <= 0 {
         no_such_snapshot(snap);
     }

@@ -102,6 +102,11 @@ CREATE FUNCTION gsnap_range(rel anyelement, from_snap text, to_snap text)
     AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_range(anyelement, text, text) IS
     'gsnap_range with its bounds written as ids, labels or times (the snapshots taken from one time to the other)';
+CREATE FUNCTION gsnap_range(rel anyelement, from_time timestamptz, to_time timestamptz)
+    RETURNS TABLE (snap_id bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION gsnap_range(anyelement, timestamptz, timestamptz) IS
+    'rows of a table at every snapshot taken from one time to the other: gsnap_range(NULL::t, now() - interval ''7 days'', now())';
 "#,
     name = "gsnap_range",
     requires = ["gsnap_preload_check_call"],

@@ -74,6 +74,11 @@ CREATE FUNCTION gsnap_versions(rel anyelement, from_snap text, to_snap text)
     AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_versions(anyelement, text, text) IS
     'gsnap_versions with its bounds written as ids, labels or times';
+CREATE FUNCTION gsnap_versions(rel anyelement, from_time timestamptz, to_time timestamptz)
+    RETURNS TABLE (first_snap bigint, last_snap bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION gsnap_versions(anyelement, timestamptz, timestamptz) IS
+    'gsnap_versions over the snapshots taken from one time to the other';
 "#,
     name = "gsnap_versions",
     requires = ["gsnap_preload_check_call"],
