@@ -151,7 +151,10 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
                             ("gsnap_asof", [f"'{FUZZ_LABEL}'"], ["text"]),
                             ("gsnap_range", [f"'{FUZZ_LABEL}'", "'now'"], ["text", "text"]),
                             ("gsnap_versions", [f"'{ctx.s1}'", "'infinity'"], ["text", "text"]),
-                            ("gsnap_diff", [f"'{FUZZ_LABEL}'", f"'{ctx.s3}'"], ["text", "text"])):
+                            ("gsnap_diff", [f"'{FUZZ_LABEL}'", f"'{ctx.s3}'"], ["text", "text"]),
+                            ("gsnap_range", [good_t, "now()"], ["timestamptz", "timestamptz"]),
+                            ("gsnap_versions", [good_t, "now()"], ["timestamptz", "timestamptz"]),
+                            ("gsnap_diff", [good_t, "now()"], ["timestamptz", "timestamptz"])):
         for rel in REL_ARGS:
             out.append((fn, [rel, *rest], types))
         if types == ["bigint"]:
@@ -164,6 +167,9 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
             texts = ctx.texts()
             out += [(fn, [good_rel, x, rest[1]], types) for x in texts]
             out += [(fn, [good_rel, rest[0], x], types) for x in texts]
+        elif types == ["timestamptz", "timestamptz"]:
+            out += [(fn, [good_rel, t, rest[1]], types) for t in times]
+            out += [(fn, [good_rel, rest[0], t], types) for t in times]
         else:
             out += [(fn, [good_rel, a, b], types) for a, b in pairs]
         # random combinations: any first argument with any other arguments
@@ -175,6 +181,8 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
                 out.append((fn, [rel, rng.choice(times)], types))
             elif types[0] == "text":
                 out.append((fn, [rel, *(rng.choice(ctx.texts()) for _ in types)], types))
+            elif types[0] == "timestamptz":
+                out.append((fn, [rel, rng.choice(times), rng.choice(times)], types))
             else:
                 a, b = rng.choice(pairs) if rng.random() < 0.5 else (rng.choice(ids), rng.choice(ids))
                 out.append((fn, [rel, a, b], types))
