@@ -440,6 +440,40 @@ def test_a_snapshot_is_not_awaited_behind_a_session_this_transaction_blocks(clus
     assert restore(conn, f"'rq', {snap}") == (0, 20, 0)
 
 
+def test_a_column_dropped_while_the_restore_waits_is_not_restored(cluster, conn):
+    """gsnap_restore locks the table (ACCESS SHARE, as a SELECT would) before it reads its
+    columns: a restore queued behind an ALTER TABLE reads the columns that ALTER left, and
+    goes through, where it read them before the lock and then named a column gone."""
+    conn.execute("CREATE TABLE rdc (id int PRIMARY KEY, v int, c text) USING gsnap")
+    conn.execute("INSERT INTO rdc SELECT g, g, 'c' || g FROM generate_series(1, 200) g")
+    snap = snapshot(conn)
+    conn.execute("UPDATE rdc SET v = -v WHERE id <= 30")
+    conn.execute("DELETE FROM rdc WHERE id > 190")
+    with cluster.connect(autocommit=False) as alter, cluster.connect(autocommit=True) as r:
+        alter.execute("ALTER TABLE rdc DROP COLUMN c")
+        result = {}
+
+        def run():
+            try:
+                result["counts"] = restore(r, f"'rdc', {snap}")
+            except psycopg.Error as e:
+                result["error"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.time() + 10
+        while not conn.execute("SELECT count(*) FROM pg_locks WHERE relation = 'rdc'::regclass"
+                               " AND NOT granted").fetchone()[0]:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        alter.commit()
+        t.join(30)
+    assert "error" not in result, result
+    assert result["counts"] == (0, 30, 10)
+    assert rows(conn, "SELECT * FROM rdc") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rdc, {snap})")
+    assert conn.execute("SELECT count(*) FROM rdc WHERE v < 0").fetchone()[0] == 0
+
+
 def test_identity_and_generated_columns_are_restored(conn):
     conn.execute("CREATE TABLE rg (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v int, "
                  "d int GENERATED ALWAYS AS (v * 10) STORED) USING gsnap")

@@ -14,6 +14,25 @@ use gsnap_format::diff::{pair_hashed, Change};
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 
+/// The attribute numbers of the primary key of `rel`, in the key's order; None if it has
+/// none.
+pub fn primary_key_columns(rel: &OpenRelation) -> Option<Vec<i16>> {
+    // SAFETY: an open relation: its primary key index's OID, and that index opened and
+    // closed here (its key attribute numbers copied out).
+    unsafe {
+        let index = pg_sys::RelationGetPrimaryKeyIndex(rel.as_ptr());
+        if index == pg_sys::InvalidOid {
+            return None;
+        }
+        let ix = pg_sys::index_open(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let form = &*(*ix).rd_index;
+        let n = form.indnkeyatts as usize;
+        let keys = form.indkey.values.as_slice(n).to_vec();
+        pg_sys::index_close(ix, pg_sys::NoLock as pg_sys::LOCKMODE);
+        Some(keys)
+    }
+}
+
 /// A row of the diff by key: what happened to the key from a to b.
 pub enum KeyedChange {
     /// At both, with other contents: the row at a, the row at b and its TID at b.
@@ -44,20 +63,7 @@ impl Key {
     /// The primary key of `rel`; None if it has none, or if a key column's type has no hash
     /// function or equality operator.
     pub fn of(rel: &OpenRelation) -> Option<Key> {
-        // SAFETY: an open relation: its primary key index's OID, and that index opened and
-        // closed here (its key attribute numbers copied out).
-        let attnums: Vec<i16> = unsafe {
-            let index = pg_sys::RelationGetPrimaryKeyIndex(rel.as_ptr());
-            if index == pg_sys::InvalidOid {
-                return None;
-            }
-            let ix = pg_sys::index_open(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            let form = &*(*ix).rd_index;
-            let n = form.indnkeyatts as usize;
-            let keys = form.indkey.values.as_slice(n).to_vec();
-            pg_sys::index_close(ix, pg_sys::NoLock as pg_sys::LOCKMODE);
-            keys
-        };
+        let attnums = primary_key_columns(rel)?;
         // SAFETY: the relation is open.
         let attributes = unsafe { crate::ffi::tuple::attributes(rel.descriptor()) };
         let mut columns = Vec::with_capacity(attnums.len());

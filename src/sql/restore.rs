@@ -3,7 +3,8 @@
 //! differ; or writes the snapshot's rows into a new table (`into_table`).
 //!
 //! How (README, "Restore"):
-//! 1. checks: an ordinary or partitioned table (every partition a gsnap table: its rows are
+//! 1. locks the table ACCESS SHARE (as a SELECT does, before its columns are read), and
+//!    checks: an ordinary or partitioned table (every partition a gsnap table: its rows are
 //!    those of the partitions it had at the snapshot, `read::partitioned`, matched across
 //!    partitions, changed by partition and `ctid`, inserted through the partitioned table);
 //!    SELECT, INSERT, UPDATE and DELETE on it, all named at once (the statements below would
@@ -43,6 +44,7 @@
 //! constraint triggers and logs it as it would the caller's own SQL.
 
 use crate::error::{error, null_argument};
+use crate::ffi::catalog::quote_ident;
 use crate::ffi::regclass::RegClass;
 use crate::ffi::relation::{relation_kind, relation_name, OpenRelation};
 use crate::read::by_key::Key;
@@ -151,43 +153,51 @@ struct Table {
 }
 
 impl Table {
-    fn read(client: &SpiClient<'_>, relid: pg_sys::Oid) -> Table {
-        let oid = i64::from(relid.to_u32());
-        let row = spi(client.select(
-            "SELECT format('%I.%I', n.nspname, c.relname), quote_ident(coalesce(a.amname, \
-             CASE c.relkind WHEN 'p' THEN 'gsnap' ELSE 'heap' END)), c.relkind = 'p' \
-             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-             LEFT JOIN pg_am a ON a.oid = c.relam WHERE c.oid = $1::oid",
-            Some(1),
-            &[oid.into()],
-        ))
-        .first();
-        let name: String = spi(row.get(1)).unwrap_or_default();
-        let access_method: String = spi(row.get(2)).unwrap_or_default();
-        let partitioned: bool = spi(row.get(3)).unwrap_or(false);
-        let mut columns = Vec::new();
-        for row in spi(client.select(
-            "SELECT quote_ident(a.attname), a.attgenerated <> '', \
-             coalesce(a.attnum = ANY(i.indkey::int2[]), false), a.attnum \
-             FROM pg_attribute a \
-             LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary \
-             WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped \
-             ORDER BY a.attnum",
-            None,
-            &[oid.into()],
-        )) {
-            columns.push(Column {
-                name: spi(row.get(1)).unwrap_or_default(),
-                generated: spi(row.get(2)).unwrap_or(false),
-                key: spi(row.get(3)).unwrap_or(false),
-                attnum: spi(row.get(4)).unwrap_or_default(),
-                added: false,
+    /// The table as it is, from the relation cache: the caller has locked it, so the
+    /// definition is the one the schema changes it waited for left (a query of the catalog
+    /// would see it as of the statement's snapshot, taken before the wait).
+    fn read(relid: pg_sys::Oid) -> Table {
+        let rel =
+            OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE).unwrap_or_else(|| {
+                error(
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+                    format!("relation with OID {} does not exist", relid.to_u32()),
+                )
+                .raise()
             });
-        }
+        let class = rel.class();
+        let partitioned = class.relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE;
+        let access_method = match class.relam {
+            am if am == pg_sys::InvalidOid => {
+                if partitioned { "gsnap" } else { "heap" }.to_string()
+            }
+            // SAFETY: a catalog lookup of the table's access method (NULL: none).
+            am => unsafe {
+                let name = pg_sys::get_am_name(am);
+                if name.is_null() {
+                    "heap".to_string()
+                } else {
+                    crate::ffi::catalog::string_from(name)
+                }
+            },
+        };
+        let key = crate::read::by_key::primary_key_columns(&rel).unwrap_or_default();
+        // SAFETY: the open relation's descriptor, read while it is open.
+        let columns = unsafe { crate::ffi::tuple::attributes(rel.descriptor()) }
+            .iter()
+            .filter(|a| !a.attisdropped)
+            .map(|a| Column {
+                name: quote_ident(&crate::ffi::catalog::name_of(&a.attname).to_string_lossy()),
+                generated: a.attgenerated != 0,
+                key: key.contains(&a.attnum),
+                attnum: a.attnum,
+                added: false,
+            })
+            .collect();
         Table {
             relid,
-            name,
-            access_method,
+            name: crate::ffi::relation::qualified_name(relid).unwrap_or_default(),
+            access_method: quote_ident(&access_method),
             columns,
             partitioned,
         }
@@ -336,6 +346,11 @@ fn restore(
     let relid = rel
         .unwrap_or_else(|| null_argument("the table of gsnap_restore"))
         .0;
+    // Locked before its definition is read, as a SELECT's parse analysis locks it: a schema
+    // change the restore queues behind is over before its columns are read (and none can
+    // start until the transaction ends). The lock is kept; a dropped table is found below.
+    // SAFETY: a lock by OID; it raises an ERROR (a deadlock, a timeout) or returns locked.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     match relation_kind(relid) {
         Some(pg_sys::RELKIND_RELATION) => crate::read::partitioned::note_inheriting_tables(
             relid,
@@ -360,7 +375,7 @@ fn restore(
     let filter = condition.map(|c| format!("coalesce(({c}), false)"));
     let _quiet = crate::read::partitioned::QuietInheritance::new();
     Spi::connect_mut(|client| {
-        let mut table = Table::read(client, relid);
+        let mut table = Table::read(relid);
         // The privileges first: what the snapshot held is read to find the columns added
         // since.
         match into_table {
