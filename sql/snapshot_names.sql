@@ -99,3 +99,9 @@ INSERT INTO sd VALUES (1, 'kept');
 SELECT gsnap_snapshot(label => 'sd before drop') IS NOT NULL AS taken;
 DROP TABLE sd;
 SELECT * FROM gsnap_asof_dropped('public.sd', 'sd before drop') AS t(id int, v text);
+-- a NULL snapshot, in each form, names the argument
+SELECT sqlstate_of($$SELECT * FROM gsnap_asof_dropped('public.sd', NULL::text) AS t(id int, v text)$$);
+SELECT sqlstate_of($$SELECT * FROM gsnap_asof_dropped('public.sd', NULL::bigint) AS t(id int, v text)$$);
+SELECT sqlstate_of($$SELECT gsnap_table_definition('public.sd', NULL)$$);
+SELECT sqlstate_of($$SELECT gsnap_undrop('public.sd', NULL::bigint)$$);
+SELECT sqlstate_of($$SELECT gsnap_undrop('public.sd', NULL::text)$$);

@@ -299,7 +299,7 @@ pub unsafe extern "C-unwind" fn gsnap_asof_dropped_id(
         snapshot_argument(
             call,
             1,
-            "the snapshot id of gsnap_asof_dropped",
+            "the snapshot of gsnap_asof_dropped",
             crate::sql::asof::Bound::At,
         )
     };
@@ -348,7 +348,7 @@ COMMENT ON FUNCTION gsnap_asof_dropped(text, text) IS
 fn gsnap_table_definition(table_name: Option<&str>, snap_id: Option<i64>) -> String {
     require_gsnap_database();
     let name = table_name.unwrap_or_else(|| null_argument("the table name"));
-    let snap = snapshot_id(snap_id);
+    let snap = snapshot_id(snap_id, "gsnap_table_definition");
     let t = find(snap, name);
     require_reader(&t);
     let r = plan(&t, &t.name, true);
@@ -360,8 +360,9 @@ fn gsnap_table_definition(table_name: Option<&str>, snap_id: Option<i64>) -> Str
     out.join("\n")
 }
 
-fn snapshot_id(snap_id: Option<i64>) -> u64 {
-    let snap = snap_id.unwrap_or_else(|| null_argument("the snapshot id"));
+/// A snapshot id argument of `function`: not NULL, positive.
+fn snapshot_id(snap_id: Option<i64>, function: &str) -> u64 {
+    let snap = snap_id.unwrap_or_else(|| null_argument(&format!("the snapshot of {function}")));
     if snap <= 0 {
         crate::error::no_such_snapshot(snap);
     }
@@ -376,7 +377,7 @@ fn gsnap_undrop(
     snap_id: Option<i64>,
     new_name: default!(Option<&str>, "NULL"),
 ) -> i64 {
-    undrop(table_name, snapshot_id(snap_id), new_name)
+    undrop(table_name, snapshot_id(snap_id, "gsnap_undrop"), new_name)
 }
 
 /// [`gsnap_undrop`] as of the latest snapshot taken at or before `taken_at`.
