@@ -431,6 +431,13 @@ SMITH_SETUP = [
     "INSERT INTO smith.sm_u SELECT i, repeat('u', i) FROM generate_series(1, 40) i",
     "CREATE TABLE smith.sm_heap (id int, v text) USING heap",
     "INSERT INTO smith.sm_heap SELECT i, 'h' || i FROM generate_series(1, 40) i",
+    # a partitioned table with a key: its equality conditions are key lookups in each
+    # partition's map
+    "CREATE TABLE smith.sm_p (id int PRIMARY KEY, v text, at date) PARTITION BY HASH (id)",
+    "CREATE TABLE smith.sm_p0 PARTITION OF smith.sm_p FOR VALUES WITH (MODULUS 2, REMAINDER 0) USING gsnap",
+    "CREATE TABLE smith.sm_p1 (at date, v text, id int NOT NULL) USING gsnap",
+    "ALTER TABLE smith.sm_p ATTACH PARTITION smith.sm_p1 FOR VALUES WITH (MODULUS 2, REMAINDER 1)",
+    "INSERT INTO smith.sm_p SELECT i, 'p' || i, DATE '2026-01-01' + i FROM generate_series(1, 300) i",
 ]
 SMITH_BETWEEN = [
     "UPDATE smith.sm_a SET s = s || '*', n = n + 1 WHERE id % 5 = 0",
@@ -438,8 +445,9 @@ SMITH_BETWEEN = [
     "UPDATE smith.sm_a SET big = (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 120) g) WHERE id % 77 = 1",
     "INSERT INTO smith.sm_b SELECT i, i, 'later', NULL FROM generate_series(61, 70) i",
     "UPDATE smith.sm_u SET v = 'changed' WHERE id % 3 = 0",
+    "UPDATE smith.sm_p SET v = v || '+', id = id + 1000 WHERE id % 11 = 0",
 ]
-SMITH_TABLES = ("sm_a", "sm_b", "sm_u", "sm_heap")
+SMITH_TABLES = ("sm_a", "sm_b", "sm_u", "sm_heap", "sm_p")
 
 
 def smith_views(s1: int, s2: int, s3: int, ts2: str) -> list[str]:
@@ -461,6 +469,11 @@ def smith_views(s1: int, s2: int, s3: int, ts2: str) -> list[str]:
         "CREATE VIEW smith.v_snapshots AS SELECT * FROM gsnap_snapshots()",
         f"CREATE VIEW smith.v_snapshot_tables AS SELECT * FROM gsnap_snapshot_tables({s2})",
         f"CREATE VIEW smith.v_fn AS SELECT gsnap_asof(NULL::smith.sm_b, {s1}) AS r",
+        f"CREATE VIEW smith.v_asof_p AS SELECT * FROM gsnap_asof(NULL::smith.sm_p, {s2})",
+        f"CREATE VIEW smith.v_versions_p AS SELECT first_snap, last_snap, (rec).* "
+        f"FROM gsnap_versions(NULL::smith.sm_p, '{ts2}'::timestamptz, now())",
+        f"CREATE VIEW smith.v_range_p AS SELECT snap_id, (rec).* "
+        f"FROM gsnap_range(NULL::smith.sm_p, {s1}, {s3})",
     ]
 
 
@@ -580,7 +593,7 @@ def test_sqlsmith(fz):
         c.execute("CREATE ROLE smith LOGIN")
         c.execute("GRANT USAGE ON SCHEMA smith TO smith")
         c.execute("GRANT SELECT ON ALL TABLES IN SCHEMA smith TO smith")
-        c.execute("GRANT INSERT, UPDATE, DELETE ON smith.sm_a, smith.sm_b, smith.sm_u TO smith")
+        c.execute("GRANT INSERT, UPDATE, DELETE ON smith.sm_a, smith.sm_b, smith.sm_u, smith.sm_p TO smith")
         # sqlsmith sees what information_schema shows it: not the extension's other objects
         c.execute("ALTER ROLE smith SET search_path = smith, public")
         # parallel plans wherever PostgreSQL may make one: the AS OF scan's parallel-aware
@@ -614,7 +627,7 @@ def test_sqlsmith(fz):
         # what sqlsmith wrote is snapshotted faithfully
         with connect(fz, timeout_s=120) as c:
             s = c.execute("SELECT gsnap_snapshot()").fetchone()[0]
-            for t in ("sm_a", "sm_b", "sm_u"):
+            for t in ("sm_a", "sm_b", "sm_u", "sm_p"):
                 live = c.execute(f"SELECT count(*), md5(coalesce(string_agg(r::text, '|' ORDER BY r::text), ''))"
                                  f" FROM smith.{t} r").fetchone()
                 asof = c.execute(f"SELECT count(*), md5(coalesce(string_agg(r::text, '|' ORDER BY r::text), ''))"

@@ -789,3 +789,146 @@ def test_a_partitioned_table_with_a_column_added_since_keeps_it(conn):
     assert rows(conn, "SELECT id, region, v FROM rpadd") == \
         rows(conn, f"SELECT id, region, v FROM gsnap_asof(NULL::rpadd, {snap})")
     assert rows(conn, "SELECT flag, count(*) FROM rpadd GROUP BY 1") == Counter({(7, 50): 1, (8, 10): 1})
+
+
+def restore_tables(conn, call: str) -> dict:
+    """gsnap_restore_tables: {table: (deleted, updated, inserted)}."""
+    return {r[0]: tuple(r[1:]) for r in conn.execute(f"SELECT * FROM gsnap_restore_tables({call})")}
+
+
+def test_parents_and_children_are_restored_together(cluster, conn):
+    """A deploy changed orders and their lines both ways: lines moved to an order added since,
+    orders deleted with their lines, contents changed. Neither table can be restored alone,
+    in either order (a NO ACTION foreign key refuses each), but gsnap_restore_tables changes
+    both in one statement and the keys are checked once every row is back; with the snapshot
+    the restore takes of both tables, and by comparing whole tables in a transaction that
+    wrote; by id, label and time; all or nothing; idempotent."""
+    conn.execute("CREATE TABLE ord (id int PRIMARY KEY, customer text) USING gsnap")
+    conn.execute("CREATE TABLE ord_line (id int PRIMARY KEY, ord int NOT NULL REFERENCES ord, qty int) USING gsnap")
+    conn.execute("CREATE TABLE ord_log (n int)")
+    conn.execute("CREATE FUNCTION ord_log() RETURNS trigger LANGUAGE plpgsql AS "
+                 "$$BEGIN INSERT INTO ord_log VALUES (1); RETURN NULL; END$$")
+    conn.execute("CREATE TRIGGER ord_line_log AFTER INSERT OR UPDATE OR DELETE ON ord_line "
+                 "FOR EACH ROW EXECUTE FUNCTION ord_log()")
+    conn.execute("INSERT INTO ord SELECT g, 'c' || g FROM generate_series(1, 5000) g")
+    conn.execute("INSERT INTO ord_line SELECT g, (g - 1) / 4 + 1, g FROM generate_series(1, 20000) g")
+    conn.execute("TRUNCATE ord_log")
+    snap = conn.execute("SELECT gsnap_snapshot(label => 'ord before the deploy')").fetchone()[0]
+    want = {t: rows(conn, f"SELECT * FROM gsnap_asof(NULL::{t}, {snap})") for t in ("ord", "ord_line")}
+
+    def deploy():
+        conn.execute("INSERT INTO ord VALUES (10000, 'new'), (10001, 'new')")
+        conn.execute("UPDATE ord_line SET ord = 10000 WHERE ord = 10")  # lines moved to a new order
+        conn.execute("DELETE FROM ord_line WHERE ord IN (1, 2, 3)")
+        conn.execute("DELETE FROM ord WHERE id IN (1, 2, 3, 10)")  # orders gone with their lines
+        conn.execute("INSERT INTO ord_line VALUES (50000, 10001, 1)")
+        conn.execute("UPDATE ord SET customer = 'renamed' WHERE id BETWEEN 20 AND 29")
+        conn.execute("UPDATE ord_line SET qty = -qty WHERE id BETWEEN 101 AND 124")
+        conn.execute("TRUNCATE ord_log")  # what the deploy's changes logged
+
+    deploy()
+    live = {t: rows(conn, f"SELECT * FROM {t}") for t in ("ord", "ord_line")}
+    # Alone, in either order: refused by the foreign key, nothing changed.
+    for first in ("ord", "ord_line"):
+        conn.execute("BEGIN")
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            restore(conn, f"'{first}', {snap}")
+        conn.execute("ROLLBACK")
+    assert {t: rows(conn, f"SELECT * FROM {t}") for t in live} == live
+    # Together (few pages changed: the restore takes one snapshot of both, the undo point,
+    # and reads the rows that changed since).
+    before = conn.execute("SELECT count(*) FROM gsnap_snapshots()").fetchone()[0]
+    got = restore_tables(conn, f"ARRAY['ord', 'ord_line'], {snap}")
+    assert got == {"public.ord": (2, 10, 4), "public.ord_line": (1, 28, 12)}, got
+    assert conn.execute("SELECT count(*) FROM gsnap_snapshots()").fetchone()[0] == before + 1
+    assert {t: rows(conn, f"SELECT * FROM {t}") for t in want} == want
+    assert conn.execute("SELECT count(*) FROM ord_log").fetchone()[0] == 0  # triggers off
+    assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'ord_line_log' "
+                        "AND tgenabled = 'O'").fetchone()[0] == 1  # and back on
+    # Again: nothing to change.
+    assert restore_tables(conn, f"ARRAY['ord_line', 'ord'], {snap}") == {
+        "public.ord_line": (0, 0, 0), "public.ord": (0, 0, 0)}
+    # The same deploy again, restored by label in a transaction that already wrote (whole
+    # tables compared, no snapshot taken), the tables named the other way round.
+    deploy()
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO ord_log VALUES (0)")
+    got = restore_tables(conn, "'{ord_line,ord}', 'ord before the deploy', triggers => true")
+    assert got == {"public.ord_line": (1, 28, 12), "public.ord": (2, 10, 4)}, got
+    assert {t: rows(conn, f"SELECT * FROM {t}") for t in want} == want
+    assert conn.execute("SELECT count(*) FROM ord_log").fetchone()[0] == 1 + 1 + 28 + 12
+    conn.execute("ROLLBACK")  # all or nothing
+    assert {t: rows(conn, f"SELECT * FROM {t}") for t in live} == live
+    # By time.
+    taken_at = conn.execute("SELECT taken_at FROM gsnap_snapshots() WHERE snap_id = %s", (snap,)).fetchone()[0]
+    conn.execute("SELECT * FROM gsnap_restore_tables(ARRAY['ord', 'ord_line'], %s)", (taken_at,))
+    assert {t: rows(conn, f"SELECT * FROM {t}") for t in want} == want
+
+
+def test_restoring_tables_together_puts_a_self_referencing_table_back(conn):
+    """A foreign key of a table on itself with ON DELETE CASCADE: in gsnap_restore, deleting
+    the row added since would cascade into a row the restore was to update back (27000, see
+    above); gsnap_restore_tables changes the rows in one statement, alone or with another
+    table, the keys and their actions come once every row is back, and the table ends as the
+    snapshot had it."""
+    conn.execute("CREATE TABLE rs2 (id int PRIMARY KEY, parent int REFERENCES rs2 ON DELETE CASCADE, v int) USING gsnap")
+    conn.execute("CREATE TABLE rs2_other (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("INSERT INTO rs2 SELECT g, NULL, 0 FROM generate_series(1, 100) g")
+    conn.execute("INSERT INTO rs2_other SELECT g, 0 FROM generate_series(1, 10) g")
+    snap = snapshot(conn)
+    conn.execute("INSERT INTO rs2 VALUES (5000, NULL, 0)")
+    conn.execute("UPDATE rs2 SET parent = 5000, v = 1 WHERE id = 5")
+    conn.execute("UPDATE rs2_other SET v = 1 WHERE id = 1")
+    conn.execute("BEGIN")
+    with pytest.raises(psycopg.errors.TriggeredDataChangeViolation):
+        restore(conn, f"'rs2', {snap}")
+    conn.execute("ROLLBACK")
+    conn.execute("BEGIN")
+    assert restore_tables(conn, f"ARRAY['rs2'], {snap}") == {"public.rs2": (1, 1, 0)}
+    assert rows(conn, "SELECT * FROM rs2") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rs2, {snap})")
+    conn.execute("ROLLBACK")
+    assert restore_tables(conn, f"ARRAY['rs2', 'rs2_other'], {snap}") == {
+        "public.rs2": (1, 1, 0), "public.rs2_other": (0, 1, 0)}
+    for t in ("rs2", "rs2_other"):
+        assert rows(conn, f"SELECT * FROM {t}") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::{t}, {snap})")
+
+
+def test_restoring_tables_together_refuses_what_it_cannot_do(cluster, conn):
+    conn.execute("CREATE TABLE rt_a (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("CREATE TABLE rt_b (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("CREATE TABLE rt_p (id int PRIMARY KEY, v int) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE rt_p1 PARTITION OF rt_p FOR VALUES FROM (0) TO (100) USING gsnap")
+    conn.execute("INSERT INTO rt_a SELECT g, g FROM generate_series(1, 10) g")
+    conn.execute("INSERT INTO rt_b SELECT g, g FROM generate_series(1, 10) g")
+    conn.execute("INSERT INTO rt_p SELECT g, g FROM generate_series(1, 10) g")
+    snap = snapshot(conn)
+    conn.execute("UPDATE rt_a SET v = 0; UPDATE rt_b SET v = 0; UPDATE rt_p SET v = 0")
+    for call, state, text in [
+        (f"ARRAY['rt_a', 'rt_a'], {snap}", "22023", "names table rt_a twice"),
+        (f"ARRAY['rt_p', 'rt_p1'], {snap}", "22023", "and its partition"),
+        (f"ARRAY[]::text[], {snap}", "22023", "no table"),
+        (f"ARRAY['rt_a', NULL], {snap}", "22004", "must not be NULL"),
+        (f"NULL::text[], {snap}", "22004", "must not be NULL"),
+        (f"ARRAY['rt_a'], NULL::bigint", "22004", "must not be NULL"),
+        (f"ARRAY['rt_a', 'rt_nosuch'], {snap}", "42P01", "rt_nosuch"),
+        (f"ARRAY['rt_a', 'pg_class'], {snap}", "42P01", "pg_class is not in snapshot"),
+    ]:
+        with pytest.raises(psycopg.Error) as e:
+            restore_tables(conn, call)
+        assert e.value.sqlstate == state, (call, e.value)
+        assert text is None or text in str(e.value), (call, e.value)
+    assert conn.execute("SELECT sum(v) FROM rt_a").fetchone()[0] == 0
+    # Privileges: every table's, the missing ones named; nothing changed.
+    conn.execute("CREATE ROLE rt_writer LOGIN")
+    conn.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON rt_a TO rt_writer")
+    conn.execute("GRANT SELECT, INSERT ON rt_b TO rt_writer")
+    with cluster.connect(user="rt_writer") as r:
+        r.autocommit = True
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as e:
+            restore_tables(r, f"ARRAY['rt_a', 'rt_b'], {snap}")
+        assert "rt_b" in str(e.value), e.value
+    assert conn.execute("SELECT sum(v) FROM rt_a").fetchone()[0] == 0
+    # A partitioned table with another table.
+    assert restore_tables(conn, f"ARRAY['rt_p', 'rt_a', 'rt_b'], {snap}") == {
+        "public.rt_p": (0, 10, 0), "public.rt_a": (0, 10, 0), "public.rt_b": (0, 10, 0)}
+    assert conn.execute("SELECT sum(v) FROM rt_p").fetchone()[0] == 55

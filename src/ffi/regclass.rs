@@ -43,3 +43,14 @@ unsafe impl<'fcx> ArgAbi<'fcx> for RegClass {
 }
 
 pgrx::impl_sql_translatable!(RegClass, "regclass");
+
+/// The relation `name` names, read as a `regclass` literal is (the caller's search path;
+/// `regclass`'s own ERROR for a relation that does not exist).
+pub fn regclass_in(name: &str) -> pg_sys::Oid {
+    let c = std::ffi::CString::new(name).unwrap_or_default();
+    let (input, ioparam) = crate::ffi::catalog::input_function(pg_sys::REGCLASSOID);
+    // SAFETY: regclass's input function on a C string, with no type modifier; it returns an
+    // OID by value or raises an ERROR.
+    let d = unsafe { pg_sys::OidInputFunctionCall(input, c.as_ptr().cast_mut(), ioparam, -1) };
+    pg_sys::Oid::from(d.value() as u32)
+}
