@@ -537,16 +537,21 @@ def test_odd_arguments_give_rows_or_a_clean_error(cluster, conn):
               ", condition => 'id / 0 = 1'", ", condition => 'v'", ", into_table => NULL",
               ", into_table => 'a.b.c.d'", ", into_table => 'pg_catalog.ro_x'", ", into_table => '\"\"'",
               ", triggers => NULL"]
-    calls = [f"{r}, {s}" for r in rels for s in snaps]
-    calls += [f"'ro', {snap}{e}" for e in extras]
+    calls = [("gsnap_restore", f"{r}, {s}") for r in rels for s in snaps]
+    calls += [("gsnap_restore", f"'ro', {snap}{e}") for e in extras]
+    # Several tables at once: each odd table with a good one, names that are no tables.
+    names = [r for r in rels if r.startswith("'")] + ["'ro_nosuch'", "'\"ro'", "'a.b.c.d'", "''",
+                                                      "NULL", f"'{dropped}'"]
+    calls += [("gsnap_restore_tables", f"ARRAY['ro', {n}], {s}") for n in names for s in snaps[:6]]
+    calls += [("gsnap_restore_tables", f"ARRAY['ro'], {snap}{e}") for e in (", triggers => NULL", "")]
     outcomes = Counter()
-    for call in calls:
+    for fn, call in calls:
         conn.execute("BEGIN")
         try:
-            conn.execute(f"SELECT * FROM gsnap_restore({call})").fetchall()
+            conn.execute(f"SELECT * FROM {fn}({call})").fetchall()
             outcomes["rows"] += 1
         except psycopg.Error as e:
-            assert e.sqlstate and e.sqlstate != "XX000", f"gsnap_restore({call}): {e.sqlstate} {e}"
+            assert e.sqlstate and e.sqlstate != "XX000", f"{fn}({call}): {e.sqlstate} {e}"
             outcomes[e.sqlstate] += 1
         finally:
             conn.execute("ROLLBACK")
