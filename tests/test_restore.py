@@ -937,3 +937,51 @@ def test_restoring_tables_together_refuses_what_it_cannot_do(cluster, conn):
     assert restore_tables(conn, f"ARRAY['rt_p', 'rt_a', 'rt_b'], {snap}") == {
         "public.rt_p": (0, 10, 0), "public.rt_a": (0, 10, 0), "public.rt_b": (0, 10, 0)}
     assert conn.execute("SELECT sum(v) FROM rt_p").fetchone()[0] == 55
+
+
+def test_a_dry_run_says_what_a_restore_would_do_and_changes_nothing(cluster, conn):
+    """dry_run => true: the counts the restore would return, from the same diff, with nothing
+    written, no snapshot taken, no trigger touched, no lock beyond a SELECT's; a role with
+    only SELECT may ask. For gsnap_restore (with a condition, into a new table) and
+    gsnap_restore_tables."""
+    conn.execute("CREATE TABLE rdry (id int PRIMARY KEY, v int) USING gsnap")
+    conn.execute("CREATE TABLE rdry_nokey (v int) USING gsnap")
+    conn.execute("INSERT INTO rdry SELECT g, g FROM generate_series(1, 3000) g")
+    conn.execute("INSERT INTO rdry_nokey SELECT g % 50 FROM generate_series(1, 500) g")
+    snap = snapshot(conn)
+    conn.execute("UPDATE rdry SET v = -v WHERE id <= 40")
+    conn.execute("DELETE FROM rdry WHERE id BETWEEN 100 AND 109")
+    conn.execute("INSERT INTO rdry VALUES (5000, 0), (5001, 0)")
+    conn.execute("DELETE FROM rdry_nokey WHERE v = 7")
+    conn.execute("INSERT INTO rdry_nokey VALUES (-1), (-1)")
+    live = {t: rows(conn, f"SELECT * FROM {t}") for t in ("rdry", "rdry_nokey")}
+    snaps = conn.execute("SELECT count(*) FROM gsnap_snapshots()").fetchone()[0]
+    conn.execute("CREATE ROLE rdry_reader LOGIN")
+    conn.execute("GRANT SELECT ON rdry, rdry_nokey TO rdry_reader")
+    with cluster.connect(user="rdry_reader") as r:
+        r.autocommit = True
+        assert restore(r, f"'rdry', {snap}, dry_run => true") == (2, 40, 10)
+        assert restore(r, f"'rdry', {snap}, condition => 'id < 20', dry_run => true") == (0, 19, 0)
+        assert restore(r, f"'rdry_nokey', {snap}, dry_run => true") == (2, 0, 10)
+        assert restore(r, f"'rdry', {snap}, into_table => 'rdry_copy', condition => 'id <= 1000', "
+                          "dry_run => true") == (0, 0, 1000)
+        assert restore_tables(r, f"ARRAY['rdry', 'rdry_nokey'], {snap}, dry_run => true") == {
+            "public.rdry": (2, 40, 10), "public.rdry_nokey": (2, 0, 10)}
+        # Without the dry run the reader is refused, naming what it lacks.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            restore(r, f"'rdry', {snap}")
+    assert {t: rows(conn, f"SELECT * FROM {t}") for t in live} == live
+    assert conn.execute("SELECT to_regclass('rdry_copy')").fetchone()[0] is None
+    assert conn.execute("SELECT count(*) FROM gsnap_snapshots()").fetchone()[0] == snaps
+    # In a transaction: only the ACCESS SHARE lock a SELECT takes.
+    conn.execute("BEGIN")
+    restore(conn, f"'rdry', {snap}, dry_run => true")
+    modes = {m for (m,) in conn.execute("SELECT mode FROM pg_locks WHERE relation = 'rdry'::regclass "
+                                        "AND pid = pg_backend_pid()")}
+    conn.execute("ROLLBACK")
+    assert modes == {"AccessShareLock"}, modes
+    # The restore itself returns what the dry run said.
+    assert restore(conn, f"'rdry', {snap}") == (2, 40, 10)
+    assert restore(conn, f"'rdry_nokey', {snap}") == (2, 0, 10)
+    with pytest.raises(psycopg.errors.NullValueNotAllowed):
+        restore(conn, f"'rdry', {snap}, dry_run => NULL")

@@ -68,6 +68,7 @@ fn gsnap_restore(
     condition: default!(Option<&str>, "NULL"),
     into_table: default!(Option<&str>, "NULL"),
     triggers: default!(Option<bool>, false),
+    dry_run: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -77,7 +78,7 @@ fn gsnap_restore(
     ),
 > {
     let snap = snap_id.unwrap_or_else(|| null_argument("the snapshot id of gsnap_restore"));
-    TableIterator::once(restore(rel, snap, condition, into_table, triggers))
+    TableIterator::once(restore(rel, snap, condition, into_table, triggers, dry_run))
 }
 
 /// [`gsnap_restore`] as of the latest snapshot taken at or before `taken_at`.
@@ -88,6 +89,7 @@ fn gsnap_restore_time(
     condition: default!(Option<&str>, "NULL"),
     into_table: default!(Option<&str>, "NULL"),
     triggers: default!(Option<bool>, false),
+    dry_run: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -98,7 +100,14 @@ fn gsnap_restore_time(
 > {
     let t = taken_at.unwrap_or_else(|| null_argument("the time of gsnap_restore"));
     let snap = resolve_time(pg_sys::TimestampTz::from(t));
-    TableIterator::once(restore(rel, snap as i64, condition, into_table, triggers))
+    TableIterator::once(restore(
+        rel,
+        snap as i64,
+        condition,
+        into_table,
+        triggers,
+        dry_run,
+    ))
 }
 
 /// [`gsnap_restore`] of the snapshot written as text: its id, its label or a time
@@ -110,6 +119,7 @@ fn gsnap_restore_text(
     condition: default!(Option<&str>, "NULL"),
     into_table: default!(Option<&str>, "NULL"),
     triggers: default!(Option<bool>, false),
+    dry_run: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -120,7 +130,14 @@ fn gsnap_restore_text(
 > {
     let text = snapshot.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore"));
     let snap = crate::sql::asof::resolve_text(text, crate::sql::asof::Bound::At);
-    TableIterator::once(restore(rel, snap as i64, condition, into_table, triggers))
+    TableIterator::once(restore(
+        rel,
+        snap as i64,
+        condition,
+        into_table,
+        triggers,
+        dry_run,
+    ))
 }
 
 /// What [`gsnap_restore_tables`] returns: a row per table.
@@ -138,6 +155,7 @@ fn gsnap_restore_tables(
     tables: Option<Vec<Option<String>>>,
     snap_id: Option<i64>,
     triggers: default!(Option<bool>, false),
+    dry_run: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -148,7 +166,7 @@ fn gsnap_restore_tables(
     ),
 > {
     let snap = snap_id.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore_tables"));
-    tables_counts(restore_tables(tables, snap, triggers))
+    tables_counts(restore_tables(tables, snap, triggers, dry_run))
 }
 
 /// [`gsnap_restore_tables`] as of the latest snapshot taken at or before `taken_at`.
@@ -157,6 +175,7 @@ fn gsnap_restore_tables_time(
     tables: Option<Vec<Option<String>>>,
     taken_at: Option<TimestampWithTimeZone>,
     triggers: default!(Option<bool>, false),
+    dry_run: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -168,7 +187,7 @@ fn gsnap_restore_tables_time(
 > {
     let t = taken_at.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore_tables"));
     let snap = resolve_time(pg_sys::TimestampTz::from(t));
-    tables_counts(restore_tables(tables, snap as i64, triggers))
+    tables_counts(restore_tables(tables, snap as i64, triggers, dry_run))
 }
 
 /// [`gsnap_restore_tables`] of the snapshot written as text: its id, its label or a time.
@@ -177,6 +196,7 @@ fn gsnap_restore_tables_text(
     tables: Option<Vec<Option<String>>>,
     snapshot: Option<&str>,
     triggers: default!(Option<bool>, false),
+    dry_run: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -188,7 +208,7 @@ fn gsnap_restore_tables_text(
 > {
     let text = snapshot.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore_tables"));
     let snap = crate::sql::asof::resolve_text(text, crate::sql::asof::Bound::At);
-    tables_counts(restore_tables(tables, snap as i64, triggers))
+    tables_counts(restore_tables(tables, snap as i64, triggers, dry_run))
 }
 
 /// A column of the restored table.
@@ -222,12 +242,13 @@ struct Table {
 
 impl Table {
     /// Table `relid` to restore at snapshot `snap` (`in_place`: into itself, else copied
-    /// into a new table), checked: locked ACCESS SHARE first, as a SELECT's parse analysis
-    /// locks it, so that a schema change the restore queues behind is over before its
-    /// columns are read (none can start until the transaction ends); an ordinary or
-    /// partitioned table (every partition a gsnap table); the privileges the restore needs
-    /// (before what the snapshot held is read); the columns added since marked.
-    fn to_restore(relid: pg_sys::Oid, snap: u64, in_place: bool) -> Table {
+    /// into a new table; `writes`: its rows, else the restore only reads), checked: locked
+    /// ACCESS SHARE first, as a SELECT's parse analysis locks it, so that a schema change
+    /// the restore queues behind is over before its columns are read (none can start until
+    /// the transaction ends); an ordinary or partitioned table (every partition a gsnap
+    /// table); the privileges the restore needs (before what the snapshot held is read); the
+    /// columns added since marked.
+    fn to_restore(relid: pg_sys::Oid, snap: u64, in_place: bool, writes: bool) -> Table {
         // SAFETY: a lock by OID; it raises an ERROR (a deadlock, a timeout) or returns
         // locked. A table dropped meanwhile is found below.
         unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
@@ -252,7 +273,7 @@ impl Table {
             .raise(),
         }
         let mut table = Table::read(relid);
-        if in_place {
+        if writes {
             require_privileges(relid);
         } else {
             crate::sql::access::require_read_access(relid);
@@ -442,27 +463,47 @@ fn spi<T>(r: Result<T, pgrx::spi::SpiError>) -> T {
     super::spi_result("gsnap_restore", r)
 }
 
+/// How a restore runs: whether the tables' user triggers fire, and whether it only says
+/// what it would do (`dry_run`: the diffs are read, nothing is written).
+#[derive(Clone, Copy)]
+struct Options {
+    triggers: bool,
+    dry_run: bool,
+}
+
+impl Options {
+    fn of(triggers: Option<bool>, dry_run: Option<bool>, function: &str) -> Options {
+        Options {
+            triggers: triggers.unwrap_or_else(|| null_argument(&format!("triggers of {function}"))),
+            dry_run: dry_run.unwrap_or_else(|| null_argument(&format!("dry_run of {function}"))),
+        }
+    }
+}
+
 fn restore(
     rel: Option<RegClass>,
     snap: i64,
     condition: Option<&str>,
     into_table: Option<&str>,
     triggers: Option<bool>,
+    dry_run: Option<bool>,
 ) -> Counts {
     require_gsnap_database();
-    let triggers = triggers.unwrap_or_else(|| null_argument("triggers of gsnap_restore"));
+    let options = Options::of(triggers, dry_run, "gsnap_restore");
     let relid = rel
         .unwrap_or_else(|| null_argument("the table of gsnap_restore"))
         .0;
     // The caller's condition, as SQL over the table's columns (evaluated as the caller).
     let filter = condition.map(|c| format!("coalesce(({c}), false)"));
     Spi::connect_mut(|client| {
-        let table = Table::to_restore(relid, snap as u64, into_table.is_none());
+        let writes = into_table.is_none() && !options.dry_run;
+        let table = Table::to_restore(relid, snap as u64, into_table.is_none(), writes);
         // (Its NOTICE about inheriting tables sent, the queries reading the table send none.)
         let _quiet = crate::read::partitioned::QuietInheritance::new();
         match into_table {
+            Some(_) if options.dry_run => (0, 0, count_rows(client, &table, snap, filter)),
             Some(target) => (0, 0, copy_into(client, &table, snap, filter, target)),
-            None => restore_in_place(client, &[table], snap, filter, triggers, false)[0],
+            None => restore_in_place(client, &[table], snap, filter, options, false)[0],
         }
     })
 }
@@ -473,9 +514,10 @@ fn restore_tables(
     tables: Option<Vec<Option<String>>>,
     snap: i64,
     triggers: Option<bool>,
+    dry_run: Option<bool>,
 ) -> Vec<(String, Counts)> {
     require_gsnap_database();
-    let triggers = triggers.unwrap_or_else(|| null_argument("triggers of gsnap_restore_tables"));
+    let options = Options::of(triggers, dry_run, "gsnap_restore_tables");
     let names = tables.unwrap_or_else(|| null_argument("the tables of gsnap_restore_tables"));
     let mut relids: Vec<pg_sys::Oid> = Vec::with_capacity(names.len());
     for name in names {
@@ -503,11 +545,11 @@ fn restore_tables(
     Spi::connect_mut(|client| {
         let tables: Vec<Table> = relids
             .iter()
-            .map(|&relid| Table::to_restore(relid, snap as u64, true))
+            .map(|&relid| Table::to_restore(relid, snap as u64, true, !options.dry_run))
             .collect();
         let _quiet = crate::read::partitioned::QuietInheritance::new();
         require_disjoint(&tables);
-        let counts = restore_in_place(client, &tables, snap, None, triggers, true);
+        let counts = restore_in_place(client, &tables, snap, None, options, true);
         tables.iter().map(|t| t.name.clone()).zip(counts).collect()
     })
 }
@@ -570,6 +612,19 @@ fn copy_into(
         filter.as_deref().unwrap_or("true")
     );
     spi(client.update(&insert, None, &[snap.into()])).len() as i64
+}
+
+/// How many rows of the snapshot (matching `filter`) a copy into a new table would insert.
+fn count_rows(client: &SpiClient<'_>, table: &Table, snap: i64, filter: Option<String>) -> i64 {
+    let count = format!(
+        "SELECT count(*) FROM gsnap_asof(NULL::{}, $1) x WHERE {}",
+        table.name,
+        filter.as_deref().unwrap_or("true")
+    );
+    spi(client
+        .select(&count, Some(1), &[snap.into()])
+        .and_then(|t| t.first().get_one()))
+    .unwrap_or_default()
 }
 
 /// Names the temporary tables of the diffs of this backend (several restores may run in one
@@ -660,15 +715,30 @@ impl Summary {
 /// Restores `tables` in place at snapshot `snap` (only the rows `filter` matches, if given):
 /// locks them all (in OID order, so that two restores of overlapping sets queue rather than
 /// deadlock), writes each one's diff, then changes the rows ([`apply`], in one statement if
-/// `one_statement`). Returns each table's counts, in order.
+/// `one_statement`). Returns each table's counts, in order. A dry run takes no lock beyond
+/// the ACCESS SHARE the tables have and no snapshot, and returns the counts of the diffs.
 fn restore_in_place(
     client: &mut SpiClient<'_>,
     tables: &[Table],
     snap: i64,
     filter: Option<String>,
-    triggers: bool,
+    options: Options,
     one_statement: bool,
 ) -> Vec<Counts> {
+    if options.dry_run {
+        let prepared: Vec<Prepared> = tables
+            .iter()
+            .map(|table| prepare(client, table, snap, filter.as_deref(), None, false))
+            .collect();
+        let (_, want) = steps(&prepared);
+        let counts = prepared
+            .iter()
+            .zip(want)
+            .map(|(p, (d, u))| (d, u, p.summary.count("i")))
+            .collect();
+        drop_diffs(client, &prepared);
+        return counts;
+    }
     // Whether a snapshot may be taken is decided before the locks (which assign the
     // transaction an id); it is taken after them all, once. The diff of two snapshots,
     // without a condition, of a table whose key can be hashed is matched by key in one pass
@@ -701,7 +771,7 @@ fn restore_in_place(
             prepare(client, table, snap, filter.as_deref(), taken, by_key)
         })
         .collect();
-    let disabled: Vec<Trigger> = if triggers {
+    let disabled: Vec<Trigger> = if options.triggers {
         Vec::new()
     } else {
         tables
@@ -711,10 +781,15 @@ fn restore_in_place(
     };
     let counts = apply(client, &prepared, one_statement);
     enable_triggers(client, &disabled);
-    for p in &prepared {
+    drop_diffs(client, &prepared);
+    counts
+}
+
+/// Drops the prepared tables' diffs.
+fn drop_diffs(client: &mut SpiClient<'_>, prepared: &[Prepared]) {
+    for p in prepared {
         spi(client.update(&format!("DROP TABLE {}", p.diff.name), None, &[]));
     }
-    counts
 }
 
 /// A table's part of a restore in place, once its diff is written.
@@ -1536,11 +1611,11 @@ fn enable_triggers(client: &mut SpiClient<'_>, triggers: &[Trigger]) {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION gsnap_restore(regclass, bigint, text, text, boolean) IS
+COMMENT ON FUNCTION gsnap_restore(regclass, bigint, text, text, boolean, boolean) IS
     'makes a table hold its rows at a snapshot (only those matching condition, if given), or copies them into a new table: SELECT * FROM gsnap_restore(''t'', 42)';
-COMMENT ON FUNCTION gsnap_restore(regclass, timestamptz, text, text, boolean) IS
+COMMENT ON FUNCTION gsnap_restore(regclass, timestamptz, text, text, boolean, boolean) IS
     'gsnap_restore as of the latest snapshot taken at or before a time';
-COMMENT ON FUNCTION gsnap_restore_tables(text[], bigint, boolean) IS
+COMMENT ON FUNCTION gsnap_restore_tables(text[], bigint, boolean, boolean) IS
     'makes several tables hold their rows at a snapshot at once, foreign keys between them checked when all are back: SELECT * FROM gsnap_restore_tables(ARRAY[''orders'', ''order_lines''], 42)';
 "#,
     name = "gsnap_restore_comments",
