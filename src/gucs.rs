@@ -1,6 +1,7 @@
 //! Every gsnap setting, in one place. Each is a GUC named `gsnap.*`; those that size shared
 //! memory or pick the database need a restart, the others a reload (they are read by the
-//! worker). None can be changed by an ordinary user in a session.
+//! worker). None can be changed by an ordinary user in a session (`gsnap.as_of`, the one a
+//! session sets, is defined with the planner hook that reads it, `plan::as_of`).
 
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;

@@ -596,11 +596,18 @@ def test_sqlsmith(fz):
         c.execute("GRANT INSERT, UPDATE, DELETE ON smith.sm_a, smith.sm_b, smith.sm_u, smith.sm_p TO smith")
         # sqlsmith sees what information_schema shows it: not the extension's other objects
         c.execute("ALTER ROLE smith SET search_path = smith, public")
+        # a second role whose sessions read every gsnap table as of the second snapshot
+        # (gsnap.as_of): sqlsmith's queries over the tables themselves become AS OF reads
+        c.execute("DROP ROLE IF EXISTS smith_asof")
+        c.execute("CREATE ROLE smith_asof LOGIN IN ROLE smith")
+        c.execute("ALTER ROLE smith_asof SET search_path = smith, public")
+        c.execute(f"ALTER ROLE smith_asof SET gsnap.as_of = '{snaps[1]}'")
         # parallel plans wherever PostgreSQL may make one: the AS OF scan's parallel-aware
         # path in the plan shapes sqlsmith makes (Gather under joins, subqueries, samples)
         for setting in ("parallel_setup_cost = 0", "parallel_tuple_cost = 0",
                         "min_parallel_table_scan_size = 0", "max_parallel_workers_per_gather = 2"):
             c.execute(f"ALTER ROLE smith SET {setting}")
+            c.execute(f"ALTER ROLE smith_asof SET {setting}")
     target = f"host={fz.data} port={fz.port} dbname=postgres user=smith"
     # The suite runs one seed for a minute; a longer hunt sets GSNAP_FUZZ_SEEDS (a comma list)
     # and GSNAP_FUZZ_SECONDS (per seed), e.g. GSNAP_FUZZ_SEEDS=1,2,3,4,5 GSNAP_FUZZ_SECONDS=300.
@@ -621,6 +628,12 @@ def test_sqlsmith(fz):
     crash = None
     for seed in seeds:
         crash = smith_run(fz, watch, binary, target, seed, max_queries, seconds, problems)
+        if crash:
+            break
+        # the same seed's queries in a session as of a snapshot, for half the time
+        target_asof = f"host={fz.data} port={fz.port} dbname=postgres user=smith_asof"
+        crash = smith_run(fz, watch, binary, target_asof, seed, max_queries // 2,
+                          max(seconds // 2, 20), problems)
         if crash:
             break
     if not crash:

@@ -174,6 +174,19 @@ pub unsafe fn is_read_entry(rte: *const pg_sys::RangeTblEntry) -> bool {
     }
 }
 
+/// Marks `rte` as an entry gsnap added for a table a query reads over snapshots (referenced
+/// by nothing; the executor keeps its table open, `exec::tables`).
+///
+/// # Safety
+/// `rte` is a valid relation entry.
+pub unsafe fn mark_read_entry(rte: *mut pg_sys::RangeTblEntry) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        (*rte).alias = alias(READ_ENTRY);
+        (*rte).inFromCl = false;
+    }
+}
+
 /// The walk's state: the tables read by the query being walked (not its subqueries').
 struct Walk {
     tables: Vec<pg_sys::Oid>,

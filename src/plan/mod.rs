@@ -5,11 +5,13 @@
 //!   paths instead of function scans;
 //! - `nodes`: the custom scan plan nodes built from those paths, and what their private
 //!   lists hold;
-//! - `aggregates`: `GROUP BY snap_id` over a range computed from its versions.
+//! - `aggregates`: `GROUP BY snap_id` over a range computed from its versions;
+//! - `as_of`: `SET gsnap.as_of`: every gsnap table the session reads, read at a snapshot.
 //!
 //! The executor side of the scans is `crate::exec`; what they read, `crate::read`.
 
 mod aggregates;
+pub mod as_of;
 pub mod deps;
 mod fields;
 pub mod nodes;
@@ -20,6 +22,7 @@ pub use aggregates::AggKind;
 
 /// Installs the planner hooks; called from `_PG_init`.
 pub fn init() {
+    as_of::init();
     deps::init();
     nodes::register();
     paths::init();

@@ -423,6 +423,8 @@ fn undrop(table_name: Option<&str>, snap: u64, new_name: Option<&str>) -> i64 {
         None => t.name.clone(),
     };
     let r = plan(&t, &target, new_name.is_none());
+    // Its statements read and write the live tables, whatever gsnap.as_of says.
+    let _live = crate::plan::as_of::Suspended::new();
     Spi::connect_mut(|client| {
         require_free_name(client, &t, &target, new_name.is_some());
         spi(client.update(&r.create, None, &[]));

@@ -495,6 +495,8 @@ fn restore(
         .0;
     // The caller's condition, as SQL over the table's columns (evaluated as the caller).
     let filter = condition.map(|c| format!("coalesce(({c}), false)"));
+    // Its statements read and write the live table, whatever gsnap.as_of says.
+    let _live = crate::plan::as_of::Suspended::new();
     Spi::connect_mut(|client| {
         let writes = into_table.is_none() && !options.dry_run;
         let table = Table::to_restore(relid, snap as u64, into_table.is_none(), writes);
@@ -518,6 +520,7 @@ fn restore_tables(
 ) -> Vec<(String, Counts)> {
     require_gsnap_database();
     let options = Options::of(triggers, dry_run, "gsnap_restore_tables");
+    let _live = crate::plan::as_of::Suspended::new();
     let names = tables.unwrap_or_else(|| null_argument("the tables of gsnap_restore_tables"));
     let mut relids: Vec<pg_sys::Oid> = Vec::with_capacity(names.len());
     for name in names {
