@@ -266,3 +266,31 @@ def test_restore_and_undrop_work_on_the_live_tables_while_it_is_set(cluster, set
         c.execute("RESET gsnap.as_of")
         assert rows(c, "SELECT * FROM rst") == rows(c, f"SELECT * FROM gsnap_asof(NULL::rst, {s})")
         assert c.execute("SELECT count(*) FROM gone").fetchone()[0] == 7
+
+
+def test_a_statement_reads_one_snapshot_though_one_commits_while_it_runs(cluster, setup):
+    """A time names the same snapshot for every scan of a statement, as statement_timestamp()
+    is fixed for it: with gsnap.as_of = 'infinity' (the latest snapshot), a snapshot taken in
+    the middle of a statement is not read by its later scans; the next statement reads it."""
+    with cluster.connect() as c:
+        c.autocommit = True
+        c.execute("CREATE TABLE one (id int PRIMARY KEY, v int) USING gsnap")
+        c.execute("INSERT INTO one SELECT g, 1 FROM generate_series(1, 100) g")
+        snapshot(c)
+        for setting in ("infinity", "2999-01-01"):
+            c.execute("RESET gsnap.as_of")
+            c.execute("UPDATE one SET v = v + 1")  # not in any snapshot yet
+            live = c.execute("SELECT sum(v) FROM one").fetchone()[0]
+            as_of(c, setting)
+            before, _, after = c.execute(
+                "SELECT (SELECT sum(v) FROM one), (SELECT gsnap_snapshot()), (SELECT sum(v) FROM one)"
+            ).fetchone()
+            assert before == after == live - 100, (setting, before, after, live)
+            assert c.execute("SELECT sum(v) FROM one").fetchone()[0] == live
+        c.execute("RESET gsnap.as_of")
+        c.execute("UPDATE one SET v = v + 1")
+        # The explicit calls naming one time in one statement read one snapshot too.
+        before, _, after = c.execute(
+            "SELECT (SELECT sum(v) FROM gsnap_asof(NULL::one, 'infinity')), (SELECT gsnap_snapshot()), "
+            "(SELECT sum(v) FROM gsnap_asof(NULL::one, 'infinity'::timestamptz))").fetchone()
+        assert before == after == 300

@@ -84,7 +84,58 @@ pub unsafe extern "C-unwind" fn gsnap_asof_time(fcinfo: pg_sys::FunctionCallInfo
 
 /// The latest readable snapshot taken at or before `t` (a PostgreSQL timestamptz).
 pub fn resolve_time(t: pg_sys::TimestampTz) -> u64 {
-    ipc::resolve_time(t.saturating_add(UNIX_TO_PG_EPOCH_US)).0
+    once_per_statement(t, Bound::At, || {
+        ipc::resolve_time(t.saturating_add(UNIX_TO_PG_EPOCH_US)).0
+    })
+}
+
+/// The times resolved during one statement (its transaction's and its own start times), and
+/// the snapshot each named.
+struct Resolved {
+    statement: (i64, i64),
+    times: Vec<((i64, Bound), u64)>,
+}
+
+thread_local! {
+    static RESOLVED: std::cell::RefCell<Resolved> = const {
+        std::cell::RefCell::new(Resolved { statement: (0, 0), times: Vec::new() })
+    };
+}
+
+/// The snapshot time `t` names as `bound` says, resolved once per statement: every scan of
+/// a statement (every table of a session's `gsnap.as_of`, or two calls naming the same
+/// time) reads the same snapshot, though one committed between their starts would be the
+/// latest for the second ('tomorrow', 'infinity', a time to come).
+fn once_per_statement(t: pg_sys::TimestampTz, bound: Bound, resolve: impl FnOnce() -> u64) -> u64 {
+    // SAFETY: reads of the current transaction's and statement's start times.
+    let stamp = unsafe {
+        (
+            pg_sys::GetCurrentTransactionStartTimestamp(),
+            pg_sys::GetCurrentStatementStartTimestamp(),
+        )
+    };
+    let known = RESOLVED.with_borrow(|r| {
+        (r.statement == stamp)
+            .then(|| {
+                r.times
+                    .iter()
+                    .find(|(k, _)| *k == (t, bound))
+                    .map(|(_, s)| *s)
+            })
+            .flatten()
+    });
+    if let Some(snap) = known {
+        return snap;
+    }
+    let snap = resolve();
+    RESOLVED.with_borrow_mut(|r| {
+        if r.statement != stamp {
+            r.statement = stamp;
+            r.times.clear();
+        }
+        r.times.push(((t, bound), snap));
+    });
+    snap
 }
 
 /// The words PostgreSQL's timestamptz input takes without a digit (`'yesterday'`).
@@ -171,21 +222,22 @@ pub fn resolve_time_as(t: pg_sys::TimestampTz, bound: Bound) -> u64 {
     if bound != Bound::From {
         return resolve_time(t);
     }
-    let listed = ipc::snapshots();
-    let unix_us = t.saturating_add(UNIX_TO_PG_EPOCH_US);
-    listed
-        .iter()
-        .filter(|s| s.state.is_readable() && s.taken_at_us >= unix_us)
-        .map(|s| s.id.0)
-        .min()
-        .unwrap_or_else(|| {
-            error(
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                "no snapshot was taken at or after that time",
-            )
-            .hint("gsnap_snapshots() lists the snapshots and when each was taken.")
-            .raise()
-        })
+    once_per_statement(t, bound, || {
+        let unix_us = t.saturating_add(UNIX_TO_PG_EPOCH_US);
+        ipc::snapshots()
+            .iter()
+            .filter(|s| s.state.is_readable() && s.taken_at_us >= unix_us)
+            .map(|s| s.id.0)
+            .min()
+            .unwrap_or_else(|| {
+                error(
+                    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                    "no snapshot was taken at or after that time",
+                )
+                .hint("gsnap_snapshots() lists the snapshots and when each was taken.")
+                .raise()
+            })
+    })
 }
 
 extension_sql!(
