@@ -91,6 +91,15 @@ DEALLOCATE sr_q;
 SELECT sqlstate_of($$SELECT * FROM gsnap_range(NULL::sr, now() + interval '1 day', now() + interval '2 days')$$);
 SELECT sqlstate_of($$SELECT * FROM gsnap_range(NULL::sr, NULL::timestamptz, now())$$);
 SELECT sqlstate_of($$SELECT * FROM gsnap_diff(NULL::sr, '1999-01-01'::timestamptz, now())$$);
+-- an id and a text (a label or a time) mixed: each bound read by its own kind
+SELECT snap_id - :r1 AS n, count(*) FROM gsnap_range(NULL::sr, :r1, 'sr today') GROUP BY 1 ORDER BY 1;
+SELECT snap_id - :r1 AS n, count(*) FROM gsnap_range(NULL::sr, 'sr month end', :r2) GROUP BY 1 ORDER BY 1;
+SELECT count(*) FROM gsnap_versions(NULL::sr, :r1, :'after_r3');
+SELECT change, count(*) FROM gsnap_diff(NULL::sr, 'sr month end', :r3) GROUP BY 1 ORDER BY 1;
+SELECT count(*) FROM gsnap_diff_by_key(NULL::sr, :r1, 'sr today');
+SELECT count(*) FROM gsnap_diff_at(NULL::sr, 'sr month end', :r2);
+-- an id and a timestamptz value do not mix (give the time as text, or both as times)
+SELECT sqlstate_of($$SELECT * FROM gsnap_range(NULL::sr, 1, now())$$);
 DROP TABLE sr;
 
 -- a dropped table's rows by label

@@ -95,8 +95,10 @@ def test_every_query_reads_the_snapshot_the_session_names(cluster, setup):
         c.autocommit = True
         live = [rows(c, q) for q, _ in QUERIES]
         taken_at = c.execute("SELECT taken_at FROM gsnap_snapshots() WHERE snap_id = %s", (s2,)).fetchone()[0]
+        assert c.execute("SELECT gsnap_as_of()").fetchone()[0] is None
         for setting, s in [(s1, s1), ("month end", s1), (taken_at.isoformat(), s2), (s2, s2)]:
             as_of(c, setting)
+            assert c.execute("SELECT gsnap_as_of()").fetchone()[0] == s
             for q, explicit in QUERIES:
                 c.execute("SET gsnap.as_of = ''")
                 want = rows(c, explicit.format(s=s))
@@ -192,9 +194,10 @@ def test_what_cannot_be_done_to_a_snapshot_is_refused(cluster, setup):
         c.execute("CREATE TABLE made_since (id int) USING gsnap")
         for value, state in [("no such label", "22023"), ("1999-01-01", "22023"), ("-3", "22023")]:
             as_of(c, value)
-            with pytest.raises(psycopg.Error) as e:
-                c.execute("SELECT count(*) FROM acc")
-            assert e.value.sqlstate == state, (value, e.value)
+            for q in ("SELECT count(*) FROM acc", "SELECT gsnap_as_of()"):
+                with pytest.raises(psycopg.Error) as e:
+                    c.execute(q)
+                assert e.value.sqlstate == state, (value, q, e.value)
         as_of(c, setup["s1"])
         with pytest.raises(psycopg.errors.UndefinedTable, match="not in snapshot"):
             c.execute("SELECT * FROM made_since")

@@ -154,7 +154,9 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
                             ("gsnap_diff", [f"'{FUZZ_LABEL}'", f"'{ctx.s3}'"], ["text", "text"]),
                             ("gsnap_range", [good_t, "now()"], ["timestamptz", "timestamptz"]),
                             ("gsnap_versions", [good_t, "now()"], ["timestamptz", "timestamptz"]),
-                            ("gsnap_diff", [good_t, "now()"], ["timestamptz", "timestamptz"])):
+                            ("gsnap_diff", [good_t, "now()"], ["timestamptz", "timestamptz"]),
+                            ("gsnap_range", [str(ctx.s1), f"'{FUZZ_LABEL}'"], ["bigint", "text"]),
+                            ("gsnap_diff", [f"'{FUZZ_LABEL}'", str(ctx.s3)], ["text", "bigint"])):
         for rel in REL_ARGS:
             out.append((fn, [rel, *rest], types))
         if types == ["bigint"]:
@@ -170,6 +172,12 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
         elif types == ["timestamptz", "timestamptz"]:
             out += [(fn, [good_rel, t, rest[1]], types) for t in times]
             out += [(fn, [good_rel, rest[0], t], types) for t in times]
+        elif types == ["bigint", "text"]:
+            out += [(fn, [good_rel, i, rest[1]], types) for i in ids]
+            out += [(fn, [good_rel, rest[0], x], types) for x in ctx.texts()]
+        elif types == ["text", "bigint"]:
+            out += [(fn, [good_rel, x, rest[1]], types) for x in ctx.texts()]
+            out += [(fn, [good_rel, rest[0], i], types) for i in ids]
         else:
             out += [(fn, [good_rel, a, b], types) for a, b in pairs]
         # random combinations: any first argument with any other arguments
@@ -179,6 +187,10 @@ def calls(ctx: Ctx, rng: random.Random) -> list[tuple[str, list[str], list[str]]
                 out.append((fn, [rel, rng.choice(ids)], types))
             elif types == ["timestamptz"]:
                 out.append((fn, [rel, rng.choice(times)], types))
+            elif types == ["bigint", "text"]:
+                out.append((fn, [rel, rng.choice(ids), rng.choice(ctx.texts())], types))
+            elif types == ["text", "bigint"]:
+                out.append((fn, [rel, rng.choice(ctx.texts()), rng.choice(ids)], types))
             elif types[0] == "text":
                 out.append((fn, [rel, *(rng.choice(ctx.texts()) for _ in types)], types))
             elif types[0] == "timestamptz":

@@ -122,9 +122,17 @@ unsafe extern "C-unwind" fn assign(_new: *const c_char, _extra: *mut c_void) {
 
 /// The snapshot the session reads, if `gsnap.as_of` is set and applies here.
 fn active() -> Option<String> {
+    if SUSPENDED.get() > 0 {
+        return None;
+    }
+    setting()
+}
+
+/// `gsnap.as_of`, if set.
+pub fn setting() -> Option<String> {
     // SAFETY: the setting's variable, which PostgreSQL keeps valid (or NULL).
     let value = unsafe { AS_OF };
-    if value.is_null() || SUSPENDED.get() > 0 {
+    if value.is_null() {
         return None;
     }
     // SAFETY: a C string PostgreSQL owns.

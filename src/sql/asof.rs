@@ -240,6 +240,15 @@ pub fn resolve_time_as(t: pg_sys::TimestampTz, bound: Bound) -> u64 {
     })
 }
 
+/// The snapshot the session's `gsnap.as_of` names now, as its queries resolve it; NULL when
+/// the setting is empty (they read the live tables).
+#[pg_extern(stable, parallel_safe)]
+fn gsnap_as_of() -> Option<i64> {
+    crate::sql::access::require_gsnap_database();
+    let text = crate::plan::as_of::setting()?;
+    Some(resolve_text(&text, Bound::At) as i64)
+}
+
 extension_sql!(
     r#"
 CREATE FUNCTION gsnap_asof(rel anyelement, snap_id bigint) RETURNS SETOF anyelement

@@ -161,6 +161,24 @@ CREATE FUNCTION gsnap_diff_at(rel anyelement, a timestamptz, b timestamptz)
 CREATE FUNCTION gsnap_diff_by_key(rel anyelement, a timestamptz, b timestamptz)
     RETURNS TABLE (change text, at tid, old anyelement, new anyelement)
     AS 'MODULE_PATHNAME', 'gsnap_diff_by_key' LANGUAGE C STABLE PARALLEL RESTRICTED;
+CREATE FUNCTION gsnap_diff(rel anyelement, a bigint, b text)
+    RETURNS TABLE (change text, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_diff' LANGUAGE C STABLE PARALLEL RESTRICTED;
+CREATE FUNCTION gsnap_diff_at(rel anyelement, a bigint, b text)
+    RETURNS TABLE (change text, rec anyelement, at tid)
+    AS 'MODULE_PATHNAME', 'gsnap_diff_at' LANGUAGE C STABLE PARALLEL RESTRICTED;
+CREATE FUNCTION gsnap_diff_by_key(rel anyelement, a bigint, b text)
+    RETURNS TABLE (change text, at tid, old anyelement, new anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_diff_by_key' LANGUAGE C STABLE PARALLEL RESTRICTED;
+CREATE FUNCTION gsnap_diff(rel anyelement, a text, b bigint)
+    RETURNS TABLE (change text, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_diff' LANGUAGE C STABLE PARALLEL RESTRICTED;
+CREATE FUNCTION gsnap_diff_at(rel anyelement, a text, b bigint)
+    RETURNS TABLE (change text, rec anyelement, at tid)
+    AS 'MODULE_PATHNAME', 'gsnap_diff_at' LANGUAGE C STABLE PARALLEL RESTRICTED;
+CREATE FUNCTION gsnap_diff_by_key(rel anyelement, a text, b bigint)
+    RETURNS TABLE (change text, at tid, old anyelement, new anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_diff_by_key' LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION gsnap_diff(anyelement, timestamptz, timestamptz) IS
     'gsnap_diff between the latest snapshots taken at or before two times';
 "#,

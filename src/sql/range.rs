@@ -105,6 +105,12 @@ COMMENT ON FUNCTION gsnap_range(anyelement, text, text) IS
 CREATE FUNCTION gsnap_range(rel anyelement, from_time timestamptz, to_time timestamptz)
     RETURNS TABLE (snap_id bigint, rec anyelement)
     AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL SAFE;
+CREATE FUNCTION gsnap_range(rel anyelement, from_snap bigint, to_snap text)
+    RETURNS TABLE (snap_id bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL SAFE;
+CREATE FUNCTION gsnap_range(rel anyelement, from_snap text, to_snap bigint)
+    RETURNS TABLE (snap_id bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_range' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_range(anyelement, timestamptz, timestamptz) IS
     'rows of a table at every snapshot taken from one time to the other: gsnap_range(NULL::t, now() - interval ''7 days'', now())';
 "#,

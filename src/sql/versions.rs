@@ -77,6 +77,12 @@ COMMENT ON FUNCTION gsnap_versions(anyelement, text, text) IS
 CREATE FUNCTION gsnap_versions(rel anyelement, from_time timestamptz, to_time timestamptz)
     RETURNS TABLE (first_snap bigint, last_snap bigint, rec anyelement)
     AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL SAFE;
+CREATE FUNCTION gsnap_versions(rel anyelement, from_snap bigint, to_snap text)
+    RETURNS TABLE (first_snap bigint, last_snap bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL SAFE;
+CREATE FUNCTION gsnap_versions(rel anyelement, from_snap text, to_snap bigint)
+    RETURNS TABLE (first_snap bigint, last_snap bigint, rec anyelement)
+    AS 'MODULE_PATHNAME', 'gsnap_versions' LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION gsnap_versions(anyelement, timestamptz, timestamptz) IS
     'gsnap_versions over the snapshots taken from one time to the other';
 "#,
