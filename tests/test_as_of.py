@@ -126,6 +126,25 @@ def test_every_query_reads_the_snapshot_the_session_names(cluster, setup):
         with c.cursor().copy("COPY (SELECT sum(bal) FROM acc) TO STDOUT") as copy:
             copied = b"".join(copy)
         assert int(copied) == c.execute(f"SELECT sum(bal) FROM gsnap_asof(NULL::acc, {s1})").fetchone()[0]
+        # COPY of the table itself (psql's \copy), which plans no query: the snapshot too.
+        def copy_out(sql):
+            with c.cursor().copy(sql) as copy:
+                return sorted(tuple(line.split("\t")) for line in
+                              b"".join(copy).decode().splitlines())
+
+        def text_rows(q):
+            return sorted(tuple("\\N" if v is None else str(v) for v in r)
+                          for r in c.execute(q).fetchall())
+
+        assert copy_out("COPY acc TO STDOUT") == text_rows(f"SELECT * FROM gsnap_asof(NULL::acc, {s1})")
+        assert copy_out("COPY public.acc (bal, id) TO STDOUT") == text_rows(
+            f"SELECT bal, id FROM gsnap_asof(NULL::acc, {s1})")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="cannot be written"):
+            with c.cursor().copy("COPY acc FROM STDIN") as copy:
+                copy.write("1\t1\t1\tx\n")
+        c.execute("RESET gsnap.as_of")
+        assert copy_out("COPY acc TO STDOUT") == text_rows("SELECT * FROM acc")
+        as_of(c, s1)
         c.execute("BEGIN")
         c.execute("DECLARE cur CURSOR FOR SELECT id FROM acc WHERE id > 1890 ORDER BY id")
         fetched = [r[0] for r in c.execute("FETCH ALL FROM cur")]
@@ -297,3 +316,22 @@ def test_a_statement_reads_one_snapshot_though_one_commits_while_it_runs(cluster
             "SELECT (SELECT sum(v) FROM gsnap_asof(NULL::one, 'infinity')), (SELECT gsnap_snapshot()), "
             "(SELECT sum(v) FROM gsnap_asof(NULL::one, 'infinity'::timestamptz))").fetchone()
         assert before == after == 300
+
+
+def test_pg_dump_of_a_table_as_of_a_snapshot(cluster, setup):
+    """`PGOPTIONS='-c gsnap.as_of=...' pg_dump -t t`: pg_dump copies tables with `COPY t TO`,
+    which the setting makes a read of the snapshot: a dump of the table as it was, loadable
+    into another table."""
+    s1 = setup["s1"]
+    dump = cluster.run("pg_dump", "--data-only", "-t", "public.acc", "-d", "postgres",
+                       env={"PGOPTIONS": "-c gsnap.as_of=month\\ end"}).stdout
+    assert "COPY public.acc" in dump
+    with cluster.connect() as c:
+        c.autocommit = True
+        c.execute("CREATE TABLE acc_restored (LIKE acc)")
+    loaded = cluster.run("psql", "-v", "ON_ERROR_STOP=1", "-d", "postgres",
+                         input=dump.replace("COPY public.acc ", "COPY public.acc_restored "))
+    assert loaded.returncode == 0, loaded.stderr
+    with cluster.connect() as c:
+        assert rows(c, "SELECT * FROM acc_restored") == rows(c, f"SELECT * FROM gsnap_asof(NULL::acc, {s1})")
+        assert rows(c, "SELECT * FROM acc_restored") != rows(c, "SELECT * FROM acc")

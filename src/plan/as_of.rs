@@ -15,8 +15,9 @@
 //! session's cached plans, so no prepared statement or PL/pgSQL plan keeps reading the
 //! snapshot (or the live table) it was planned with.
 //!
-//! What cannot be done to a snapshot is refused (55000, naming the table): writing a gsnap
-//! table, locking its rows (`FOR UPDATE`, and the foreign key checks of writes to tables
+//! `COPY t TO`, which plans no query, is made `COPY (SELECT ... FROM ONLY t) TO` by a
+//! utility hook. What cannot be done to a snapshot is refused (55000, naming the table):
+//! writing a gsnap table (`COPY t FROM` too), locking its rows (`FOR UPDATE`, and the foreign key checks of writes to tables
 //! referencing it), `TABLESAMPLE`, and system columns such as `ctid`. gsnap's own statements
 //! (those `gsnap_restore` and `gsnap_undrop` run) read the live tables ([`Suspended`]);
 //! the worker plans no query.
@@ -37,6 +38,8 @@ static mut AS_OF: *mut c_char = std::ptr::null_mut();
 static mut PREV_PLANNER: pg_sys::planner_hook_type = None;
 
 static mut PREV_NEEDS_FMGR: pg_sys::needs_fmgr_hook_type = None;
+
+static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 
 thread_local! {
     /// Above 0 while gsnap's own statements run (they read the live tables).
@@ -80,6 +83,165 @@ pub fn init() {
         pg_sys::planner_hook = Some(planner);
         PREV_NEEDS_FMGR = pg_sys::needs_fmgr_hook;
         pg_sys::needs_fmgr_hook = Some(needs_fmgr);
+        PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(process_utility);
+    }
+}
+
+/// `COPY t TO` plans no query (it scans the table itself): while the setting applies, that of
+/// a gsnap table is made `COPY (SELECT ... FROM ONLY t) TO` (as PostgreSQL itself makes it
+/// for a table under row-level security), which reads the snapshot; `COPY t FROM` into one
+/// is a write, refused as the others.
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    let mut pstmt = pstmt;
+    // SAFETY: PostgreSQL's statement; a CopyStmt's table, looked up (and locked ACCESS SHARE
+    // as COPY TO would) only while the setting applies.
+    if let Some(table) = unsafe { copied_gsnap_table(pstmt) } {
+        // SAFETY: the statement, copied first if PostgreSQL's tree is read-only; its CopyStmt.
+        unsafe {
+            if read_only_tree {
+                pstmt = pg_sys::copyObjectImpl(pstmt.cast()).cast();
+            }
+            copy_from_query((*pstmt).utilityStmt.cast(), &table);
+        }
+    }
+    // SAFETY: PostgreSQL's own arguments (the statement possibly copied), passed on.
+    unsafe {
+        match PREV_PROCESS_UTILITY {
+            Some(prev) => prev(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+            None => pg_sys::standard_ProcessUtility(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+    }
+}
+
+/// The gsnap table a `COPY t TO` statement copies while the setting applies (an ERROR for
+/// `COPY t FROM` into one).
+///
+/// # Safety
+/// `pstmt` is a utility statement PostgreSQL is about to run.
+unsafe fn copied_gsnap_table(pstmt: *mut pg_sys::PlannedStmt) -> Option<OpenRelation> {
+    // SAFETY: the caller's statement.
+    let node = unsafe { (*pstmt).utilityStmt };
+    // SAFETY: as above; a CopyStmt if its tag says so.
+    if node.is_null() || unsafe { (*node).type_ } != pg_sys::NodeTag::T_CopyStmt {
+        return None;
+    }
+    let copy = node.cast::<pg_sys::CopyStmt>();
+    // SAFETY: the CopyStmt's fields.
+    if unsafe { (*copy).relation.is_null() } {
+        return None;
+    }
+    active()?;
+    // SAFETY: a lookup of the statement's table (missing: COPY says so itself).
+    let relid = unsafe {
+        pg_sys::RangeVarGetRelidExtended(
+            (*copy).relation,
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    let rel = OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE)?;
+    let class = rel.class();
+    // SAFETY: a catalog lookup by name.
+    let gsnap_am = unsafe { pg_sys::get_am_oid(c"gsnap".as_ptr(), true) };
+    let snapshotted = class.relkind as u8 == pg_sys::RELKIND_RELATION
+        && class.relam == gsnap_am
+        && class.relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP;
+    if !snapshotted {
+        return None;
+    }
+    // SAFETY: the CopyStmt's direction.
+    if unsafe { (*copy).is_from } {
+        error(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "gsnap.as_of is set: table {} is read as of a snapshot, and cannot be written",
+                relation_name(relid)
+            ),
+        )
+        .hint("RESET gsnap.as_of to write or lock the live table.")
+        .raise();
+    }
+    Some(rel)
+}
+
+/// Makes `COPY table [(columns)] TO` the statement `COPY (SELECT columns FROM ONLY table) TO`.
+///
+/// # Safety
+/// `copy` is a writable CopyStmt naming `table`.
+unsafe fn copy_from_query(copy: *mut pg_sys::CopyStmt, table: &OpenRelation) {
+    // SAFETY: the caller's statement; raw parse nodes made in the current memory context, as
+    // the grammar would make them for the query.
+    unsafe {
+        let column = |fields: *mut pg_sys::List| {
+            let reference = palloc_node(pg_sys::ColumnRef {
+                type_: pg_sys::NodeTag::T_ColumnRef,
+                fields,
+                location: -1,
+            });
+            palloc_node(pg_sys::ResTarget {
+                type_: pg_sys::NodeTag::T_ResTarget,
+                name: std::ptr::null_mut(),
+                indirection: std::ptr::null_mut(),
+                val: reference.cast(),
+                location: -1,
+            })
+            .cast::<c_void>()
+        };
+        let targets: Vec<*mut c_void> = if (*copy).attlist.is_null() {
+            let star = palloc_node(pg_sys::A_Star {
+                type_: pg_sys::NodeTag::T_A_Star,
+            });
+            vec![column(list::list_of(&[star.cast()]))]
+        } else {
+            list::iter::<pg_sys::Node>((*copy).attlist)
+                .map(|name| column(list::list_of(&[pg_sys::copyObjectImpl(name.cast())])))
+                .collect()
+        };
+        let schema = pg_sys::get_namespace_name(table.class().relnamespace);
+        let name = pg_sys::pstrdup(table.class().relname.data.as_ptr());
+        let from = pg_sys::makeRangeVar(schema, name, -1);
+        (*from).inh = false;
+        let select = palloc_node(pg_sys::SelectStmt {
+            type_: pg_sys::NodeTag::T_SelectStmt,
+            targetList: list::list_of(&targets),
+            fromClause: list::list_of(&[from.cast()]),
+            ..Default::default()
+        });
+        (*copy).query = select.cast();
+        (*copy).relation = std::ptr::null_mut();
+        (*copy).attlist = std::ptr::null_mut();
     }
 }
 
