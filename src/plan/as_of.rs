@@ -173,25 +173,16 @@ unsafe fn copied_gsnap_table(pstmt: *mut pg_sys::PlannedStmt) -> Option<OpenRela
     };
     let rel = OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE)?;
     let class = rel.class();
-    // SAFETY: a catalog lookup by name.
-    let gsnap_am = unsafe { pg_sys::get_am_oid(c"gsnap".as_ptr(), true) };
     let snapshotted = class.relkind as u8 == pg_sys::RELKIND_RELATION
-        && class.relam == gsnap_am
+        // SAFETY: an open relation.
+        && unsafe { crate::am::is_gsnap(rel.as_ptr()) }
         && class.relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP;
     if !snapshotted {
         return None;
     }
     // SAFETY: the CopyStmt's direction.
     if unsafe { (*copy).is_from } {
-        error(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!(
-                "gsnap.as_of is set: table {} is read as of a snapshot, and cannot be written",
-                relation_name(relid)
-            ),
-        )
-        .hint("RESET gsnap.as_of to write or lock the live table.")
-        .raise();
+        refuse(relid, "written");
     }
     Some(rel)
 }
@@ -329,7 +320,6 @@ struct Rewrite {
     snapshot: String,
     /// `gsnap_asof(anyelement, text)`, once looked up.
     function: Option<pg_sys::Oid>,
-    gsnap_am: pg_sys::Oid,
     /// Per query level being walked (outermost first): the entries made snapshot reads.
     levels: Vec<Vec<i32>>,
 }
@@ -339,15 +329,9 @@ struct Rewrite {
 /// # Safety
 /// `query` is a rewritten query about to be planned.
 unsafe fn rewrite(query: *mut pg_sys::Query, snapshot: &str) {
-    // SAFETY: a catalog lookup by name (missing: no gsnap table can exist).
-    let gsnap_am = unsafe { pg_sys::get_am_oid(c"gsnap".as_ptr(), true) };
-    if gsnap_am == pg_sys::InvalidOid {
-        return;
-    }
     let mut walk = Rewrite {
         snapshot: snapshot.to_string(),
         function: None,
-        gsnap_am,
         levels: Vec::new(),
     };
     // SAFETY: the caller's query; `walk` outlives the walk.
@@ -436,7 +420,7 @@ unsafe fn convert_entries(query: *mut pg_sys::Query, walk: &mut Rewrite) -> Vec<
     for (i, rte) in entries.into_iter().enumerate() {
         let rti = i as i32 + 1;
         // SAFETY: an entry of the query's range table.
-        let Some(table) = (unsafe { snapshot_table(rte, walk.gsnap_am) }) else {
+        let Some(table) = (unsafe { snapshot_table(rte) }) else {
             continue;
         };
         // SAFETY: the caller's query and the entry.
@@ -453,10 +437,7 @@ unsafe fn convert_entries(query: *mut pg_sys::Query, walk: &mut Rewrite) -> Vec<
 ///
 /// # Safety
 /// `rte` is a valid range-table entry.
-unsafe fn snapshot_table(
-    rte: *mut pg_sys::RangeTblEntry,
-    gsnap_am: pg_sys::Oid,
-) -> Option<OpenRelation> {
+unsafe fn snapshot_table(rte: *mut pg_sys::RangeTblEntry) -> Option<OpenRelation> {
     // SAFETY: the caller's entry.
     let (kind, relid) = unsafe { ((*rte).rtekind, (*rte).relid) };
     // SAFETY: as above.
@@ -480,12 +461,16 @@ unsafe fn snapshot_table(
         .filter(|&r| r != relid)
         .filter(|&r| {
             OpenRelation::open(r, pg_sys::NoLock as pg_sys::LOCKMODE)
-                .is_some_and(|p| p.class().relam == gsnap_am)
+                // SAFETY: an open relation.
+                .is_some_and(|p| unsafe { crate::am::is_gsnap(p.as_ptr()) })
         })
         .collect::<Vec<_>>()
     };
     let gsnap = match class.relkind as u8 {
-        pg_sys::RELKIND_RELATION | pg_sys::RELKIND_MATVIEW => class.relam == gsnap_am,
+        // SAFETY: an open relation.
+        pg_sys::RELKIND_RELATION | pg_sys::RELKIND_MATVIEW => unsafe {
+            crate::am::is_gsnap(rel.as_ptr())
+        },
         pg_sys::RELKIND_PARTITIONED_TABLE => !gsnap_below().is_empty(),
         _ => false,
     };
@@ -540,11 +525,17 @@ unsafe fn require_readable(
     } else {
         return;
     };
+    refuse(table.oid(), what)
+}
+
+/// The ERROR for a table read as of the snapshot that a statement would `what` ("written",
+/// "locked ...").
+fn refuse(relid: pg_sys::Oid, what: &str) -> ! {
     error(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         format!(
             "gsnap.as_of is set: table {} is read as of a snapshot, and cannot be {what}",
-            relation_name(table.oid())
+            relation_name(relid)
         ),
     )
     .hint("RESET gsnap.as_of to write or lock the live table.")
