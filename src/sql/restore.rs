@@ -332,6 +332,15 @@ impl Table {
         }
     }
 
+    /// The columns an update back writes: neither generated (computed again), in the
+    /// primary key (rows are matched by it), nor added since the snapshot.
+    fn updated_columns(&self) -> Vec<&Column> {
+        self.columns
+            .iter()
+            .filter(|c| !c.generated && !c.key && !c.added)
+            .collect()
+    }
+
     /// `ONLY` for a table, nothing for a partitioned table (whose rows are in its
     /// partitions).
     fn only(&self) -> &'static str {
@@ -733,11 +742,12 @@ fn restore_in_place(
             .iter()
             .map(|table| prepare(client, table, snap, filter.as_deref(), None, false))
             .collect();
-        let (_, want) = steps(&prepared);
         let counts = prepared
             .iter()
-            .zip(want)
-            .map(|(p, (d, u))| (d, u, p.summary.count("i")))
+            .map(|p| {
+                let (deleted, updated) = p.to_change();
+                (deleted, updated, p.summary.count("i"))
+            })
             .collect();
         drop_diffs(client, &prepared);
         return counts;
@@ -802,6 +812,20 @@ struct Prepared<'a> {
     summary: Summary,
     /// The snapshot of the table as it is now that the diff was read from, if it was.
     now: Option<i64>,
+}
+
+impl Prepared<'_> {
+    /// The rows the diff names to delete and to update. With every column in the key or
+    /// generated, rows of one key can only differ in a generated column (one added since the
+    /// snapshot reads as NULL there), which is computed again: none to update.
+    fn to_change(&self) -> (i64, i64) {
+        let to_update = if self.table.updated_columns().is_empty() {
+            0
+        } else {
+            self.summary.count("u")
+        };
+        (self.summary.count("d"), to_update)
+    }
 }
 
 /// Writes the diff of `table` (locked) from snapshot `snap`: from the snapshot `taken` of
@@ -914,10 +938,9 @@ struct Step {
 /// The statements that change the tables' rows to the diffs': every table's DELETEs, then
 /// its UPDATEs, then its INSERTs, each by row identity (ctid: a TID scan reads only the
 /// rows that change), so that a unique value moving from one row to another is free before
-/// it is taken again. Also returns, per table, the rows its diff names to delete and update.
-fn steps(prepared: &[Prepared]) -> (Vec<Step>, Vec<(i64, i64)>) {
+/// it is taken again.
+fn steps(prepared: &[Prepared]) -> Vec<Step> {
     let (mut deletes, mut updates, mut inserts) = (Vec::new(), Vec::new(), Vec::new());
-    let mut want = Vec::with_capacity(prepared.len());
     for (at, p) in prepared.iter().enumerate() {
         let (table, d, summary) = (p.table, &p.diff, &p.summary);
         let (t, only) = (&table.name, table.only());
@@ -942,24 +965,11 @@ fn steps(prepared: &[Prepared]) -> (Vec<Step>, Vec<(i64, i64)>) {
                 false,
             ));
         }
-        let set: Vec<&Column> = table
-            .columns
-            .iter()
-            .filter(|c| !c.generated && !c.key && !c.added)
-            .collect();
+        let set = table.updated_columns();
         let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
         let values: Vec<String> = set.iter().map(|c| format!("d.{}", c.name)).collect();
         let assign = format!("({}) = ROW({})", names.join(", "), values.join(", "));
-        // With every column in the key or generated, rows of one key can only differ in a
-        // generated column (one added since the snapshot reads as NULL there), which is
-        // computed again: nothing to update.
-        let to_update = if set.is_empty() {
-            0
-        } else {
-            summary.count("u")
-        };
-        want.push((summary.count("d"), to_update));
-        if to_update == 0 {
+        if p.to_change().1 == 0 {
             // Nothing to update.
         } else if !table.partitioned {
             // Each row to change is fetched by its TID, in the diff's order (the table's): a
@@ -1021,7 +1031,7 @@ fn steps(prepared: &[Prepared]) -> (Vec<Step>, Vec<(i64, i64)>) {
     }
     deletes.append(&mut updates);
     deletes.append(&mut inserts);
-    (deletes, want)
+    deletes
 }
 
 /// Changes the rows of the prepared tables to their diffs' ([`steps`]); returns each one's
@@ -1032,7 +1042,7 @@ fn steps(prepared: &[Prepared]) -> (Vec<Step>, Vec<(i64, i64)>) {
 /// one deleted since, or a row put back under a parent put back, is checked against the
 /// tables' final rows.
 fn apply(client: &mut SpiClient<'_>, prepared: &[Prepared], one_statement: bool) -> Vec<Counts> {
-    let (steps, want) = steps(prepared);
+    let steps = steps(prepared);
     let mut counts: Vec<Counts> = vec![(0, 0, 0); prepared.len()];
     let mut add = |step: &Step, n: i64| {
         let c = &mut counts[step.at];
@@ -1042,24 +1052,11 @@ fn apply(client: &mut SpiClient<'_>, prepared: &[Prepared], one_statement: bool)
             Change::Insert => c.2 += n,
         }
     };
-    let nested_loop = |f: &mut dyn FnMut() -> i64| {
-        crate::ffi::settings::with_settings(
-            &[
-                (c"enable_hashjoin", c"off"),
-                (c"enable_mergejoin", c"off"),
-                (c"jit", c"off"),
-            ],
-            f,
-        )
-    };
     if !one_statement {
         for step in &steps {
-            let mut run = || spi(client.update(&step.sql, None, &[])).len() as i64;
-            let n = if step.nested_loop {
-                nested_loop(&mut run)
-            } else {
-                run()
-            };
+            let n = nested_loop_if(step.nested_loop, || {
+                spi(client.update(&step.sql, None, &[])).len() as i64
+            });
             add(step, n);
         }
     } else if !steps.is_empty() {
@@ -1075,23 +1072,34 @@ fn apply(client: &mut SpiClient<'_>, prepared: &[Prepared], one_statement: bool)
         // The updates of tables fetch rows by TID in a nested loop, unless a partitioned
         // table's are hashed (the settings are the statement's).
         let partitioned = prepared.iter().any(|p| p.table.partitioned);
-        let mut run = || {
-            let row = spi(client.update(&sql, Some(1), &[])).first();
-            for (i, step) in steps.iter().enumerate() {
-                add(step, spi(row.get::<i64>(i + 1)).unwrap_or_default());
-            }
-            0
-        };
-        if steps.iter().any(|s| s.nested_loop) && !partitioned {
-            nested_loop(&mut run);
-        } else {
-            run();
+        let nested_loop = steps.iter().any(|s| s.nested_loop) && !partitioned;
+        let row = nested_loop_if(nested_loop, || {
+            spi(client.update(&sql, Some(1), &[])).first()
+        });
+        for (i, step) in steps.iter().enumerate() {
+            add(step, spi(row.get::<i64>(i + 1)).unwrap_or_default());
         }
     }
-    for (p, (&want, c)) in prepared.iter().zip(want.iter().zip(&counts)) {
-        require_changed(p.table, want, (c.0, c.1));
+    for (p, c) in prepared.iter().zip(&counts) {
+        require_changed(p.table, p.to_change(), (c.0, c.1));
     }
     counts
+}
+
+/// Runs `f` (a statement changing rows) as a nested loop over the diff if `on`: hash and
+/// merge joins off (and no JIT) for it alone.
+fn nested_loop_if<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    if !on {
+        return f();
+    }
+    crate::ffi::settings::with_settings(
+        &[
+            (c"enable_hashjoin", c"off"),
+            (c"enable_mergejoin", c"off"),
+            (c"jit", c"off"),
+        ],
+        f,
+    )
 }
 
 /// Runs `f` (the statement writing a restore's diff) with the settings of a maintenance
