@@ -23,7 +23,7 @@ mod tables;
 
 pub use tables::init;
 
-use crate::error::{error, no_such_snapshot, null_argument};
+use crate::error::{error, null_argument};
 use crate::ffi::relation::{relation_name, OpenRelation};
 use crate::ffi::{expr, list};
 use crate::plan::nodes::{same_row_type, ScanKind, ScanPlan};
@@ -158,21 +158,12 @@ impl ScanTable {
             (true, _) => Bound::To,
             (false, _) => Bound::At,
         };
-        // SAFETY: the argument's state, prepared in `begin`, keeps its expression.
-        let ty = unsafe { pg_sys::exprType((*self.args[i]).expr.cast()) };
-        if ty == pg_sys::TEXTOID {
-            // SAFETY: a text datum (its expression's type says so).
-            let text = unsafe { crate::ffi::fcinfo::text_string(datum) };
-            return crate::sql::asof::resolve_text(&text, bound);
+        // SAFETY: the argument's state, prepared in `begin`, keeps its expression, whose
+        // type the value has.
+        unsafe {
+            let ty = pg_sys::exprType((*self.args[i]).expr.cast());
+            crate::sql::snapshot_of(ty, datum, bound)
         }
-        let value = datum.value() as i64;
-        if ty == pg_sys::TIMESTAMPTZOID {
-            return crate::sql::asof::resolve_time_as(value, bound);
-        }
-        if value <= 0 {
-            no_such_snapshot(value);
-        }
-        value as u64
     }
 
     /// EndCustomScan: closes the table (its lock stays until the transaction ends).

@@ -55,14 +55,6 @@ impl Call {
         self.arg(i).map(|d| d.value() as i64)
     }
 
-    /// Argument `i` as text (None for NULL).
-    pub fn arg_text(self, i: usize) -> Option<String> {
-        self.arg(i).map(|d| {
-            // SAFETY: the argument is a text datum (the function's signature says so).
-            unsafe { text_string(d) }
-        })
-    }
-
     /// The type of argument `i` as the call site resolved it (the table's row type for the
     /// readers' first argument).
     pub fn arg_type(self, i: usize) -> pg_sys::Oid {

@@ -76,12 +76,25 @@ pub fn spi_result<T>(function: &str, r: Result<T, pgrx::spi::SpiError>) -> T {
 /// time resolved as `bound` says (`asof::resolve_time_as`); for the `text` forms, an id, a
 /// label or a time (`asof::resolve_text`).
 pub fn snapshot_argument(call: Call, i: usize, what: &str, bound: asof::Bound) -> u64 {
-    let ty = call.arg_type(i);
+    let value = call.arg(i).unwrap_or_else(|| null_argument(what));
+    // SAFETY: the argument's value, of the type the call site resolved it to.
+    unsafe { snapshot_of(call.arg_type(i), value, bound) }
+}
+
+/// The snapshot a (non-NULL) snapshot argument of type `ty` names: an id (positive); for
+/// `timestamptz`, a time resolved as `bound` says (`asof::resolve_time_as`); for `text`, an
+/// id, a label or a time (`asof::resolve_text`). Shared by the functions and the custom
+/// scans, which evaluate their arguments themselves.
+///
+/// # Safety
+/// `value` is a datum of type `ty`.
+pub unsafe fn snapshot_of(ty: pg_sys::Oid, value: pg_sys::Datum, bound: asof::Bound) -> u64 {
     if ty == pg_sys::TEXTOID {
-        let text = call.arg_text(i).unwrap_or_else(|| null_argument(what));
+        // SAFETY: a text datum (the caller's promise).
+        let text = unsafe { crate::ffi::fcinfo::text_string(value) };
         return asof::resolve_text(&text, bound);
     }
-    let snap = call.arg_i64(i).unwrap_or_else(|| null_argument(what));
+    let snap = value.value() as i64;
     if ty == pg_sys::TIMESTAMPTZOID {
         return asof::resolve_time_as(snap, bound);
     }
