@@ -191,6 +191,10 @@ def test_what_cannot_be_done_to_a_snapshot_is_refused(cluster, setup):
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
                 c.execute(q)
             assert "gsnap.as_of is set" in str(e.value) and "RESET gsnap.as_of" in e.value.diag.message_hint, q
+        for table in ("acc", "pt"):  # COPY FROM too, into a table or a partitioned table
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="cannot be written"):
+                with c.cursor().copy(f"COPY {table} (id) FROM STDIN") as copy:
+                    copy.write("950\n")
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="system column ctid"):
             c.execute("SELECT ctid, * FROM acc")
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="system column xmin"):

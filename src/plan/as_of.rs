@@ -172,19 +172,15 @@ unsafe fn copied_gsnap_table(pstmt: *mut pg_sys::PlannedStmt) -> Option<OpenRela
         )
     };
     let rel = OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE)?;
-    let class = rel.class();
-    let snapshotted = class.relkind as u8 == pg_sys::RELKIND_RELATION
-        // SAFETY: an open relation.
-        && unsafe { crate::am::is_gsnap(rel.as_ptr()) }
-        && class.relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP;
-    if !snapshotted {
+    if !snapshotted(&rel) {
         return None;
     }
     // SAFETY: the CopyStmt's direction.
     if unsafe { (*copy).is_from } {
         refuse(relid, "written");
     }
-    Some(rel)
+    // PostgreSQL copies no partitioned table or materialized view out, and says so.
+    (rel.class().relkind as u8 == pg_sys::RELKIND_RELATION).then_some(rel)
 }
 
 /// Makes `COPY table [(columns)] TO` the statement `COPY (SELECT columns FROM ONLY table) TO`.
@@ -446,39 +442,17 @@ unsafe fn snapshot_table(rte: *mut pg_sys::RangeTblEntry) -> Option<OpenRelation
     }
     // The parser locked it.
     let rel = OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE)?;
+    if snapshotted(&rel) {
+        return Some(rel);
+    }
+    // (A partitioned table not snapshotted has no gsnap partition.)
     let class = rel.class();
-    // The tables below it that use gsnap (partitions, or tables inheriting from it).
-    let gsnap_below = || {
-        // SAFETY: the tables below a locked table, only their access methods read.
-        unsafe {
-            list::oids(crate::ffi::catalog::partitioning::find_all_inheritors(
-                relid,
-                pg_sys::NoLock as pg_sys::LOCKMODE,
-                std::ptr::null_mut(),
-            ))
-        }
-        .into_iter()
-        .filter(|&r| r != relid)
-        .filter(|&r| {
-            OpenRelation::open(r, pg_sys::NoLock as pg_sys::LOCKMODE)
-                // SAFETY: an open relation.
-                .is_some_and(|p| unsafe { crate::am::is_gsnap(p.as_ptr()) })
-        })
-        .collect::<Vec<_>>()
-    };
-    let gsnap = match class.relkind as u8 {
-        // SAFETY: an open relation.
-        pg_sys::RELKIND_RELATION | pg_sys::RELKIND_MATVIEW => unsafe {
-            crate::am::is_gsnap(rel.as_ptr())
-        },
-        pg_sys::RELKIND_PARTITIONED_TABLE => !gsnap_below().is_empty(),
-        _ => false,
-    };
+    let plain = class.relkind as u8 == pg_sys::RELKIND_RELATION;
     // SAFETY: the caller's entry.
-    if !gsnap && class.relhassubclass && unsafe { (*rte).inh } {
+    if plain && class.relhassubclass && unsafe { (*rte).inh } {
         // A table of another access method whose children use gsnap: the planner would read
         // them live through it.
-        if let Some(&child) = gsnap_below().first() {
+        if let Some(&child) = gsnap_below(relid).first() {
             error(
                 PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
                 format!(
@@ -492,9 +466,44 @@ unsafe fn snapshot_table(rte: *mut pg_sys::RangeTblEntry) -> Option<OpenRelation
             .raise();
         }
     }
-    // A temporary table is never snapshotted.
-    let temp = class.relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP;
-    (gsnap && !temp).then_some(rel)
+    None
+}
+
+/// True if reading `rel` reads snapshots while the setting applies: a gsnap table or
+/// materialized view, or a partitioned table with gsnap partitions, not temporary (a
+/// temporary table is never snapshotted).
+fn snapshotted(rel: &OpenRelation) -> bool {
+    let class = rel.class();
+    let gsnap = match class.relkind as u8 {
+        // SAFETY: an open relation.
+        pg_sys::RELKIND_RELATION | pg_sys::RELKIND_MATVIEW => unsafe {
+            crate::am::is_gsnap(rel.as_ptr())
+        },
+        pg_sys::RELKIND_PARTITIONED_TABLE => !gsnap_below(rel.oid()).is_empty(),
+        _ => false,
+    };
+    gsnap && class.relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP
+}
+
+/// The tables below locked table `relid` (partitions, or tables inheriting from it) that
+/// use gsnap.
+fn gsnap_below(relid: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    // SAFETY: the tables below a locked table, only their access methods read.
+    unsafe {
+        list::oids(crate::ffi::catalog::partitioning::find_all_inheritors(
+            relid,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            std::ptr::null_mut(),
+        ))
+    }
+    .into_iter()
+    .filter(|&r| r != relid)
+    .filter(|&r| {
+        OpenRelation::open(r, pg_sys::NoLock as pg_sys::LOCKMODE)
+            // SAFETY: an open relation.
+            .is_some_and(|p| unsafe { crate::am::is_gsnap(p.as_ptr()) })
+    })
+    .collect()
 }
 
 /// Raises an ERROR if `query` does to entry `rti` what cannot be done to a snapshot.
