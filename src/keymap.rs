@@ -365,13 +365,26 @@ unsafe fn call1(
     }
 }
 
-/// The condition one key column is given by a query: an expression (without the scanned
-/// table's columns) its value must equal, or an array it must be in.
-struct ColumnCondition {
+/// The condition one key column is given by a query.
+enum ColumnCondition {
+    /// An expression (without the scanned table's columns) the column's value must equal,
+    /// or an array it must be in.
+    Equal {
+        expr: *mut pg_sys::Expr,
+        array: bool,
+        /// The hash function of the operator's other side (the expression's values).
+        hash_proc: pg_sys::Oid,
+    },
+    /// A lower and an upper bound on an integer column (`id BETWEEN 100 AND 200`): the
+    /// lookup hashes every value between them, when there are few enough.
+    Between { lower: Bound, upper: Bound },
+}
+
+/// One side of a [`ColumnCondition::Between`]: an integer expression without the scanned
+/// table's columns, and whether the column may equal it.
+struct Bound {
     expr: *mut pg_sys::Expr,
-    array: bool,
-    /// The hash function of the operator's other side (the expression's values).
-    hash_proc: pg_sys::Oid,
+    inclusive: bool,
 }
 
 /// A query's conditions that fix the key of the table it scans: an equality (or `= ANY`)
@@ -460,13 +473,13 @@ unsafe fn condition_of(
             return None;
         }
         if is_column(left) && is_value(right) && lproc == column.hash_proc {
-            Some(ColumnCondition {
+            Some(ColumnCondition::Equal {
                 expr: right.cast(),
                 array,
                 hash_proc: rproc,
             })
         } else if !array && is_column(right) && is_value(left) && rproc == column.hash_proc {
-            Some(ColumnCondition {
+            Some(ColumnCondition::Equal {
                 expr: left.cast(),
                 array,
                 hash_proc: lproc,
@@ -474,6 +487,166 @@ unsafe fn condition_of(
         } else {
             None
         }
+    }
+}
+
+/// The values an integer key column can hold, if `column` is one whose map hashes its
+/// values with the integer family's own hash function (so a value between two bounds,
+/// enumerated, hashes as the capture hashed it).
+fn integer_range(column: &KeyColumn) -> Option<(i64, i64)> {
+    let (range, hash) = match column.type_oid {
+        pg_sys::INT2OID => ((i16::MIN.into(), i16::MAX.into()), pg_sys::F_HASHINT2),
+        pg_sys::INT4OID => ((i32::MIN.into(), i32::MAX.into()), pg_sys::F_HASHINT4),
+        pg_sys::INT8OID => ((i64::MIN, i64::MAX), pg_sys::F_HASHINT8),
+        _ => return None,
+    };
+    (column.hash_proc == pg_sys::Oid::from(hash)).then_some(range)
+}
+
+/// The bound `clause` gives integer key column `column`, if it is `column op expr` (or `expr
+/// op column`) with `op` one of the B-tree integer family's `<`, `<=`, `>=`, `>` and an
+/// expression free of the scan's columns and of volatile functions: true for a lower bound.
+///
+/// # Safety
+/// `clause` is a valid expression; in a transaction.
+unsafe fn bound_of(
+    clause: *mut pg_sys::Node,
+    column: &KeyColumn,
+    column_of: &dyn Fn(*mut pg_sys::Node) -> Option<i16>,
+) -> Option<(bool, Bound)> {
+    // SAFETY: the caller's clause, read by its tag.
+    unsafe {
+        if !crate::ffi::node::is_a(clause, pg_sys::NodeTag::T_OpExpr) {
+            return None;
+        }
+        let op = &*clause.cast::<pg_sys::OpExpr>();
+        if crate::ffi::list::len(op.args) != 2 {
+            return None;
+        }
+        let strategy = pg_sys::get_op_opfamily_strategy(op.opno, pg_sys::INTEGER_BTREE_FAM_OID);
+        let (left, right) = (
+            crate::ffi::list::nth::<pg_sys::Node>(op.args, 0),
+            crate::ffi::list::nth::<pg_sys::Node>(op.args, 1),
+        );
+        let is_value = |n: *mut pg_sys::Node| {
+            !pg_sys::contain_var_clause(n) && !pg_sys::contain_volatile_functions(n)
+        };
+        // The strategy as if the column were on the left.
+        let (strategy, expr) = if column_of(strip(left)) == Some(column.attnum) && is_value(right) {
+            (strategy as u32, right)
+        } else if column_of(strip(right)) == Some(column.attnum) && is_value(left) {
+            let flipped = match strategy as u32 {
+                pg_sys::BTLessStrategyNumber => pg_sys::BTGreaterStrategyNumber,
+                pg_sys::BTLessEqualStrategyNumber => pg_sys::BTGreaterEqualStrategyNumber,
+                pg_sys::BTGreaterEqualStrategyNumber => pg_sys::BTLessEqualStrategyNumber,
+                pg_sys::BTGreaterStrategyNumber => pg_sys::BTLessStrategyNumber,
+                _ => return None,
+            };
+            (flipped, left)
+        } else {
+            return None;
+        };
+        let bound = |inclusive| Bound {
+            expr: expr.cast(),
+            inclusive,
+        };
+        match strategy {
+            pg_sys::BTLessStrategyNumber => Some((false, bound(false))),
+            pg_sys::BTLessEqualStrategyNumber => Some((false, bound(true))),
+            pg_sys::BTGreaterEqualStrategyNumber => Some((true, bound(true))),
+            pg_sys::BTGreaterStrategyNumber => Some((true, bound(false))),
+            _ => None,
+        }
+    }
+}
+
+/// The range condition `clauses` give integer key column `column`: the first lower and the
+/// first upper bound among them (each further bound only narrows what the query returns; its
+/// own conditions decide). None without both, or if both are constants more than
+/// [`MAX_KEYS`] values apart (the scan reads every page: no lookup is planned).
+///
+/// # Safety
+/// The clauses are valid expressions; in a transaction.
+unsafe fn between(
+    clauses: &[*mut pg_sys::Node],
+    column: &KeyColumn,
+    column_of: &dyn Fn(*mut pg_sys::Node) -> Option<i16>,
+) -> Option<ColumnCondition> {
+    integer_range(column)?;
+    let (mut lower, mut upper) = (None, None);
+    for &clause in clauses {
+        // SAFETY: the caller's clauses.
+        match unsafe { bound_of(clause, column, column_of) } {
+            Some((true, b)) if lower.is_none() => lower = Some(b),
+            Some((false, b)) if upper.is_none() => upper = Some(b),
+            _ => {}
+        }
+    }
+    let (lower, upper) = (lower?, upper?);
+    let condition = ColumnCondition::Between { lower, upper };
+    // SAFETY: the bounds just found.
+    (unsafe { condition.planned_keys(column) } <= MAX_KEYS).then_some(condition)
+}
+
+impl ColumnCondition {
+    /// How many values the condition allows key column `column` at least, as far as the
+    /// plan tells: those between two constant bounds, else one.
+    ///
+    /// # Safety
+    /// The condition's expressions are valid.
+    unsafe fn planned_keys(&self, column: &KeyColumn) -> usize {
+        let ColumnCondition::Between { lower, upper } = self else {
+            return 1;
+        };
+        // SAFETY: the bounds' expressions, read by their tag.
+        let constant = |b: &Bound| unsafe {
+            crate::ffi::node::is_a(b.expr.cast(), pg_sys::NodeTag::T_Const)
+                .then(|| {
+                    let c = &*b.expr.cast::<pg_sys::Const>();
+                    (!c.constisnull).then(|| {
+                        (
+                            integer_value(pg_sys::getBaseType(c.consttype), c.constvalue),
+                            b.inclusive,
+                        )
+                    })
+                })
+                .flatten()
+        };
+        match (integer_range(column), constant(lower), constant(upper)) {
+            (Some(range), Some(lo), Some(hi)) => count(values_between(range, lo, hi)),
+            _ => 1,
+        }
+    }
+}
+
+/// An integer value of type `type_oid` (int2, int4 or int8: the integer family's types).
+fn integer_value(type_oid: pg_sys::Oid, d: pg_sys::Datum) -> i64 {
+    match type_oid {
+        pg_sys::INT2OID => i64::from(d.value() as i16),
+        pg_sys::INT4OID => i64::from(d.value() as i32),
+        _ => d.value() as i64,
+    }
+}
+
+/// The values of a column holding `range` between the bounds `lower` and `upper` (value,
+/// inclusive): the first and the last (empty if the first is above the last).
+fn values_between(range: (i64, i64), lower: (i64, bool), upper: (i64, bool)) -> (i64, i64) {
+    let first = i128::from(lower.0) + i128::from(!lower.1);
+    let last = i128::from(upper.0) - i128::from(!upper.1);
+    let clamp = |v: i128| v.clamp(range.0.into(), range.1.into()) as i64;
+    if first > last || first > range.1.into() || last < range.0.into() {
+        (1, 0)
+    } else {
+        (clamp(first), clamp(last))
+    }
+}
+
+/// How many values `first..=last` holds.
+fn count((first, last): (i64, i64)) -> usize {
+    if first > last {
+        0
+    } else {
+        usize::try_from(i128::from(last) - i128::from(first) + 1).unwrap_or(usize::MAX)
     }
 }
 
@@ -515,12 +688,24 @@ impl KeyConditions {
                     .iter()
                     // SAFETY: the clauses of the caller's list.
                     .find_map(|&clause| unsafe { condition_of(clause, c, column_of) })
+                    // SAFETY: as above.
+                    .or_else(|| unsafe { between(&clauses, c, column_of) })
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(KeyConditions { def, columns })
+        // Constant ranges of several columns whose combinations are too many: no lookup.
+        let planned = def
+            .columns
+            .iter()
+            .zip(&columns)
+            .try_fold(1usize, |n, (c, condition)| {
+                // SAFETY: the conditions just found.
+                n.checked_mul(unsafe { condition.planned_keys(c) })
+                    .filter(|&n| n <= MAX_KEYS)
+            });
+        planned.map(|_| KeyConditions { def, columns })
     }
 
-    /// The key columns' names, for EXPLAIN.
+    /// The key columns' names, for EXPLAIN (`id (range)` for a column given by its bounds).
     ///
     /// # Safety
     /// In a transaction; `relid` is the table.
@@ -528,16 +713,21 @@ impl KeyConditions {
         self.def
             .columns
             .iter()
-            .map(|c| {
+            .zip(&self.columns)
+            .map(|(c, condition)| {
                 // SAFETY: a column of the table (missing_ok: a name is only shown).
                 let name = unsafe { pg_sys::get_attname(relid, c.attnum, true) };
-                if name.is_null() {
+                let name = if name.is_null() {
                     format!("#{}", c.attnum)
                 } else {
                     // SAFETY: a palloc'd C string.
                     unsafe { std::ffi::CStr::from_ptr(name) }
                         .to_string_lossy()
                         .into_owned()
+                };
+                match condition {
+                    ColumnCondition::Equal { .. } => name,
+                    ColumnCondition::Between { .. } => format!("{name} (range)"),
                 }
             })
             .collect::<Vec<_>>()
@@ -567,11 +757,9 @@ impl KeyConditions {
     unsafe fn hashes(&self, planstate: *mut pg_sys::PlanState) -> Option<Vec<u64>> {
         let mut keys = vec![KeyHash::new()];
         for (c, column) in self.columns.iter().zip(&self.def.columns) {
+            let room = MAX_KEYS.checked_div(keys.len()).unwrap_or(usize::MAX);
             // SAFETY: the caller's promise.
-            let values = unsafe { evaluate(c, column.collation, planstate) };
-            if keys.len() * values.len() > MAX_KEYS {
-                return None;
-            }
+            let values = unsafe { evaluate(c, column, planstate, room) }?;
             keys = keys
                 .iter()
                 .flat_map(|k| values.iter().map(|&v| k.with(v)))
@@ -655,32 +843,89 @@ pub unsafe fn column_of(
     }
 }
 
-/// The hashes (by the condition's hash function, with `collation`) of the values condition
-/// `c` allows: its expression's value, or the non-NULL elements of its array.
+/// The value of `expr` in `planstate`'s context (None: NULL).
+///
+/// # Safety
+/// As for [`KeyConditions::hashes`]; the value lives in the per-tuple memory.
+unsafe fn value_of(
+    expr: *mut pg_sys::Expr,
+    planstate: *mut pg_sys::PlanState,
+) -> Option<pg_sys::Datum> {
+    // SAFETY: the caller's promise: the node's state and expression context.
+    unsafe {
+        let state = pg_sys::ExecInitExpr(expr, planstate);
+        let econtext = (*planstate).ps_ExprContext;
+        let mut null = false;
+        let value = pg_sys::ExecEvalExprSwitchContext(state, econtext, &mut null);
+        (!null).then_some(value)
+    }
+}
+
+/// The hashes (by the hash function of the condition's values, with the key column's
+/// collation) of the values condition `c` allows key column `column`: its expression's
+/// value, the non-NULL elements of its array, or the integers between its bounds; None if
+/// there are more than `room`.
 ///
 /// # Safety
 /// As for [`KeyConditions::hashes`].
 unsafe fn evaluate(
     c: &ColumnCondition,
-    collation: pg_sys::Oid,
+    column: &KeyColumn,
     planstate: *mut pg_sys::PlanState,
-) -> Vec<u32> {
-    // SAFETY: the caller's promise: the node's state and expression context; the values are
-    // hashed before the per-tuple memory they may live in is reset.
-    unsafe {
-        let state = pg_sys::ExecInitExpr(c.expr, planstate);
-        let econtext = (*planstate).ps_ExprContext;
-        let mut null = false;
-        let value = pg_sys::ExecEvalExprSwitchContext(state, econtext, &mut null);
-        if null {
-            return Vec::new();
+    room: usize,
+) -> Option<Vec<u32>> {
+    let collation = column.collation;
+    let hasher = |proc_: pg_sys::Oid| {
+        // SAFETY: an all-zero FmgrInfo is what fmgr_info fills in.
+        let mut f: pg_sys::FmgrInfo = unsafe { std::mem::zeroed() };
+        // SAFETY: a hash function found in the catalog.
+        unsafe { pg_sys::fmgr_info(proc_, &mut f) };
+        move |d: pg_sys::Datum| {
+            // SAFETY: a strict one-argument function returning int4, on a value of its type.
+            unsafe { pg_sys::FunctionCall1Coll(&mut f, collation, d).value() as u32 }
         }
-        let mut f: pg_sys::FmgrInfo = std::mem::zeroed();
-        pg_sys::fmgr_info(c.hash_proc, &mut f);
-        let mut hash =
-            |d: pg_sys::Datum| pg_sys::FunctionCall1Coll(&mut f, collation, d).value() as u32;
-        if !c.array {
-            return vec![hash(value)];
+    };
+    let (expr, array, hash_proc) = match c {
+        &ColumnCondition::Equal {
+            expr,
+            array,
+            hash_proc,
+        } => (expr, array, hash_proc),
+        ColumnCondition::Between { lower, upper } => {
+            // SAFETY: the caller's promise; the bounds are integers of the family's types.
+            let bound = |b: &Bound| unsafe {
+                let value = value_of(b.expr, planstate)?;
+                Some((
+                    integer_value(pg_sys::getBaseType(pg_sys::exprType(b.expr.cast())), value),
+                    b.inclusive,
+                ))
+            };
+            let (Some(lo), Some(hi)) = (bound(lower), bound(upper)) else {
+                return Some(Vec::new());
+            };
+            let range = integer_range(column).expect("a range is planned on integer keys only");
+            let (first, last) = values_between(range, lo, hi);
+            if count((first, last)) > room {
+                return None;
+            }
+            let mut hash = hasher(column.hash_proc);
+            let datum = |v: i64| match column.type_oid {
+                pg_sys::INT2OID => pg_sys::Datum::from(v as i16),
+                pg_sys::INT4OID => pg_sys::Datum::from(v as i32),
+                _ => pg_sys::Datum::from(v),
+            };
+            return Some((first..=last).map(|v| hash(datum(v))).collect());
+        }
+    };
+    // SAFETY: the caller's promise; the values are hashed before the per-tuple memory they
+    // may live in is reset.
+    unsafe {
+        let Some(value) = value_of(expr, planstate) else {
+            return Some(Vec::new());
+        };
+        let mut hash = hasher(hash_proc);
+        if !array {
+            return (room >= 1).then(|| vec![hash(value)]);
         }
         let array = pg_sys::pg_detoast_datum(value.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
         let element = (*array).elemtype;
@@ -699,9 +944,10 @@ unsafe fn evaluate(
             &mut nulls,
             &mut n,
         );
-        (0..n as usize)
+        let values: Vec<u32> = (0..n as usize)
             .filter(|&i| !*nulls.add(i))
             .map(|i| hash(*elements.add(i)))
-            .collect()
+            .collect();
+        (values.len() <= room).then_some(values)
     }
 }

@@ -381,3 +381,134 @@ def test_entries_only_deleted_snapshots_needed_are_swept(cluster):
             for k in (7, 8, 1999):
                 want = conn.execute("SELECT * FROM gsnap_asof(NULL::mv, %s) WHERE id + 0 = %s", (s, k)).fetchall()
                 assert conn.execute("SELECT * FROM gsnap_asof(NULL::mv, %s) WHERE id = %s", (s, k)).fetchall() == want
+
+
+def test_ranges_of_integer_keys(cluster):
+    """`id BETWEEN a AND b` (and `>`, `>=`, `<`, `<=` pairs, either side, int2/int4/int8
+    bounds) on an integer key is a lookup of the keys between the bounds, when there are at
+    most 512 of them (at execution: a parameter's range wider than that reads every page;
+    constants that far apart plan no lookup). The rows always equal a filtered scan of the
+    same snapshot: empty ranges, NULL bounds, bounds past the type's limits, composite keys
+    with an equality on the other column, ranges and versions, a partitioned table, and a
+    session under gsnap.as_of."""
+    rng = random.Random(20261207)
+    with cluster.connect() as conn:
+        conn.execute("CREATE TABLE ledger (id bigint PRIMARY KEY, gen int NOT NULL, pad text) USING gsnap")
+        conn.execute("INSERT INTO ledger SELECT g, 0, repeat('x', 300) FROM generate_series(1, 20000) g")
+        conn.execute("INSERT INTO ledger VALUES (9223372036854775807, 0, 'max'), "
+                     "(-9223372036854775808, 0, 'min')")
+        conn.execute("CREATE TABLE small (id smallint PRIMARY KEY, v int) USING gsnap")
+        conn.execute("INSERT INTO small SELECT g, g FROM generate_series(-32768, 32767, 7) g")
+        conn.execute("INSERT INTO small VALUES (32767, 0) ON CONFLICT DO NOTHING")
+        conn.execute("CREATE TABLE lines (region int, n int, v int, PRIMARY KEY (region, n)) USING gsnap")
+        conn.execute("INSERT INTO lines SELECT g % 8, g, g FROM generate_series(1, 8000) g")
+        snaps = [snapshot(conn)]
+        for gen in range(1, 4):
+            ids = rng.sample(range(1, 20001), 300)
+            conn.execute("UPDATE ledger SET gen = %s, pad = repeat('y', 400) WHERE id = ANY(%s)", (gen, ids[:200]))
+            conn.execute("DELETE FROM ledger WHERE id = ANY(%s)", (ids[200:],))
+            conn.execute("INSERT INTO ledger SELECT g, %s, 'new' FROM unnest(%s::bigint[]) g "
+                         "ON CONFLICT DO NOTHING", (gen, ids[250:]))
+            conn.execute("UPDATE small SET v = -v WHERE id %% 3 = %s", (gen % 3,))
+            conn.execute("UPDATE lines SET v = -v, n = n + 100000 WHERE n %% 97 = %s", (gen,))
+            snaps.append(snapshot(conn))
+        snaps.append(conn.execute("SELECT gsnap_snapshot(true)").fetchone()[0])
+        total = conn.execute("SELECT pg_relation_size('ledger') / 8192").fetchone()[0]
+        assert total > 500
+
+        def same(s, table, cond, filtered, cols="*"):
+            got = sorted(conn.execute(f"SELECT {cols} FROM gsnap_asof(NULL::{table}, {s}) WHERE {cond}").fetchall())
+            want = sorted(conn.execute(f"SELECT {cols} FROM gsnap_asof(NULL::{table}, {s}) WHERE {filtered}").fetchall())
+            assert got == want, (s, table, cond)
+            return got
+
+        for s in snaps:
+            for _ in range(6):
+                lo = rng.randrange(-5, 20010)
+                hi = lo + rng.randrange(0, 400)
+                for cond in [f"id BETWEEN {lo} AND {hi}", f"id >= {lo} AND id < {hi}",
+                             f"{lo} < id AND {hi} >= id", f"id > {lo}::int AND id <= {hi}::smallint % 32000",
+                             f"id BETWEEN {hi} AND {lo}", f"id BETWEEN {lo} AND {hi} AND id <> {lo + 1}"]:
+                    filtered = cond.replace("id", "(id + 0)")
+                    same(s, "ledger", cond, filtered, "id, gen, pad")
+            for cond in ["id BETWEEN NULL AND 5", "id > 9223372036854775000",
+                         "id > 9223372036854775000 AND id <= 9223372036854775807",
+                         "id >= -9223372036854775808 AND id < -9223372036854775000",
+                         "id BETWEEN 9223372036854775807 AND 9223372036854775807"]:
+                same(s, "ledger", cond, cond.replace("id", "(id + 0)"))
+            for cond in ["id BETWEEN 32700 AND 40000", "id BETWEEN -40000 AND -32700",
+                         "id > 32766 AND id < 99999", "id BETWEEN 100 AND 300"]:
+                same(s, "small", cond, cond.replace("id", "(id + 0)"))
+            for cond in ["region = 3 AND n BETWEEN 100 AND 300", "region IN (1, 2) AND n BETWEEN 50 AND 250",
+                         "region BETWEEN 1 AND 3 AND n >= 1000 AND n < 1100",
+                         "region = 5 AND n BETWEEN 100090 AND 100500"]:
+                same(s, "lines", cond, re.sub(r"\b(region|n)\b", r"(\1 + 0)", cond))
+            plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::ledger, {s}) WHERE id BETWEEN 5000 AND 5100")
+            assert "Key Lookup: id (range)" in plan, plan
+            assert pages_read(plan) <= 40, plan
+            plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::lines, {s}) "
+                                 "WHERE region = 3 AND n BETWEEN 100 AND 300")
+            assert "Key Lookup: region, n (range)" in plan and pages_read(plan) <= 10, plan
+        # Bounds of a domain over an integer type.
+        conn.execute("CREATE DOMAIN posint AS int CHECK (VALUE > 0)")
+        got = same(snaps[-1], "ledger", "id BETWEEN 3000::posint AND 3010::posint",
+                   "id + 0 BETWEEN 3000 AND 3010", "id")
+        assert len(got) >= 5
+        assert "Key Lookup: id (range)" in explain(
+            conn, f"SELECT * FROM gsnap_asof(NULL::ledger, {snaps[-1]}) WHERE id BETWEEN 3000::posint AND 3010::posint")
+        # Constants more than 512 keys apart, or a single bound: no lookup.
+        for cond in ["id BETWEEN 1 AND 513", "id > 5", "region BETWEEN 1 AND 2 AND n BETWEEN 1 AND 300"]:
+            table = "lines" if "region" in cond else "ledger"
+            assert "Key Lookup" not in explain(conn, f"SELECT * FROM gsnap_asof(NULL::{table}, {s}) WHERE {cond}")
+        assert "Key Lookup: id (range)" in explain(
+            conn, f"SELECT * FROM gsnap_asof(NULL::ledger, {s}) WHERE id BETWEEN 1 AND 512")
+        # Parameters: the width is known at execution; too wide reads every page, rows right.
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("PREPARE span(bigint, bigint, bigint) AS "
+                     "SELECT id, gen FROM gsnap_asof(NULL::ledger, $1) WHERE id BETWEEN $2 AND $3")
+        for lo, hi in [(100, 150), (100, 5000), (7, 6), (None, 5)]:
+            want = sorted(conn.execute("SELECT id, gen FROM gsnap_asof(NULL::ledger, %s) "
+                                       "WHERE id + 0 BETWEEN %s AND %s", (snaps[1], lo, hi)).fetchall())
+            args = ", ".join("NULL" if v is None else str(v) for v in (snaps[1], lo, hi))
+            got = sorted(conn.execute(f"EXECUTE span({args})").fetchall())
+            assert got == want, (lo, hi)
+        plan = explain(conn, f"EXECUTE span({snaps[1]}, 100, 5000)")
+        assert "Key Lookup: id (range)" in plan and "too many keys" in plan, plan
+        plan = explain(conn, f"EXECUTE span({snaps[1]}, 100, 150)")
+        assert pages_read(plan) <= 20, plan
+        conn.execute("RESET plan_cache_mode")
+        # Ranges and versions: `(rec).id BETWEEN`.
+        a, b = snaps[0], snaps[-1]
+        for q in ["SELECT snap_id, (rec).* FROM gsnap_range(NULL::ledger, {a}, {b}) WHERE {c}",
+                  "SELECT first_snap, last_snap, (rec).* FROM gsnap_versions(NULL::ledger, {a}, {b}) WHERE {c}"]:
+            for lo in rng.sample(range(1, 20000), 4):
+                c = f"(rec).id BETWEEN {lo} AND {lo + 200}"
+                want = sorted(conn.execute(q.format(a=a, b=b, c=c.replace("(rec).id", "((rec).id + 0)"))).fetchall())
+                got = sorted(conn.execute(q.format(a=a, b=b, c=c)).fetchall())
+                assert got == want, (q, c)
+            plan = explain(conn, q.format(a=a, b=b, c="(rec).id BETWEEN 300 AND 400"))
+            assert "Key Lookup: id (range)" in plan and re.search(r"Key Map: .* page images read", plan), plan
+        # A session as of a snapshot reads the table by its key range too.
+        conn.execute(f"SET gsnap.as_of = '{snaps[2]}'")
+        got = sorted(conn.execute("SELECT id, gen FROM ledger WHERE id BETWEEN 700 AND 900").fetchall())
+        plan = explain(conn, "SELECT id, gen FROM ledger WHERE id BETWEEN 700 AND 900")
+        conn.execute("RESET gsnap.as_of")
+        assert got == sorted(conn.execute(f"SELECT id, gen FROM gsnap_asof(NULL::ledger, {snaps[2]}) "
+                                          "WHERE id + 0 BETWEEN 700 AND 900").fetchall())
+        assert "Key Lookup: id (range)" in plan and pages_read(plan) <= 30, plan
+        # A partitioned table: each partition's map.
+        conn.execute("CREATE TABLE parts (id int PRIMARY KEY, v int) PARTITION BY HASH (id)")
+        for r in range(3):
+            conn.execute(f"CREATE TABLE parts_{r} PARTITION OF parts "
+                         f"FOR VALUES WITH (MODULUS 3, REMAINDER {r}) USING gsnap")
+        conn.execute("INSERT INTO parts SELECT g, g FROM generate_series(1, 9000) g")
+        s = snapshot(conn)
+        conn.execute("UPDATE parts SET v = -v WHERE id BETWEEN 2000 AND 2100")
+        s2 = conn.execute("SELECT gsnap_snapshot(true)").fetchone()[0]
+        for snap in (s, s2):
+            got = same(snap, "parts", "id BETWEEN 2050 AND 2150", "id + 0 BETWEEN 2050 AND 2150")
+            assert len(got) == 101
+            plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::parts, {snap}) WHERE id BETWEEN 2050 AND 2150")
+            assert "Key Lookup: id (range)" in plan, plan
+            _, mapped, read = partitioned_read(plan)
+            assert mapped == 3 and read <= 12, plan
