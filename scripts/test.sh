@@ -79,7 +79,7 @@ grep -q 'tests passed' "$logdir/regress.log" || rf=$((rf > 0 ? rf : 1))
 passed=$((passed + rp)); failed=$((failed + rf))
 
 log "integration tests (pytest)"
-(cd "$GSNAP_ROOT" && python -m pytest -q tests 2>&1) | tee "$logdir/pytest.log" || true
+(cd "$GSNAP_ROOT" && python -m pytest -q --durations=15 tests 2>&1) | tee "$logdir/pytest.log" || true
 # pytest's last line, e.g. "2 failed, 38 passed, 1 error in 272.14s (0:04:32)".
 ps=$({ grep -E '[0-9]+ (passed|failed|errors?).* in [0-9.]+s' "$logdir/pytest.log" || true; } | tail -1)
 pp=$({ grep -Eo '[0-9]+ passed' <<<"$ps" || true; } | awk '{s += $1} END {print s+0}')
