@@ -395,8 +395,8 @@ pub struct KeyConditions {
 }
 
 /// The most keys (combinations of the columns' values) a lookup hashes; more: the scan
-/// reads every page.
-const MAX_KEYS: usize = gsnap_protocol::MAX_KEY_HASHES;
+/// reads every page. (The worker is asked for at most `MAX_KEY_HASHES` at a time.)
+const MAX_KEYS: usize = 16 * gsnap_protocol::MAX_KEY_HASHES;
 
 /// `node` without the binary-compatible relabelings around it (a varchar column compared
 /// as text).

@@ -386,7 +386,7 @@ def test_entries_only_deleted_snapshots_needed_are_swept(cluster):
 def test_ranges_of_integer_keys(cluster):
     """`id BETWEEN a AND b` (and `>`, `>=`, `<`, `<=` pairs, either side, int2/int4/int8
     bounds) on an integer key is a lookup of the keys between the bounds, when there are at
-    most 512 of them (at execution: a parameter's range wider than that reads every page;
+    most 8,192 of them (at execution: a parameter's range wider than that reads every page;
     constants that far apart plan no lookup). The rows always equal a filtered scan of the
     same snapshot: empty ranges, NULL bounds, bounds past the type's limits, composite keys
     with an equality on the other column, ranges and versions, a partitioned table, and a
@@ -456,27 +456,47 @@ def test_ranges_of_integer_keys(cluster):
         assert len(got) >= 5
         assert "Key Lookup: id (range)" in explain(
             conn, f"SELECT * FROM gsnap_asof(NULL::ledger, {snaps[-1]}) WHERE id BETWEEN 3000::posint AND 3010::posint")
-        # Constants more than 512 keys apart, or a single bound: no lookup.
-        for cond in ["id BETWEEN 1 AND 513", "id > 5", "region BETWEEN 1 AND 2 AND n BETWEEN 1 AND 300"]:
+        # Constants more than 8,192 keys apart (with the other columns' values), or a single
+        # bound: no lookup.
+        for cond in ["id BETWEEN 1 AND 8193", "id > 5", "region BETWEEN 1 AND 3 AND n BETWEEN 1 AND 3000"]:
             table = "lines" if "region" in cond else "ledger"
             assert "Key Lookup" not in explain(conn, f"SELECT * FROM gsnap_asof(NULL::{table}, {s}) WHERE {cond}")
         assert "Key Lookup: id (range)" in explain(
-            conn, f"SELECT * FROM gsnap_asof(NULL::ledger, {s}) WHERE id BETWEEN 1 AND 512")
+            conn, f"SELECT * FROM gsnap_asof(NULL::ledger, {s}) WHERE id BETWEEN 1 AND 8192")
         # Parameters: the width is known at execution; too wide reads every page, rows right.
+        # (More than 512 keys are asked of the worker in several requests.)
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute("PREPARE span(bigint, bigint, bigint) AS "
                      "SELECT id, gen FROM gsnap_asof(NULL::ledger, $1) WHERE id BETWEEN $2 AND $3")
-        for lo, hi in [(100, 150), (100, 5000), (7, 6), (None, 5)]:
+        for lo, hi in [(100, 150), (100, 5000), (100, 15000), (7, 6), (None, 5)]:
             want = sorted(conn.execute("SELECT id, gen FROM gsnap_asof(NULL::ledger, %s) "
                                        "WHERE id + 0 BETWEEN %s AND %s", (snaps[1], lo, hi)).fetchall())
             args = ", ".join("NULL" if v is None else str(v) for v in (snaps[1], lo, hi))
             got = sorted(conn.execute(f"EXECUTE span({args})").fetchall())
             assert got == want, (lo, hi)
-        plan = explain(conn, f"EXECUTE span({snaps[1]}, 100, 5000)")
+        plan = explain(conn, f"EXECUTE span({snaps[1]}, 100, 15000)")
         assert "Key Lookup: id (range)" in plan and "too many keys" in plan, plan
         plan = explain(conn, f"EXECUTE span({snaps[1]}, 100, 150)")
         assert pages_read(plan) <= 20, plan
         conn.execute("RESET plan_cache_mode")
+        # More than 512 keys (asked of the worker in several requests) only in a table of at
+        # least three blocks per key: one row per page here.
+        conn.execute("CREATE TABLE wide (id int PRIMARY KEY, pad text) USING gsnap WITH (fillfactor = 10)")
+        conn.execute("INSERT INTO wide SELECT g, repeat('w', 400) FROM generate_series(1, 3000) g")
+        conn.execute("UPDATE wide SET pad = 'short' WHERE id % 10 = 0")
+        w = snapshot(conn)
+        blocks = conn.execute("SELECT pg_relation_size('wide') / 8192").fetchone()[0]
+        assert blocks >= 3000, blocks
+        for lo, hi, looked_up in [(101, 1000, True), (1, 1100, False)]:
+            cond = f"id BETWEEN {lo} AND {hi}"
+            got = same(w, "wide", cond, cond.replace("id", "(id + 0)"), "id, pad")
+            assert len(got) == hi - lo + 1
+            plan = explain(conn, f"SELECT * FROM gsnap_asof(NULL::wide, {w}) WHERE {cond}")
+            assert "Key Lookup: id (range)" in plan, plan
+            if looked_up:
+                assert hi - lo + 1 <= pages_read(plan) <= hi - lo + 11, plan
+            else:
+                assert "too many keys or pages" in plan, plan
         # Ranges and versions: `(rec).id BETWEEN`.
         a, b = snaps[0], snaps[-1]
         for q in ["SELECT snap_id, (rec).* FROM gsnap_range(NULL::ledger, {a}, {b}) WHERE {c}",

@@ -934,8 +934,33 @@ def bench_keys(b: Bench) -> None:
         assert got and got[0][0] == snaps[0] and got[-1][1] == snaps[-1], got
         if rnd:
             hist.append({"round": rnd, "key": k, "versions": len(got), "ms": round(ms, 3)})
+    # Ranges of keys (`id BETWEEN lo AND lo + w - 1`) at the last snapshot: through the key
+    # map (the keys between the bounds looked up), against the same rows by a full read of
+    # the snapshot (`id + 0`, which the map cannot serve) and live through the primary key.
+    ranges = []
+    widths = [w for w in (1, 10, 100, 1000, 4000, 8000) if w * 3 <= pages]
+    for rnd in range(rounds + 1):
+        for w in widths:
+            lo = rng.randrange(1, rows - w)
+            cond = f"BETWEEN {lo} AND {lo + w - 1}"
+            timed = {}
+            for name, sql in (("live", f"SELECT * FROM k WHERE id {cond}"),
+                              ("map", f"SELECT * FROM gsnap_asof(NULL::k, {snaps[-1]}) WHERE id {cond}"),
+                              ("full", f"SELECT * FROM gsnap_asof(NULL::k, {snaps[-1]}) WHERE id + 0 {cond}")):
+                t = time.perf_counter()
+                timed[name] = sorted(conn.execute(sql).fetchall())
+                timed[name + "_ms"] = (time.perf_counter() - t) * 1000
+            assert timed["map"] == timed["full"] == timed["live"] and len(timed["map"]) == w, (w, lo)
+            if rnd:
+                ranges.append({"round": rnd, "width": w, "live_ms": round(timed["live_ms"], 3),
+                               "map_ms": round(timed["map_ms"], 3), "full_ms": round(timed["full_ms"], 3)})
+    plan = "\n".join(r[0] for r in conn.execute(
+        f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM gsnap_asof(NULL::k, {snaps[-1]}) "
+        f"WHERE id BETWEEN 1000 AND {999 + widths[-1]}"))
+    assert "Key Lookup: id (range)" in plan and "pages read" in plan, plan
     write_csv(b.out / "keys_lookup.csv", samples)
     write_csv(b.out / "keys_history.csv", hist)
+    write_csv(b.out / "keys_ranges.csv", ranges)
     # The capture's cost with the key map: worker CPU per captured page of a table with the
     # map (k, its primary key) against one without (k2: the same rows, a plain index on id
     # instead), the same share of rows updated in each, interleaved rounds.
@@ -985,6 +1010,14 @@ def bench_keys(b: Bench) -> None:
     res["history_versions"] = med([h["versions"] for h in hist])
     log(f"   one key's versions over {nsnaps} snapshots: {res['history_ms']:.1f} ms "
         f"({res['history_versions']:.0f} versions)")
+    res["ranges"] = {}
+    table = []
+    for w in widths:
+        live, by_map, full = (med([x[f"{m}_ms"] for x in ranges if x["width"] == w]) for m in ("live", "map", "full"))
+        res["ranges"][w] = {"live_ms": live, "map_ms": by_map, "full_ms": full, "map_to_full": round(by_map / full, 4)}
+        table.append([w, f"{live:.2f}", f"{by_map:.2f}", f"{full:.1f}", f"{by_map / full:.3f}"])
+    log(md_table(["keys in the range", "live ms", "AS OF through the map ms", "AS OF full read ms",
+                  "map / full"], table))
     on = med([x["us_per_page"] for x in cap if x["key_maps"] == "on"])
     off = med([x["us_per_page"] for x in cap if x["key_maps"] == "off"])
     res["capture_us_per_page"] = {"on": on, "off": off, "ratio": round(on / off, 3)}

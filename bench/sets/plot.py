@@ -11,7 +11,9 @@ Usage: plot.py RESULTS_DIR. Writes next to the CSV files:
               (2 workers), each round as a point and the median as a bar;
   keys.png    a lookup by primary key AS OF snapshots from the first to the last, against the
               same lookup live through the index (client-side ms, medians with rounds as
-              points).
+              points);
+  key_ranges.png  a range of N keys AS OF the last snapshot through the key map, by a full read
+              of the snapshot, and live through the primary key (log-log, medians).
 Each plot is skipped when its CSV is missing. Installs matplotlib with pip if it is missing.
 """
 import json
@@ -144,6 +146,26 @@ def plot_keys(out):
     save(fig, out, "keys.png")
 
 
+def plot_key_ranges(out):
+    data = rows(out, "keys_ranges.csv")
+    if not data:
+        return
+    widths = sorted({int(r["width"]) for r in data})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for col, label, style in (("map_ms", "AS OF, through the key map", "o-"),
+                              ("full_ms", "AS OF, full read of the snapshot", "s--"),
+                              ("live_ms", "live, through the primary key", "^:")):
+        ax.plot(widths, [statistics.median(float(r[col]) for r in data if int(r["width"]) == w) for w in widths],
+                style, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("keys in the range (id BETWEEN lo AND lo + N - 1)")
+    ax.set_ylabel("ms (client side, median)")
+    ax.set_title("a range of keys AS OF a snapshot")
+    ax.legend()
+    save(fig, out, "key_ranges.png")
+
+
 def plot_diff(out):
     data = rows(out, "diff.csv")
     if not data:
@@ -197,4 +219,4 @@ def plot_diff(out):
 
 
 if __name__ == "__main__":
-    main(__file__, [plot_range, plot_diff, plot_parallel, plot_keys])
+    main(__file__, [plot_range, plot_diff, plot_parallel, plot_keys, plot_key_ranges])

@@ -241,20 +241,37 @@ pub fn key_candidates(
     hashes: &[u64],
     (from, to): (u64, u64),
 ) -> Option<(SnapId, Option<Vec<u32>>)> {
-    match request(Request::KeyCandidates {
-        rel,
-        definition: definition.to_vec(),
-        hashes: hashes.to_vec(),
-        from: SnapId(from),
-        to: SnapId(to),
-    }) {
-        Reply::KeyCandidates {
+    let mut all: Vec<u32> = Vec::new();
+    let mut found = None;
+    // A request carries at most MAX_KEY_HASHES hashes: more are asked in several, and the
+    // blocks are the union of their answers.
+    let chunks = hashes.chunks(gsnap_protocol::MAX_KEY_HASHES);
+    for chunk in chunks.chain(hashes.is_empty().then_some(&[][..])) {
+        let reply = request(Request::KeyCandidates {
+            rel,
+            definition: definition.to_vec(),
+            hashes: chunk.to_vec(),
+            from: SnapId(from),
+            to: SnapId(to),
+        });
+        let Reply::KeyCandidates {
             start,
             complete,
             blocks,
-        } => start.map(|s| (s, complete.then_some(blocks))),
-        reply => unexpected(Kind::KeyCandidates, reply),
+        } = reply
+        else {
+            unexpected(Kind::KeyCandidates, reply)
+        };
+        let start = start?;
+        found = Some(start);
+        if !complete {
+            return Some((start, None));
+        }
+        all.extend(blocks);
     }
+    all.sort_unstable();
+    all.dedup();
+    found.map(|start| (start, Some(all)))
 }
 
 /// What the readable snapshots of `from..=to` hold of the table with OID `relid`.

@@ -83,15 +83,28 @@ impl KeyMapUse {
     }
 }
 
-/// The blocks of incarnation `rel` that may hold one of the keys hashed to `hashes` at the
-/// snapshots `from..=to`, by its key map (key definition `definition`); or why every block
-/// must be read (no map, one starting after `from`, too many blocks).
+/// Of a lookup of more keys than one request to the worker carries: the fewest blocks per
+/// key the table must have for the lookup to be worth it. The worker's search of the map
+/// for one key costs about what reading three pages of a snapshot does (bench/sets,
+/// part 4), so a wide lookup in a small table reads every page instead.
+const BLOCKS_PER_KEY: usize = 3;
+
+/// The blocks of incarnation `rel` (`nblocks` blocks at the snapshots read) that may hold
+/// one of the keys hashed to `hashes` at the snapshots `from..=to`, by its key map (key
+/// definition `definition`); or why every block must be read (no map, one starting after
+/// `from`, too many keys or blocks).
 pub fn key_blocks(
     rel: u32,
     definition: &[u8],
     hashes: &[u64],
     (from, to): (u64, u64),
+    nblocks: u32,
 ) -> Result<Vec<u32>, KeyMapUse> {
+    if hashes.len() > gsnap_protocol::MAX_KEY_HASHES
+        && hashes.len().saturating_mul(BLOCKS_PER_KEY) > nblocks as usize
+    {
+        return Err(KeyMapUse::TooMany);
+    }
     match crate::ipc::key_candidates(rel, definition, hashes, (from, to)) {
         None => Err(KeyMapUse::NoMap),
         Some((start, _)) if start.0 > from => Err(KeyMapUse::Later(start.0)),
@@ -179,7 +192,7 @@ impl AsofRows {
     /// call before the first row. Returns what the map said.
     pub fn look_up_keys(&mut self, definition: &[u8], hashes: &[u64]) -> KeyMapUse {
         let (snap, rel) = (self.pages.snap(), self.pages.rel());
-        match key_blocks(rel, definition, hashes, (snap, snap)) {
+        match key_blocks(rel, definition, hashes, (snap, snap), self.pages.nblocks()) {
             Ok(blocks) => {
                 let n = blocks.len();
                 self.pages.only(blocks);

@@ -111,6 +111,11 @@ impl PageReader {
         self.rel
     }
 
+    /// The table's size in blocks at the snapshot read.
+    pub fn nblocks(&self) -> u32 {
+        self.nblocks
+    }
+
     /// Reads only the blocks this participant of a parallel scan takes from `shared` (call
     /// before the first page is read); `leaf`: the table is that partition of the
     /// partitioned table the scan reads.

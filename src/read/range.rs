@@ -489,7 +489,13 @@ impl RangeCursor {
             let Some(definition) = definition else {
                 return KeyMapUse::NoMap;
             };
-            match key_blocks(t.rel, &definition, &lookup.hashes, (*first, last)) {
+            match key_blocks(
+                t.rel,
+                &definition,
+                &lookup.hashes,
+                (*first, last),
+                t.nblocks,
+            ) {
                 Ok(blocks) => {
                     pages += blocks.len();
                     only.push(blocks);

@@ -99,15 +99,22 @@ impl<B: KvBackend> SnapshotStore<B> {
         wanted.sort_unstable();
         wanted.dedup();
         let mut found = Vec::new();
+        // One cursor for every hash (a cursor costs more to make than to move), moved forward
+        // from one hash's entries to the next's: the hashes are in key order.
+        let mut cursor = self.backend().cursor(Cf::Keys)?;
         for h in wanted {
             let prefix = keys::key_entry_prefix(rel, map, h);
-            for entry in Scan::prefix(self.backend(), Cf::Keys, &prefix)? {
-                let (k, v) = entry?;
-                let e = keys::decode_key_entry_key(&k)?;
-                let until = keys::decode_u64_value(&v, "key entry")?;
+            cursor.seek(&prefix)?;
+            while let Some((k, v)) = cursor.current() {
+                if !k.starts_with(&prefix) {
+                    break;
+                }
+                let e = keys::decode_key_entry_key(k)?;
+                let until = keys::decode_u64_value(v, "key entry")?;
                 if e.from <= to && until > from.0 {
                     found.push(e.block);
                 }
+                cursor.next()?;
             }
         }
         found.sort_unstable();

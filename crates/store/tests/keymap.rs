@@ -275,3 +275,77 @@ fn a_large_key_map_is_swept_once_an_eighth_of_the_log_died() {
     assert!(key_sweep_due(1_000_000, entries, log));
     assert!(key_sweep_due(u64::MAX, entries, log));
 }
+
+/// A lookup of many keys (one cursor moved from hash to hash) finds exactly the blocks that
+/// held one of them, and no entry of a neighbouring relation's map: two relations' maps, 64
+/// blocks holding random hashes (some shared, the smallest and nearly the largest), two
+/// snapshots with keys moving between them, against a model of what each block held.
+#[test]
+fn a_lookup_of_many_keys_finds_every_block_that_held_one() {
+    let store = SnapshotStore::open_in_memory(7);
+    let (rels, decl) = setup(&store, 2, 64);
+    let row_type = decl.relations[0].row_type;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let pool: Vec<u64> = (0..40)
+        .map(|i| match i {
+            0 => 0,
+            1 => u64::MAX - 1,
+            _ => next() >> 1,
+        })
+        .collect();
+    // held[snapshot][relation][block]: the hashes recorded.
+    let mut held: Vec<Vec<Vec<Vec<u64>>>> = Vec::new();
+    let mut snaps = Vec::new();
+    for t in 1..=2 {
+        let mut c = store
+            .declare_and_begin(decl_for(&rels, 64, row_type, t))
+            .unwrap();
+        let snap = c.snapshot();
+        let mut at_snap = Vec::new();
+        for &rel in &rels {
+            let map = store.key_map(rel).unwrap().map_or(snap, |m| m.start);
+            if t == 1 {
+                c.start_key_map(rel, b"id int4").unwrap();
+            }
+            let mut blocks = Vec::new();
+            for block in 0..64 {
+                let hashes: Vec<u64> = (0..3)
+                    .map(|_| pool[(next() % pool.len() as u64) as usize])
+                    .collect();
+                c.record_keys(page_key(rel, block), map, &hashes).unwrap();
+                blocks.push(hashes);
+            }
+            at_snap.push(blocks);
+        }
+        c.commit().unwrap();
+        snaps.push(snap);
+        held.push(at_snap);
+    }
+    let map = store.key_map(rels[0]).unwrap().unwrap().start;
+    let all: Vec<u64> = pool.iter().copied().chain([7, u64::MAX - 1]).collect();
+    for (r, &rel) in rels.iter().enumerate() {
+        for (a, b) in [(0, 0), (1, 1), (0, 1)] {
+            for wanted in [&all[..], &all[..5], &all[1..2], &all[38..]] {
+                let model: Vec<u32> = (0..64u32)
+                    .filter(|&block| {
+                        (a..=b).any(|t| {
+                            held[t][r][block as usize]
+                                .iter()
+                                .any(|h| wanted.contains(h))
+                        })
+                    })
+                    .collect();
+                let got = store
+                    .key_candidates(rel, map, wanted, snaps[a], snaps[b])
+                    .unwrap();
+                assert_eq!(got, model, "relation {r}, snapshots {a}..={b}, {wanted:?}");
+            }
+        }
+    }
+}
