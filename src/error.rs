@@ -40,6 +40,11 @@ impl Raise {
         self.report.report(PgLogLevel::NOTICE);
     }
 
+    /// Sends it as a WARNING (made with [`notice`]) and goes on.
+    pub fn warn(self) {
+        self.report.report(PgLogLevel::WARNING);
+    }
+
     /// Raises the ERROR; control does not return.
     pub fn raise(self) -> ! {
         self.report.report(PgLogLevel::ERROR);

@@ -623,7 +623,13 @@ fn copy_into(
         table.name,
         filter.as_deref().unwrap_or("true")
     );
-    spi(client.update(&insert, None, &[snap.into()])).len() as i64
+    let copied = spi(client.update(&insert, None, &[snap.into()])).len() as i64;
+    // The copy's identity columns have sequences of their own, which start over.
+    advance_sequences(
+        client,
+        &Table::read(crate::ffi::regclass::regclass_in(&target)),
+    );
+    copied
 }
 
 /// How many rows of the snapshot (matching `filter`) a copy into a new table would insert.
@@ -795,7 +801,116 @@ fn restore_in_place(
     let counts = apply(client, &prepared, one_statement);
     enable_triggers(client, &disabled);
     drop_diffs(client, &prepared);
+    for table in tables {
+        advance_sequences(client, table);
+    }
     counts
+}
+
+/// Moves each sequence owned by an integer column of `table` (`serial`, identity) past the
+/// values its rows now hold, so that the next insert does not collide with a restored row:
+/// after `TRUNCATE ... RESTART IDENTITY`, `ALTER SEQUENCE ... RESTART` or a `setval` back.
+/// A sequence never moves backwards, and one that is already past them is left alone. A
+/// caller without SELECT and UPDATE on a sequence that needs it is warned, with the
+/// statement to run.
+fn advance_sequences(client: &mut SpiClient<'_>, table: &Table) {
+    // The sequences that depend on a column automatically (serial) or internally
+    // (identity), as pg_get_serial_sequence finds them.
+    let owned = "SELECT d.objid::regclass::text, d.refobjsubid::int4, s.seqincrement, \
+                 has_sequence_privilege(d.objid, 'SELECT') \
+                 AND has_sequence_privilege(d.objid, 'UPDATE') \
+                 FROM pg_depend d JOIN pg_sequence s ON s.seqrelid = d.objid \
+                 JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid \
+                 WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass \
+                 AND d.refobjid = $1 AND d.deptype IN ('a', 'i') \
+                 AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) \
+                 ORDER BY d.refobjsubid";
+    let sequences: Vec<(String, i32, i64, bool)> = spi(client
+        .select(owned, None, &[table.relid.into()])
+        .and_then(|rows| {
+            rows.map(|row| {
+                Ok((
+                    row.get::<String>(1)?.unwrap_or_default(),
+                    row.get::<i32>(2)?.unwrap_or_default(),
+                    row.get::<i64>(3)?.unwrap_or(1),
+                    row.get::<bool>(4)?.unwrap_or(false),
+                ))
+            })
+            .collect()
+        }));
+    for (sequence, attnum, increment, allowed) in sequences {
+        let Some(column) = table.columns.iter().find(|c| i32::from(c.attnum) == attnum) else {
+            continue;
+        };
+        // The value the next nextval would return must be beyond every value of the column
+        // (above the greatest for an ascending sequence, below the least for a descending).
+        let extreme = if increment > 0 { "max" } else { "min" };
+        let sql = format!(
+            "SELECT t.v::int8, s.last_value, s.is_called FROM \
+             (SELECT {extreme}({col}) AS v FROM {only} {name}) t, {sequence} s \
+             WHERE t.v IS NOT NULL",
+            col = column.name,
+            only = table.only(),
+            name = table.name,
+        );
+        if !allowed {
+            let value = format!("(SELECT {extreme}({}) FROM {})", column.name, table.name);
+            crate::error::notice(format!(
+                "sequence {sequence} of {}.{} may give values the restored rows hold",
+                table.name, column.name
+            ))
+            .detail("The restore may not read or change it (it needs SELECT and UPDATE on it).")
+            .hint(format!(
+                "Its owner can run SELECT setval('{sequence}', {value}) if the next value is \
+                 among them."
+            ))
+            .warn();
+            continue;
+        }
+        let state: Option<(i64, i64, bool)> =
+            spi(client.select(&sql, None, &[]).and_then(|rows| {
+                rows.map(|row| {
+                    Ok((
+                        row.get::<i64>(1)?.unwrap_or_default(),
+                        row.get::<i64>(2)?.unwrap_or_default(),
+                        row.get::<bool>(3)?.unwrap_or(false),
+                    ))
+                })
+                .next()
+                .transpose()
+            }));
+        let Some((value, last, called)) = state else {
+            continue;
+        };
+        let next = if called {
+            last.saturating_add(increment)
+        } else {
+            last
+        };
+        let collides = if increment > 0 {
+            value >= next
+        } else {
+            value <= next
+        };
+        if !collides {
+            continue;
+        }
+        spi(client.select(
+            "SELECT setval($1::regclass, $2)",
+            None,
+            &[sequence.as_str().into(), value.into()],
+        ));
+        crate::error::notice(format!(
+            "sequence {sequence} advanced to {value}, the {} value of {}.{} restored",
+            if increment > 0 { "greatest" } else { "least" },
+            table.name,
+            column.name
+        ))
+        .detail(format!(
+            "Its next value was {next}, which a restored row holds or passed."
+        ))
+        .send();
+    }
 }
 
 /// Drops the prepared tables' diffs.
