@@ -306,6 +306,88 @@ def test_a_restore_its_own_delete_cascades_into_is_refused(conn):
     assert restored(conn, "rself", snap) == (1, 0, 0)
 
 
+def test_a_restore_that_would_cascade_into_other_tables_is_refused(cluster, conn):
+    """Deleting the orders added since (or updating a referenced column back) would run the
+    ON DELETE / ON UPDATE actions (CASCADE, SET NULL, SET DEFAULT) of foreign keys of tables
+    the restore does not restore, changing rows nobody named: refused (2BP01) with the
+    tables, keys and row counts, and nothing changed. `cascade => true` lets them run (with
+    a NOTICE saying what they changed); a dry run says what they would change; restoring
+    the tables together needs neither; keys with NO ACTION, or actions no row reaches, are
+    no obstacle; a heap table's key counts too; a table without a primary key (rows matched
+    by contents, so a changed row is deleted and inserted) is refused the same way; a role
+    that may not read the referencing table is refused without a count."""
+    conn.execute("CREATE TABLE rord (id int PRIMARY KEY, code text UNIQUE, v int) USING gsnap")
+    conn.execute("CREATE TABLE rline (id int PRIMARY KEY, ord int REFERENCES rord ON DELETE CASCADE, v int) USING gsnap")
+    conn.execute("CREATE TABLE rnote (id int PRIMARY KEY, ord int REFERENCES rord ON DELETE SET NULL, "
+                 "code text REFERENCES rord (code) ON UPDATE CASCADE)")  # heap
+    conn.execute("CREATE TABLE rtag (id int PRIMARY KEY, ord int REFERENCES rord)")  # NO ACTION
+    conn.execute("INSERT INTO rord SELECT g, 'c' || g, g FROM generate_series(1, 20) g")
+    conn.execute("INSERT INTO rline SELECT g, g % 20 + 1, g FROM generate_series(1, 40) g")
+    conn.execute("INSERT INTO rnote SELECT g, g, 'c' || g FROM generate_series(1, 5) g")
+    snap = snapshot(conn)
+    conn.execute("INSERT INTO rord VALUES (21, 'c21', 21), (22, 'c22', 22)")
+    conn.execute("INSERT INTO rline VALUES (100, 21, 0), (101, 21, 0), (102, 22, 0)")
+    conn.execute("INSERT INTO rnote VALUES (100, 22, NULL)")
+    conn.execute("UPDATE rord SET code = 'renamed', v = -1 WHERE id = 3")
+    conn.execute("UPDATE rnote SET code = 'renamed' WHERE id = 3")
+    live = {t: rows(conn, f"SELECT * FROM {t}") for t in ("rord", "rline", "rnote")}
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist) as e:
+        restore(conn, f"'rord', {snap}")
+    message = e.value.diag.message_primary
+    assert ("3 rows of rline (foreign key rline_ord_fkey, ON DELETE CASCADE)" in message
+            and "1 row of rnote (foreign key rnote_ord_fkey, ON DELETE SET NULL)" in message
+            and "1 row of rnote (foreign key rnote_code_fkey, ON UPDATE CASCADE)" in message
+            and "rtag" not in message), message
+    assert "gsnap_restore_tables" in e.value.diag.message_hint and "cascade => true" in e.value.diag.message_hint
+    assert {t: rows(conn, f"SELECT * FROM {t}") for t in live} == live
+    # A dry run says the same, and changes nothing.
+    notices = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+    assert restore(conn, f"'rord', {snap}, dry_run => true") == (2, 1, 0)
+    assert any("would change" in n and "3 rows of rline" in n for n in notices), notices
+    assert {t: rows(conn, f"SELECT * FROM {t}") for t in live} == live
+    # A role that may restore ord but not read note: refused without counting note's rows.
+    conn.execute("CREATE ROLE ord_keeper LOGIN")
+    conn.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON rord, rline TO ord_keeper")
+    with cluster.connect(user="ord_keeper") as k:
+        with pytest.raises(psycopg.errors.DependentObjectsStillExist) as e:
+            restore(k, f"'rord', {snap}")
+        assert "rows this role cannot count of rnote" in e.value.diag.message_primary
+    # Restored together with line, whose rows it would then put back itself: only note's
+    # keys stand in the way.
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist) as e:
+        conn.execute("SELECT * FROM gsnap_restore_tables(ARRAY['rord', 'rline'], %s)", (snap,))
+    assert "of rnote" in e.value.diag.message_primary and "of rline" not in e.value.diag.message_primary
+    # With cascade => true the actions run, and a NOTICE says what they changed.
+    notices.clear()
+    conn.execute("BEGIN")
+    assert restore(conn, f"'rord', {snap}, cascade => true") == (2, 1, 0)
+    assert any(n.startswith("the restore changes") and "3 rows of rline" in n for n in notices), notices
+    assert conn.execute("SELECT count(*) FROM rline WHERE id >= 100").fetchone()[0] == 0
+    assert conn.execute("SELECT ord, code FROM rnote WHERE id IN (3, 100) ORDER BY id").fetchall() == [
+        (3, "c3"), (None, None)]
+    conn.execute("ROLLBACK")
+    # Nothing the actions reach: no refusal (a NO ACTION key's rows untouched).
+    conn.execute("DELETE FROM rline WHERE id >= 100")
+    conn.execute("DELETE FROM rnote WHERE id = 100")
+    conn.execute("UPDATE rnote SET code = NULL WHERE id = 3")
+    conn.execute("INSERT INTO rtag VALUES (1, 1)")
+    assert restore(conn, f"'rord', {snap}") == (2, 1, 0)
+    assert rows(conn, "SELECT * FROM rord") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rord, {snap})")
+    # Without a primary key, a changed row is deleted and put back: its referencing rows
+    # would go with it.
+    conn.execute("CREATE TABLE nopk (code text UNIQUE NOT NULL, v int) USING gsnap")
+    conn.execute("CREATE TABLE nopk_ref (id int, code text REFERENCES nopk (code) ON DELETE CASCADE)")
+    conn.execute("INSERT INTO nopk VALUES ('a', 1), ('b', 2)")
+    conn.execute("INSERT INTO nopk_ref VALUES (1, 'a'), (2, 'b')")
+    snap = snapshot(conn)
+    conn.execute("UPDATE nopk SET v = 10 WHERE code = 'a'")
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist) as e:
+        restore(conn, f"'nopk', {snap}")
+    assert "1 row of nopk_ref" in e.value.diag.message_primary
+    assert conn.execute("SELECT id, code FROM nopk_ref ORDER BY id").fetchall() == [(1, "a"), (2, "b")]
+
+
 def test_triggers_are_off_by_default_and_fire_on_request(cluster, conn):
     conn.execute("CREATE TABLE rtr (id int PRIMARY KEY, v int) USING gsnap")
     conn.execute("CREATE TABLE rtr_log (op text, id int)")

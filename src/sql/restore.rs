@@ -33,12 +33,18 @@
 //!    on the columns the snapshot has: a column added since has no value there, so it is
 //!    neither compared nor written (a row put back takes its default, a row updated keeps
 //!    its value; [`Table::mark_added_since`]);
-//! 4. DELETE, then UPDATE, then INSERT, each one statement by row identity (ctid: a TID scan
+//! 4. refused if the changes would run the ON DELETE/ON UPDATE action (CASCADE, SET NULL,
+//!    SET DEFAULT) of a foreign key of a table outside the restore and reach a row of it,
+//!    unless `cascade => true` ([`check_cascades`]: counted from the diff before anything
+//!    is written);
+//! 5. DELETE, then UPDATE, then INSERT, each one statement by row identity (ctid: a TID scan
 //!    reads only the rows that change), so that a unique value moving from one row to another
 //!    is free before it is taken again;
-//! 5. user triggers are off while it restores, unless `triggers => true` (Oracle's default;
+//! 6. user triggers are off while it restores, unless `triggers => true` (Oracle's default;
 //!    turning them off is ALTER TABLE, which needs ownership); foreign keys are always checked,
-//!    and their ON DELETE actions run.
+//!    and their actions run (within the restored tables, or as `cascade` allowed);
+//! 7. the sequences owned by the table's columns are moved past the values restored
+//!    ([`advance_sequences`]).
 //!
 //! Every statement runs through SPI as the caller: PostgreSQL checks its privileges, fires its
 //! constraint triggers and logs it as it would the caller's own SQL.
@@ -69,6 +75,7 @@ fn gsnap_restore(
     into_table: default!(Option<&str>, "NULL"),
     triggers: default!(Option<bool>, false),
     dry_run: default!(Option<bool>, false),
+    cascade: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -78,7 +85,8 @@ fn gsnap_restore(
     ),
 > {
     let snap = snap_id.unwrap_or_else(|| null_argument("the snapshot id of gsnap_restore"));
-    TableIterator::once(restore(rel, snap, condition, into_table, triggers, dry_run))
+    let options = Options::of(triggers, dry_run, cascade, "gsnap_restore");
+    TableIterator::once(restore(rel, snap, condition, into_table, options))
 }
 
 /// [`gsnap_restore`] as of the latest snapshot taken at or before `taken_at`.
@@ -90,6 +98,7 @@ fn gsnap_restore_time(
     into_table: default!(Option<&str>, "NULL"),
     triggers: default!(Option<bool>, false),
     dry_run: default!(Option<bool>, false),
+    cascade: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -100,14 +109,8 @@ fn gsnap_restore_time(
 > {
     let t = taken_at.unwrap_or_else(|| null_argument("the time of gsnap_restore"));
     let snap = resolve_time(pg_sys::TimestampTz::from(t));
-    TableIterator::once(restore(
-        rel,
-        snap as i64,
-        condition,
-        into_table,
-        triggers,
-        dry_run,
-    ))
+    let options = Options::of(triggers, dry_run, cascade, "gsnap_restore");
+    TableIterator::once(restore(rel, snap as i64, condition, into_table, options))
 }
 
 /// [`gsnap_restore`] of the snapshot written as text: its id, its label or a time
@@ -120,6 +123,7 @@ fn gsnap_restore_text(
     into_table: default!(Option<&str>, "NULL"),
     triggers: default!(Option<bool>, false),
     dry_run: default!(Option<bool>, false),
+    cascade: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -130,14 +134,8 @@ fn gsnap_restore_text(
 > {
     let text = snapshot.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore"));
     let snap = crate::sql::asof::resolve_text(text, crate::sql::asof::Bound::At);
-    TableIterator::once(restore(
-        rel,
-        snap as i64,
-        condition,
-        into_table,
-        triggers,
-        dry_run,
-    ))
+    let options = Options::of(triggers, dry_run, cascade, "gsnap_restore");
+    TableIterator::once(restore(rel, snap as i64, condition, into_table, options))
 }
 
 /// What [`gsnap_restore_tables`] returns: a row per table.
@@ -156,6 +154,7 @@ fn gsnap_restore_tables(
     snap_id: Option<i64>,
     triggers: default!(Option<bool>, false),
     dry_run: default!(Option<bool>, false),
+    cascade: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -166,7 +165,8 @@ fn gsnap_restore_tables(
     ),
 > {
     let snap = snap_id.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore_tables"));
-    tables_counts(restore_tables(tables, snap, triggers, dry_run))
+    let options = Options::of(triggers, dry_run, cascade, "gsnap_restore_tables");
+    tables_counts(restore_tables(tables, snap, options))
 }
 
 /// [`gsnap_restore_tables`] as of the latest snapshot taken at or before `taken_at`.
@@ -176,6 +176,7 @@ fn gsnap_restore_tables_time(
     taken_at: Option<TimestampWithTimeZone>,
     triggers: default!(Option<bool>, false),
     dry_run: default!(Option<bool>, false),
+    cascade: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -187,7 +188,8 @@ fn gsnap_restore_tables_time(
 > {
     let t = taken_at.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore_tables"));
     let snap = resolve_time(pg_sys::TimestampTz::from(t));
-    tables_counts(restore_tables(tables, snap as i64, triggers, dry_run))
+    let options = Options::of(triggers, dry_run, cascade, "gsnap_restore_tables");
+    tables_counts(restore_tables(tables, snap as i64, options))
 }
 
 /// [`gsnap_restore_tables`] of the snapshot written as text: its id, its label or a time.
@@ -197,6 +199,7 @@ fn gsnap_restore_tables_text(
     snapshot: Option<&str>,
     triggers: default!(Option<bool>, false),
     dry_run: default!(Option<bool>, false),
+    cascade: default!(Option<bool>, false),
 ) -> TableIterator<
     'static,
     (
@@ -208,7 +211,8 @@ fn gsnap_restore_tables_text(
 > {
     let text = snapshot.unwrap_or_else(|| null_argument("the snapshot of gsnap_restore_tables"));
     let snap = crate::sql::asof::resolve_text(text, crate::sql::asof::Bound::At);
-    tables_counts(restore_tables(tables, snap as i64, triggers, dry_run))
+    let options = Options::of(triggers, dry_run, cascade, "gsnap_restore_tables");
+    tables_counts(restore_tables(tables, snap as i64, options))
 }
 
 /// A column of the restored table.
@@ -472,19 +476,30 @@ fn spi<T>(r: Result<T, pgrx::spi::SpiError>) -> T {
     super::spi_result("gsnap_restore", r)
 }
 
-/// How a restore runs: whether the tables' user triggers fire, and whether it only says
-/// what it would do (`dry_run`: the diffs are read, nothing is written).
+/// How a restore runs: whether the tables' user triggers fire, whether it only says what it
+/// would do (`dry_run`: the diffs are read, nothing is written), and whether it may change
+/// rows of tables outside the restore through their foreign keys' actions (`cascade`).
 #[derive(Clone, Copy)]
 struct Options {
     triggers: bool,
     dry_run: bool,
+    cascade: bool,
 }
 
 impl Options {
-    fn of(triggers: Option<bool>, dry_run: Option<bool>, function: &str) -> Options {
+    fn of(
+        triggers: Option<bool>,
+        dry_run: Option<bool>,
+        cascade: Option<bool>,
+        function: &str,
+    ) -> Options {
+        let given = |v: Option<bool>, name: &str| {
+            v.unwrap_or_else(|| null_argument(&format!("{name} of {function}")))
+        };
         Options {
-            triggers: triggers.unwrap_or_else(|| null_argument(&format!("triggers of {function}"))),
-            dry_run: dry_run.unwrap_or_else(|| null_argument(&format!("dry_run of {function}"))),
+            triggers: given(triggers, "triggers"),
+            dry_run: given(dry_run, "dry_run"),
+            cascade: given(cascade, "cascade"),
         }
     }
 }
@@ -494,11 +509,9 @@ fn restore(
     snap: i64,
     condition: Option<&str>,
     into_table: Option<&str>,
-    triggers: Option<bool>,
-    dry_run: Option<bool>,
+    options: Options,
 ) -> Counts {
     require_gsnap_database();
-    let options = Options::of(triggers, dry_run, "gsnap_restore");
     let relid = rel
         .unwrap_or_else(|| null_argument("the table of gsnap_restore"))
         .0;
@@ -524,11 +537,9 @@ fn restore(
 fn restore_tables(
     tables: Option<Vec<Option<String>>>,
     snap: i64,
-    triggers: Option<bool>,
-    dry_run: Option<bool>,
+    options: Options,
 ) -> Vec<(String, Counts)> {
     require_gsnap_database();
-    let options = Options::of(triggers, dry_run, "gsnap_restore_tables");
     let _live = crate::plan::as_of::Suspended::new();
     let names = tables.unwrap_or_else(|| null_argument("the tables of gsnap_restore_tables"));
     let mut relids: Vec<pg_sys::Oid> = Vec::with_capacity(names.len());
@@ -755,6 +766,7 @@ fn restore_in_place(
                 (deleted, updated, p.summary.count("i"))
             })
             .collect();
+        check_cascades(client, &prepared, options);
         drop_diffs(client, &prepared);
         return counts;
     }
@@ -790,6 +802,7 @@ fn restore_in_place(
             prepare(client, table, snap, filter.as_deref(), taken, by_key)
         })
         .collect();
+    check_cascades(client, &prepared, options);
     let disabled: Vec<Trigger> = if options.triggers {
         Vec::new()
     } else {
@@ -911,6 +924,257 @@ fn advance_sequences(client: &mut SpiClient<'_>, table: &Table) {
         ))
         .send();
     }
+}
+
+/// A foreign key of a table outside a restore whose action (CASCADE, SET NULL, SET DEFAULT)
+/// the restore's deletes or updates would run, and the rows it would change (None: the
+/// caller cannot count them: it may not read the table, or row-level security hides rows
+/// from it that the action would reach).
+struct Cascade {
+    child: String,
+    constraint: String,
+    /// `ON DELETE CASCADE` and the like.
+    action: String,
+    rows: Option<i64>,
+}
+
+impl Cascade {
+    fn describe(&self) -> String {
+        let rows = match self.rows {
+            Some(1) => "1 row".to_string(),
+            Some(n) => format!("{n} rows"),
+            None => "rows this role cannot count".to_string(),
+        };
+        format!(
+            "{rows} of {} (foreign key {}, {})",
+            self.child, self.constraint, self.action
+        )
+    }
+}
+
+/// The foreign keys of tables outside the restore (`prepared`: every table of it, with its
+/// diff) whose actions its deletes and updates would run, with the rows each would change.
+fn cascades(client: &SpiClient<'_>, prepared: &[Prepared]) -> Vec<Cascade> {
+    // The restored tables and their partitions: a foreign key from one of them changes rows
+    // the restore puts back itself.
+    let inside: Vec<pg_sys::Oid> = prepared
+        .iter()
+        // SAFETY: the tables below a locked table, locked as a SELECT would.
+        .flat_map(|p| unsafe {
+            crate::ffi::list::oids(crate::ffi::catalog::partitioning::find_all_inheritors(
+                p.table.relid,
+                pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+                std::ptr::null_mut(),
+            ))
+        })
+        .collect();
+    let inside_list = inside
+        .iter()
+        .map(|o| o.to_u32().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut found = Vec::new();
+    for p in prepared {
+        let (deleted, updated) = p.to_change();
+        if deleted == 0 && updated == 0 {
+            continue;
+        }
+        // The keys referencing the table (the partitioned table's, not its partitions'
+        // copies), with their columns as SQL lists, in the key's order.
+        let keys = format!(
+            "SELECT c.conname::text, c.conrelid::regclass::text, c.conrelid::int8, \
+             c.confdeltype::text, c.confupdtype::text, c.confkey, \
+             (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY k.i) \
+              FROM unnest(c.conkey) WITH ORDINALITY k(n, i) \
+              JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n), \
+             (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY k.i) \
+              FROM unnest(c.confkey) WITH ORDINALITY k(n, i) \
+              JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.n) \
+             FROM pg_constraint c WHERE c.contype = 'f' AND c.conparentid = 0 \
+             AND c.confrelid = $1 AND c.conrelid NOT IN ({inside_list}) \
+             AND (c.confdeltype IN ('c', 'n', 'd') OR c.confupdtype IN ('c', 'n', 'd')) \
+             ORDER BY c.conrelid, c.conname"
+        );
+        type Key = (
+            String,
+            String,
+            i64,
+            String,
+            String,
+            Vec<i16>,
+            String,
+            String,
+        );
+        let rows: Vec<Key> = spi(client
+            .select(&keys, None, &[p.table.relid.into()])
+            .and_then(|rows| {
+                rows.map(|r| {
+                    Ok((
+                        r.get::<String>(1)?.unwrap_or_default(),
+                        r.get::<String>(2)?.unwrap_or_default(),
+                        r.get::<i64>(3)?.unwrap_or_default(),
+                        r.get::<String>(4)?.unwrap_or_default(),
+                        r.get::<String>(5)?.unwrap_or_default(),
+                        r.get::<Vec<i16>>(6)?.unwrap_or_default(),
+                        r.get::<String>(7)?.unwrap_or_default(),
+                        r.get::<String>(8)?.unwrap_or_default(),
+                    ))
+                })
+                .collect()
+            }));
+        let (table, d) = (p.table, &p.diff);
+        // The rows of the table the restore deletes, or updates with other values in the
+        // referenced columns, by their identity in the live table.
+        let at = |op: &str| {
+            if table.partitioned {
+                format!(
+                    "(x.tableoid, x.ctid) IN (SELECT {toid}, {tid} FROM {diff} WHERE {o} = '{op}')",
+                    toid = d.toid,
+                    tid = d.tid,
+                    diff = d.name,
+                    o = d.op
+                )
+            } else {
+                format!(
+                    "x.ctid = ANY(ARRAY(SELECT {tid} FROM {diff} WHERE {o} = '{op}'))",
+                    tid = d.tid,
+                    diff = d.name,
+                    o = d.op
+                )
+            }
+        };
+        let action = |t: &str| match t {
+            "c" => Some("CASCADE"),
+            "n" => Some("SET NULL"),
+            "d" => Some("SET DEFAULT"),
+            _ => None,
+        };
+        for (constraint, child, child_oid, on_delete, on_update, referenced, fk, refs) in rows {
+            let child_oid = pg_sys::Oid::from(child_oid as u32);
+            let mut sources = Vec::new();
+            if let (Some(a), true) = (action(&on_delete), deleted > 0) {
+                sources.push((
+                    format!("ON DELETE {a}"),
+                    format!(
+                        "SELECT {refs} FROM {} {} x WHERE {}",
+                        table.only(),
+                        table.name,
+                        at("d")
+                    ),
+                ));
+            }
+            // The referenced columns an update back writes (not the key it matches by).
+            let changed: Vec<&str> = table
+                .updated_columns()
+                .into_iter()
+                .filter(|c| referenced.contains(&c.attnum))
+                .map(|c| c.name.as_str())
+                .collect();
+            if let (Some(a), true) = (action(&on_update), updated > 0 && !changed.is_empty()) {
+                let olds: Vec<String> = refs.split(", ").map(|c| format!("x.{c}")).collect();
+                let join = if table.partitioned {
+                    format!("n.{} = x.tableoid AND n.{} = x.ctid", d.toid, d.tid)
+                } else {
+                    format!("n.{} = x.ctid", d.tid)
+                };
+                sources.push((
+                    format!("ON UPDATE {a}"),
+                    format!(
+                        "SELECT {olds} FROM {only} {t} x JOIN {diff} n ON {join} \
+                         WHERE n.{o} = 'u' AND ({old}) IS DISTINCT FROM ({new})",
+                        olds = olds.join(", "),
+                        old = changed
+                            .iter()
+                            .map(|c| format!("x.{c}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        new = changed
+                            .iter()
+                            .map(|c| format!("n.{c}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        only = table.only(),
+                        t = table.name,
+                        diff = d.name,
+                        o = d.op
+                    ),
+                ));
+            }
+            // SAFETY: a privilege check and a row-security check by OIDs in the catalog.
+            let countable = unsafe {
+                pg_sys::pg_class_aclcheck(child_oid, pg_sys::GetUserId(), pg_sys::ACL_SELECT)
+                    == pg_sys::AclResult::ACLCHECK_OK
+                    && pg_sys::check_enable_rls(child_oid, pg_sys::InvalidOid, true)
+                        != pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
+            };
+            for (what, source) in sources {
+                let rows = countable.then(|| {
+                    spi(client
+                        .select(
+                            &format!("SELECT count(*) FROM {child} WHERE ({fk}) IN ({source})"),
+                            Some(1),
+                            &[],
+                        )
+                        .and_then(|t| t.first().get_one::<i64>()))
+                    .unwrap_or_default()
+                });
+                if rows != Some(0) {
+                    found.push(Cascade {
+                        child: child.clone(),
+                        constraint: constraint.clone(),
+                        action: what,
+                        rows,
+                    });
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Refuses a restore whose changes would run the actions of foreign keys of tables outside
+/// it (rows deleted or changed there that the caller did not name), unless `cascade`; says
+/// what they change in a NOTICE otherwise (and in a dry run).
+fn check_cascades(client: &SpiClient<'_>, prepared: &[Prepared], options: Options) {
+    let found = cascades(client, prepared);
+    if found.is_empty() {
+        return;
+    }
+    let list = found
+        .iter()
+        .map(Cascade::describe)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if options.dry_run || options.cascade {
+        let verb = if options.dry_run {
+            "would change"
+        } else {
+            "changes"
+        };
+        crate::error::notice(format!(
+            "the restore {verb}, through foreign keys of tables it does not restore: {list}"
+        ))
+        .hint(if options.dry_run && !options.cascade {
+            "The restore itself is refused unless cascade => true, or the tables are restored \
+             together with gsnap_restore_tables."
+        } else {
+            "Restore those tables with it (gsnap_restore_tables) to put their rows back too."
+        })
+        .send();
+        return;
+    }
+    error(
+        PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+        format!(
+            "the restore would change rows of tables it does not restore, through their \
+             foreign keys: {list}"
+        ),
+    )
+    .hint(
+        "Restore those tables with it (gsnap_restore_tables), or pass cascade => true to let \
+         their foreign keys' actions change them.",
+    )
+    .raise()
 }
 
 /// Drops the prepared tables' diffs.
@@ -1737,11 +2001,11 @@ fn enable_triggers(client: &mut SpiClient<'_>, triggers: &[Trigger]) {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION gsnap_restore(regclass, bigint, text, text, boolean, boolean) IS
+COMMENT ON FUNCTION gsnap_restore(regclass, bigint, text, text, boolean, boolean, boolean) IS
     'makes a table hold its rows at a snapshot (only those matching condition, if given), or copies them into a new table: SELECT * FROM gsnap_restore(''t'', 42)';
-COMMENT ON FUNCTION gsnap_restore(regclass, timestamptz, text, text, boolean, boolean) IS
+COMMENT ON FUNCTION gsnap_restore(regclass, timestamptz, text, text, boolean, boolean, boolean) IS
     'gsnap_restore as of the latest snapshot taken at or before a time';
-COMMENT ON FUNCTION gsnap_restore_tables(text[], bigint, boolean, boolean) IS
+COMMENT ON FUNCTION gsnap_restore_tables(text[], bigint, boolean, boolean, boolean) IS
     'makes several tables hold their rows at a snapshot at once, foreign keys between them checked when all are back: SELECT * FROM gsnap_restore_tables(ARRAY[''orders'', ''order_lines''], 42)';
 "#,
     name = "gsnap_restore_comments",
