@@ -388,6 +388,36 @@ def test_a_restore_that_would_cascade_into_other_tables_is_refused(cluster, conn
     assert conn.execute("SELECT id, code FROM nopk_ref ORDER BY id").fetchall() == [(1, "a"), (2, "b")]
 
 
+def test_unique_values_exchanged_since_the_snapshot(conn):
+    """Two rows that exchanged the values of a unique column since the snapshot: with a
+    constraint PostgreSQL checks row by row (not DEFERRABLE), one UPDATE cannot put them
+    back; the restore says so before writing anything (23505, naming the index and the
+    columns, with the way out), in both functions. A DEFERRABLE constraint (checked at the
+    end of the statement) lets it through, as does an index holding the primary key."""
+    for t, constraint in [("rsw1", "UNIQUE (code)"), ("rsw2", "UNIQUE (code) DEFERRABLE"),
+                          ("rsw3", "UNIQUE (id, code)")]:
+        conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, code text NOT NULL, v int, {constraint}) USING gsnap")
+        conn.execute(f"INSERT INTO {t} SELECT g, 'c' || g, g FROM generate_series(1, 50) g")
+        snap = snapshot(conn)
+        conn.execute(f"UPDATE {t} SET code = 'tmp' WHERE id = 7")
+        conn.execute(f"UPDATE {t} SET code = 'c7' WHERE id = 9")
+        conn.execute(f"UPDATE {t} SET code = 'c9', v = -1 WHERE id = 7")
+        live = rows(conn, f"SELECT * FROM {t}")
+        if t == "rsw1":
+            for call in [f"SELECT * FROM gsnap_restore('{t}', {snap})",
+                         f"SELECT * FROM gsnap_restore_tables(ARRAY['{t}'], {snap})"]:
+                with pytest.raises(psycopg.errors.UniqueViolation) as e:
+                    conn.execute(call)
+                assert e.value.diag.message_primary == (
+                    "gsnap_restore of public.rsw1: 1 row would take values of unique index "
+                    "rsw1_code_key that other rows it updates hold now"), e.value.diag.message_primary
+                assert "exchanged values of (code) since snapshot" in e.value.diag.message_detail
+                assert "DEFERRABLE" in e.value.diag.message_hint
+                assert rows(conn, f"SELECT * FROM {t}") == live
+        else:
+            assert restored(conn, t, snap) == (0, 2, 0)
+
+
 def test_triggers_are_off_by_default_and_fire_on_request(cluster, conn):
     conn.execute("CREATE TABLE rtr (id int PRIMARY KEY, v int) USING gsnap")
     conn.execute("CREATE TABLE rtr_log (op text, id int)")

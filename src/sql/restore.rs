@@ -803,6 +803,9 @@ fn restore_in_place(
         })
         .collect();
     check_cascades(client, &prepared, options);
+    for p in &prepared {
+        check_exchanged_unique_values(client, p, snap);
+    }
     let disabled: Vec<Trigger> = if options.triggers {
         Vec::new()
     } else {
@@ -1175,6 +1178,126 @@ fn check_cascades(client: &SpiClient<'_>, prepared: &[Prepared], options: Option
          their foreign keys' actions change them.",
     )
     .raise()
+}
+
+/// Refuses (23505, before anything is written) a restore whose updates would give rows
+/// values of a unique index that is checked row by row (not DEFERRABLE) that other rows it
+/// updates still hold when they get them: values exchanged between rows since the snapshot
+/// (PostgreSQL's own error would come from the middle of the UPDATE, naming one value, not
+/// why). An index
+/// holding the whole primary key is left out (rows are matched by it: theirs never meet).
+fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64) {
+    let (table, d) = (p.table, &p.diff);
+    if p.to_change().1 == 0 {
+        return;
+    }
+    let indexes = "SELECT i.indexrelid::regclass::text, \
+                   ((i.indkey::int2[])[0:i.indnkeyatts - 1])::int2[] \
+                   FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate \
+                   AND NOT i.indisprimary AND i.indisvalid \
+                   AND i.indpred IS NULL AND i.indexprs IS NULL ORDER BY 1";
+    let found: Vec<(String, Vec<i16>)> = spi(client
+        .select(indexes, None, &[table.relid.into()])
+        .and_then(|rows| {
+            rows.map(|r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<Vec<i16>>(2)?.unwrap_or_default(),
+                ))
+            })
+            .collect()
+        }));
+    let updated: Vec<i16> = table.updated_columns().iter().map(|c| c.attnum).collect();
+    for (index, attnums) in found {
+        let holds_key = table
+            .columns
+            .iter()
+            .filter(|c| c.key)
+            .all(|c| attnums.contains(&c.attnum));
+        if holds_key || !attnums.iter().any(|a| updated.contains(a)) {
+            continue;
+        }
+        let Some(columns) = attnums
+            .iter()
+            .map(|&a| table.columns.iter().find(|c| c.attnum == a))
+            .collect::<Option<Vec<_>>>()
+        else {
+            continue;
+        };
+        let list = |alias: &str| {
+            columns
+                .iter()
+                .map(|c| format!("{alias}.{}", c.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        // Rows of a partitioned table are updated in the order of a hash join: any other
+        // row the restore updates may still hold the value.
+        let other = if table.partitioned {
+            format!(
+                "(x.tableoid, x.ctid) <> (n.{toid}, n.{tid}) AND (x.tableoid, x.ctid) IN \
+                 (SELECT {toid}, {tid} FROM {diff} WHERE {op} = 'u')",
+                toid = d.toid,
+                tid = d.tid,
+                diff = d.name,
+                op = d.op
+            )
+        } else {
+            // The UPDATE visits the rows in the diff's order, the table's: a row meets the
+            // value of one it has not updated yet, one further on.
+            format!(
+                "x.ctid > n.{tid} AND x.ctid = ANY(ARRAY(SELECT {tid} FROM {diff} WHERE {op} = 'u'))",
+                tid = d.tid,
+                diff = d.name,
+                op = d.op
+            )
+        };
+        let sql = format!(
+            "SELECT count(*) FROM {diff} n JOIN {only} {t} x ON ({x}) = ({n}) \
+             WHERE n.{op} = 'u' AND {other}",
+            diff = d.name,
+            only = table.only(),
+            t = table.name,
+            x = list("x"),
+            n = list("n"),
+            op = d.op
+        );
+        let rows: i64 = spi(client
+            .select(&sql, Some(1), &[])
+            .and_then(|t| t.first().get_one()))
+        .unwrap_or_default();
+        if rows > 0 {
+            error(
+                PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+                format!(
+                    "gsnap_restore of {}: {} take values of unique index {index} that other \
+                     rows it updates hold now",
+                    table.name,
+                    if rows == 1 {
+                        "1 row would".to_string()
+                    } else {
+                        format!("{rows} rows would")
+                    }
+                ),
+            )
+            .detail(format!(
+                "Rows exchanged values of ({}) since snapshot {snap}. PostgreSQL checks a \
+                 unique constraint that is not DEFERRABLE row by row, so one UPDATE cannot put \
+                 them back.",
+                columns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .hint(
+                "Make the constraint DEFERRABLE (even INITIALLY IMMEDIATE: it is then checked \
+                 at the end of each statement) and restore again, or give those rows other \
+                 values first.",
+            )
+            .raise();
+        }
+    }
 }
 
 /// Drops the prepared tables' diffs.
