@@ -339,3 +339,36 @@ def test_pg_dump_of_a_table_as_of_a_snapshot(cluster, setup):
     with cluster.connect() as c:
         assert rows(c, "SELECT * FROM acc_restored") == rows(c, f"SELECT * FROM gsnap_asof(NULL::acc, {s1})")
         assert rows(c, "SELECT * FROM acc_restored") != rows(c, "SELECT * FROM acc")
+
+
+def test_materialized_views_and_maintenance_under_the_setting(cluster, setup):
+    """CREATE and REFRESH MATERIALIZED VIEW run their query: under the setting they hold the
+    snapshot's rows, refreshed with it reset the live ones; DDL and maintenance (CREATE
+    INDEX, VACUUM, ANALYZE, CLUSTER) work on the live table while it is set."""
+    s1 = setup["s1"]
+    q = "SELECT cust, count(*) AS n, sum(bal) AS total FROM acc GROUP BY cust"
+    with cluster.connect() as c:
+        c.autocommit = True
+        at_s1 = rows(c, f"SELECT cust, count(*), sum(bal) FROM gsnap_asof(NULL::acc, {s1}) GROUP BY cust")
+        live = rows(c, q)
+        assert at_s1 != live
+        as_of(c, s1)
+        c.execute(f"CREATE MATERIALIZED VIEW acc_mv AS {q}")
+        assert rows(c, "SELECT * FROM acc_mv") == at_s1
+        c.execute("RESET gsnap.as_of")
+        assert rows(c, "SELECT * FROM acc_mv") == at_s1  # a table now: what it was filled with
+        c.execute("REFRESH MATERIALIZED VIEW acc_mv")
+        assert rows(c, "SELECT * FROM acc_mv") == live
+        as_of(c, s1)
+        c.execute("REFRESH MATERIALIZED VIEW acc_mv")
+        c.execute("RESET gsnap.as_of")
+        assert rows(c, "SELECT * FROM acc_mv") == at_s1
+        as_of(c, s1)
+        c.execute("CREATE INDEX acc_bal_idx ON acc (bal)")
+        c.execute("VACUUM ANALYZE acc")
+        c.execute("CLUSTER acc USING acc_pkey")
+        c.execute("RESET gsnap.as_of")
+        assert rows(c, q) == live
+        assert c.execute("SELECT count(*) FROM acc WHERE bal = 0").fetchone()[0] == 100
+        c.execute("DROP INDEX acc_bal_idx")
+        c.execute("DROP MATERIALIZED VIEW acc_mv")
