@@ -388,6 +388,36 @@ def test_a_restore_that_would_cascade_into_other_tables_is_refused(cluster, conn
     assert conn.execute("SELECT id, code FROM nopk_ref ORDER BY id").fetchall() == [(1, "a"), (2, "b")]
 
 
+def test_cascades_from_and_into_partitioned_tables_are_counted_once(conn):
+    """A partitioned table referenced by a partitioned table (ON DELETE CASCADE): PostgreSQL
+    keeps a copy of the key for every partition on both sides; the refusal counts the
+    referencing rows once, for a restore of the partitioned table and of one partition."""
+    conn.execute("CREATE TABLE pord (id int PRIMARY KEY, v int) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE pord1 PARTITION OF pord FOR VALUES FROM (0) TO (100) USING gsnap")
+    conn.execute("CREATE TABLE pord2 PARTITION OF pord FOR VALUES FROM (100) TO (200) USING gsnap")
+    conn.execute("CREATE TABLE pline (id int, ord int REFERENCES pord ON DELETE CASCADE) PARTITION BY HASH (id)")
+    conn.execute("CREATE TABLE pline0 PARTITION OF pline FOR VALUES WITH (MODULUS 2, REMAINDER 0)")
+    conn.execute("CREATE TABLE pline1 PARTITION OF pline FOR VALUES WITH (MODULUS 2, REMAINDER 1)")
+    conn.execute("INSERT INTO pord SELECT g, g FROM generate_series(1, 150) g")
+    conn.execute("INSERT INTO pline SELECT g, g FROM generate_series(1, 150) g")
+    snap = snapshot(conn)
+    conn.execute("INSERT INTO pord VALUES (160, 0), (170, 0)")
+    conn.execute("INSERT INTO pline SELECT g, 160 FROM generate_series(1000, 1004) g")
+    conn.execute("INSERT INTO pline SELECT g, 170 FROM generate_series(2000, 2001) g")
+    for table in ["pord", "pord2"]:
+        with pytest.raises(psycopg.errors.DependentObjectsStillExist) as e:
+            restore(conn, f"'{table}', {snap}")
+        message = e.value.diag.message_primary
+        assert message.endswith("through their foreign keys: 7 rows of pline (foreign key pline_ord_fkey, "
+                                "ON DELETE CASCADE)"), message
+    # pord1 had no row added: nothing to reach.
+    assert restore(conn, f"'pord1', {snap}") == (0, 0, 0)
+    conn.execute("BEGIN")
+    assert restore(conn, f"'pord', {snap}, cascade => true") == (2, 0, 0)
+    assert conn.execute("SELECT count(*) FROM pline").fetchone()[0] == 150
+    conn.execute("ROLLBACK")
+
+
 def test_unique_values_exchanged_since_the_snapshot(conn):
     """Two rows that exchanged the values of a unique column since the snapshot: with a
     constraint PostgreSQL checks row by row (not DEFERRABLE), one UPDATE cannot put them

@@ -982,10 +982,15 @@ fn cascades(client: &SpiClient<'_>, prepared: &[Prepared]) -> Vec<Cascade> {
         if deleted == 0 && updated == 0 {
             continue;
         }
-        // The keys referencing the table (the partitioned table's, not its partitions'
-        // copies), with their columns as SQL lists, in the key's order.
+        // The keys referencing the table, with their columns as SQL lists, in the key's
+        // order: a partitioned table's own, not the copies in its partitions (whose rows it
+        // counts), but those PostgreSQL made for a referenced partition (a restore of a
+        // partition reaches them), named as the key they copy.
         let keys = format!(
-            "SELECT c.conname::text, c.conrelid::regclass::text, c.conrelid::int8, \
+            "SELECT (WITH RECURSIVE up(parent, name) AS (SELECT c.conparentid, c.conname \
+              UNION ALL SELECT p.conparentid, p.conname FROM pg_constraint p \
+              JOIN up ON p.oid = up.parent) SELECT name::text FROM up WHERE parent = 0), \
+             c.conrelid::regclass::text, c.conrelid::int8, \
              c.confdeltype::text, c.confupdtype::text, c.confkey, \
              (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY k.i) \
               FROM unnest(c.conkey) WITH ORDINALITY k(n, i) \
@@ -993,7 +998,8 @@ fn cascades(client: &SpiClient<'_>, prepared: &[Prepared]) -> Vec<Cascade> {
              (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY k.i) \
               FROM unnest(c.confkey) WITH ORDINALITY k(n, i) \
               JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.n) \
-             FROM pg_constraint c WHERE c.contype = 'f' AND c.conparentid = 0 \
+             FROM pg_constraint c JOIN pg_class r ON r.oid = c.conrelid \
+             WHERE c.contype = 'f' AND (c.conparentid = 0 OR NOT r.relispartition) \
              AND c.confrelid = $1 AND c.conrelid NOT IN ({inside_list}) \
              AND (c.confdeltype IN ('c', 'n', 'd') OR c.confupdtype IN ('c', 'n', 'd')) \
              ORDER BY c.conrelid, c.conname"
