@@ -694,6 +694,20 @@ impl DiffTable {
         }
     }
 
+    /// A condition true of the live rows `alias` of the table (`partitioned`: a partitioned
+    /// table) that the diff names with `op`, by their identity (a TID scan of a table).
+    fn names(&self, partitioned: bool, alias: &str, op: &str) -> String {
+        let (tid, toid, diff, o) = (&self.tid, &self.toid, &self.name, &self.op);
+        if partitioned {
+            format!(
+                "({alias}.tableoid, {alias}.ctid) IN (SELECT {toid}, {tid} FROM {diff} \
+                 WHERE {o} = '{op}')"
+            )
+        } else {
+            format!("{alias}.ctid = ANY(ARRAY(SELECT {tid} FROM {diff} WHERE {o} = '{op}'))")
+        }
+    }
+
     /// The columns of a diff query whose rows are (`op`, `tid`, `toid`, `r`), `r` a row of
     /// the table's type: `r` spread into the table's columns (the subquery kept whole, so
     /// that `r` is computed once per row).
@@ -1032,26 +1046,8 @@ fn cascades(client: &SpiClient<'_>, prepared: &[Prepared]) -> Vec<Cascade> {
                 .collect()
             }));
         let (table, d) = (p.table, &p.diff);
-        // The rows of the table the restore deletes, or updates with other values in the
-        // referenced columns, by their identity in the live table.
-        let at = |op: &str| {
-            if table.partitioned {
-                format!(
-                    "(x.tableoid, x.ctid) IN (SELECT {toid}, {tid} FROM {diff} WHERE {o} = '{op}')",
-                    toid = d.toid,
-                    tid = d.tid,
-                    diff = d.name,
-                    o = d.op
-                )
-            } else {
-                format!(
-                    "x.ctid = ANY(ARRAY(SELECT {tid} FROM {diff} WHERE {o} = '{op}'))",
-                    tid = d.tid,
-                    diff = d.name,
-                    o = d.op
-                )
-            }
-        };
+        // The rows of the table the restore deletes, by their identity in the live table.
+        let at = |op: &str| d.names(table.partitioned, "x", op);
         let action = |t: &str| match t {
             "c" => Some("CASCADE"),
             "n" => Some("SET NULL"),
@@ -1240,24 +1236,13 @@ fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64
         // Rows of a partitioned table are updated in the order of a hash join: any other
         // row the restore updates may still hold the value.
         let other = if table.partitioned {
-            format!(
-                "(x.tableoid, x.ctid) <> (n.{toid}, n.{tid}) AND (x.tableoid, x.ctid) IN \
-                 (SELECT {toid}, {tid} FROM {diff} WHERE {op} = 'u')",
-                toid = d.toid,
-                tid = d.tid,
-                diff = d.name,
-                op = d.op
-            )
+            format!("(x.tableoid, x.ctid) <> (n.{}, n.{})", d.toid, d.tid)
         } else {
             // The UPDATE visits the rows in the diff's order, the table's: a row meets the
             // value of one it has not updated yet, one further on.
-            format!(
-                "x.ctid > n.{tid} AND x.ctid = ANY(ARRAY(SELECT {tid} FROM {diff} WHERE {op} = 'u'))",
-                tid = d.tid,
-                diff = d.name,
-                op = d.op
-            )
+            format!("x.ctid > n.{}", d.tid)
         };
+        let other = format!("{other} AND {}", d.names(table.partitioned, "x", "u"));
         let sql = format!(
             "SELECT count(*) FROM {diff} n JOIN {only} {t} x ON ({x}) = ({n}) \
              WHERE n.{op} = 'u' AND {other}",
