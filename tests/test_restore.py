@@ -422,7 +422,7 @@ def test_unique_values_exchanged_since_the_snapshot(conn):
     """Two rows that exchanged the values of a unique column since the snapshot: with a
     constraint PostgreSQL checks row by row (not DEFERRABLE), one UPDATE cannot put them
     back; the restore says so before writing anything (23505, naming the index and the
-    columns, with the way out), in both functions. A DEFERRABLE constraint (checked at the
+    columns, with the way out), in both functions, and a dry run says it would. A DEFERRABLE constraint (checked at the
     end of the statement) lets it through, as does an index holding the primary key."""
     for t, constraint in [("rsw1", "UNIQUE (code)"), ("rsw2", "UNIQUE (code) DEFERRABLE"),
                           ("rsw3", "UNIQUE (id, code)")]:
@@ -444,6 +444,11 @@ def test_unique_values_exchanged_since_the_snapshot(conn):
                 assert "exchanged values of (code) since snapshot" in e.value.diag.message_detail
                 assert "DEFERRABLE" in e.value.diag.message_hint
                 assert rows(conn, f"SELECT * FROM {t}") == live
+            notices = []
+            conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+            assert restore(conn, f"'{t}', {snap}, dry_run => true") == (0, 2, 0)
+            assert any(n.startswith("the restore would be refused: gsnap_restore of public.rsw1: 1 row")
+                       for n in notices), notices
         else:
             assert restored(conn, t, snap) == (0, 2, 0)
 

@@ -781,6 +781,9 @@ fn restore_in_place(
             })
             .collect();
         check_cascades(client, &prepared, options);
+        for p in &prepared {
+            check_exchanged_unique_values(client, p, snap, true);
+        }
         drop_diffs(client, &prepared);
         return counts;
     }
@@ -818,7 +821,7 @@ fn restore_in_place(
         .collect();
     check_cascades(client, &prepared, options);
     for p in &prepared {
-        check_exchanged_unique_values(client, p, snap);
+        check_exchanged_unique_values(client, p, snap, false);
     }
     let disabled: Vec<Trigger> = if options.triggers {
         Vec::new()
@@ -1182,13 +1185,14 @@ fn check_cascades(client: &SpiClient<'_>, prepared: &[Prepared], options: Option
     .raise()
 }
 
-/// Refuses (23505, before anything is written) a restore whose updates would give rows
+/// Refuses (23505, before anything is written; a dry run says so in a NOTICE) a restore
+/// whose updates would give rows
 /// values of a unique index that is checked row by row (not DEFERRABLE) that other rows it
 /// updates still hold when they get them: values exchanged between rows since the snapshot
 /// (PostgreSQL's own error would come from the middle of the UPDATE, naming one value, not
 /// why). An index
 /// holding the whole primary key is left out (rows are matched by it: theirs never meet).
-fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64) {
+fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64, dry_run: bool) {
     let (table, d) = (p.table, &p.diff);
     if p.to_change().1 == 0 {
         return;
@@ -1258,19 +1262,21 @@ fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64
             .and_then(|t| t.first().get_one()))
         .unwrap_or_default();
         if rows > 0 {
-            error(
-                PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                format!(
-                    "gsnap_restore of {}: {} take values of unique index {index} that other \
-                     rows it updates hold now",
-                    table.name,
-                    if rows == 1 {
-                        "1 row would".to_string()
-                    } else {
-                        format!("{rows} rows would")
-                    }
-                ),
-            )
+            let message = format!(
+                "gsnap_restore of {}: {} take values of unique index {index} that other rows \
+                 it updates hold now",
+                table.name,
+                if rows == 1 {
+                    "1 row would".to_string()
+                } else {
+                    format!("{rows} rows would")
+                }
+            );
+            let raise = if dry_run {
+                crate::error::notice(format!("the restore would be refused: {message}"))
+            } else {
+                error(PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION, message)
+            }
             .detail(format!(
                 "Rows exchanged values of ({}) since snapshot {snap}. PostgreSQL checks a \
                  unique constraint that is not DEFERRABLE row by row, so one UPDATE cannot put \
@@ -1285,8 +1291,12 @@ fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64
                 "Make the constraint DEFERRABLE (even INITIALLY IMMEDIATE: it is then checked \
                  at the end of each statement) and restore again, or give those rows other \
                  values first.",
-            )
-            .raise();
+            );
+            if dry_run {
+                raise.send();
+            } else {
+                raise.raise();
+            }
         }
     }
 }
