@@ -138,25 +138,36 @@ impl RegisteredSnapshot {
     /// The transactions the snapshot saw running, to decide visibility on copied pages after
     /// it is released (`gsnap_format::visibility`); None if they are not all listed (its
     /// subtransaction array overflowed) or it was taken during recovery.
+    ///
+    /// The flags are read before the arrays: a registered snapshot is a copy
+    /// (`CopySnapshot`), which keeps `subxcnt` but leaves `subxip` NULL when the array
+    /// overflowed, so an overflowed snapshot that had listed some subtransactions before it
+    /// met the overflow has a count and no array.
     pub fn xids(&self) -> Option<gsnap_format::visibility::SnapshotXids> {
-        // SAFETY: the registered snapshot, valid until released; its arrays hold `xcnt` and
-        // `subxcnt` ids.
+        // SAFETY: the registered snapshot, valid until released; each of its arrays holds
+        // its count of ids where it is not NULL (checked below).
         unsafe {
             let s = &*self.0;
-            let ids = |p: *mut pg_sys::TransactionId, n: usize| -> Vec<u32> {
-                if n == 0 {
-                    return Vec::new();
+            if s.suboverflowed || s.takenDuringRecovery {
+                return None;
+            }
+            let ids = |p: *mut pg_sys::TransactionId, n: i32| -> Option<Vec<u32>> {
+                match usize::try_from(n).unwrap_or(0) {
+                    0 => Some(Vec::new()),
+                    _ if p.is_null() => None,
+                    n => Some(
+                        std::slice::from_raw_parts(p, n)
+                            .iter()
+                            .map(|x| x.into_inner())
+                            .collect(),
+                    ),
                 }
-                std::slice::from_raw_parts(p, n)
-                    .iter()
-                    .map(|x| x.into_inner())
-                    .collect()
             };
             gsnap_format::visibility::SnapshotXids::from_parts(
                 s.xmin.into_inner(),
                 s.xmax.into_inner(),
-                &ids(s.xip, s.xcnt as usize),
-                &ids(s.subxip, s.subxcnt.max(0) as usize),
+                &ids(s.xip, s.xcnt as i32)?,
+                &ids(s.subxip, s.subxcnt)?,
                 s.suboverflowed,
                 s.takenDuringRecovery,
             )
