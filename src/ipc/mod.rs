@@ -244,7 +244,8 @@ pub fn key_candidates(
     let mut all: Vec<u32> = Vec::new();
     let mut found = None;
     // A request carries at most MAX_KEY_HASHES hashes: more are asked in several, and the
-    // blocks are the union of their answers.
+    // blocks are the union of their answers. No hash (a NULL key) is still one request: its
+    // answer says whether the map covers the snapshots (no block, or every page read).
     let chunks = hashes.chunks(gsnap_protocol::MAX_KEY_HASHES);
     for chunk in chunks.chain(hashes.is_empty().then_some(&[][..])) {
         let reply = request(Request::KeyCandidates {

@@ -780,10 +780,7 @@ fn restore_in_place(
                 (deleted, updated, p.summary.count("i"))
             })
             .collect();
-        check_cascades(client, &prepared, options);
-        for p in &prepared {
-            check_exchanged_unique_values(client, p, snap, true);
-        }
+        check_before_writing(client, &prepared, snap, options);
         drop_diffs(client, &prepared);
         return counts;
     }
@@ -819,10 +816,7 @@ fn restore_in_place(
             prepare(client, table, snap, filter.as_deref(), taken, by_key)
         })
         .collect();
-    check_cascades(client, &prepared, options);
-    for p in &prepared {
-        check_exchanged_unique_values(client, p, snap, false);
-    }
+    check_before_writing(client, &prepared, snap, options);
     let disabled: Vec<Trigger> = if options.triggers {
         Vec::new()
     } else {
@@ -943,6 +937,21 @@ fn advance_sequences(client: &mut SpiClient<'_>, table: &Table) {
             "Its next value was {next}, which a restored row holds or passed."
         ))
         .send();
+    }
+}
+
+/// What a restore checks in its diffs before it writes (a dry run says in NOTICEs what the
+/// restore would be refused for): the rows its changes would reach in other tables through
+/// their foreign keys, and unique values exchanged between rows since snapshot `snap`.
+fn check_before_writing(
+    client: &SpiClient<'_>,
+    prepared: &[Prepared],
+    snap: i64,
+    options: Options,
+) {
+    check_cascades(client, prepared, options);
+    for p in prepared {
+        check_exchanged_unique_values(client, p, snap, options.dry_run);
     }
 }
 
