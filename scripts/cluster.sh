@@ -5,6 +5,8 @@
 #   scripts/cluster.sh start DATADIR PORT [extra postgresql.conf lines...]
 #   scripts/cluster.sh stop DATADIR
 #
+# With GSNAP_TEST_CORES=1 in the environment, the server may write core files (else not).
+#
 # The server listens on localhost and on a Unix socket in DATADIR.
 . "$(dirname "$0")/lib.sh"
 
@@ -33,7 +35,13 @@ start)
         } >> "$datadir/postgresql.conf"
     fi
     if ! as_pg "$PGBIN/pg_ctl" -D "$datadir" status >/dev/null 2>&1; then
-        as_pg "$PGBIN/pg_ctl" -D "$datadir" -l "$datadir/server.log" -w -t 60 start >/dev/null \
+        # GSNAP_TEST_CORES=1: a crashing server process leaves a core file (where the kernel's
+        # core_pattern says; "core" puts it in the data directory, which the tests then keep):
+        # pg_ctl -c raises the soft limit to the hard one. Otherwise none: a core holds shared
+        # memory, hundreds of MB per crash (runuser's PAM session sets the soft limit to 0).
+        cores=()
+        if [ -n "${GSNAP_TEST_CORES:-}" ]; then cores=(-c); else ulimit -S -c 0; fi
+        as_pg "$PGBIN/pg_ctl" -D "$datadir" -l "$datadir/server.log" -w -t 60 "${cores[@]}" start >/dev/null \
             || { tail -n 30 "$datadir/server.log" >&2; die "the server did not start"; }
     fi
     ;;

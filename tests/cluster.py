@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +26,84 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 PGBIN = Path("/usr/lib/postgresql/15/bin")
 SERVER_USER = "gsnap"  # the OS user scripts/cluster.sh runs servers as ($GSNAP_OS_USER)
+
+
+def short(text: str, n: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+# Server log lines that mean a process died or the server restarted. A parallel worker that
+# raised an ERROR (reported to its leader, which raises it too) exits with code 1 by design:
+# not a crash.
+CRASH_LINE = re.compile(
+    r"terminated by signal|terminated by exception"
+    r"|exited with exit code (?!1\b)[1-9]\d*"
+    r"|(?<!\"parallel worker\") \(PID \d+\) exited with exit code 1\b"
+    r"|\bPANIC:|all server processes terminated; reinitializing"
+    r"|terminating any other active server processes"
+)
+
+# The start of a server log line (log_line_prefix begins with %m); other lines continue one.
+LOG_LINE_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:")
+# The process that wrote a log line (log_line_prefix '%m [%p] ').
+LOG_PID = re.compile(r"^\d{4}-\d\d-\d\d [\d:.]+ \S+ \[(\d+)\]")
+
+class LogTail:
+    """Reads what the server log gained since the last mark, by byte offset."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.pos = self.size()
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def mark(self) -> None:
+        self.pos = self.size()
+
+    def since_mark(self) -> str:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def take(self) -> str:
+        """The whole lines the log gained since the last mark or take, and marks after them (a
+        line still being written is left for the next take)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        data = data[: data.rfind(b"\n") + 1]
+        self.pos += len(data)
+        return data.decode(errors="replace")
+
+
+def crash_lines(log: str, expected=lambda line: False) -> list[str]:
+    """The log lines about a dead process, each with the query it was running if logged.
+    `expected` sees every line in order and may excuse one."""
+    out = []
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if not expected(line) and CRASH_LINE.search(line):
+            out.append(short(line, 300))
+            for j in range(i + 1, min(i + 3, len(lines))):
+                if "Failed process was running" in lines[j]:
+                    query = [lines[j]]
+                    for more in lines[j + 1:]:  # a query of several lines goes on unprefixed
+                        if LOG_LINE_START.match(more):
+                            break
+                        query.append(more)
+                    out.append("    " + short(" ".join(query), 1500))
+    return out
 
 
 def server_uid() -> int:
@@ -159,6 +238,14 @@ class Cluster:
         self.data = self.base / "data"
         self.port = free_port()
         self.conf = list(conf or [])
+        # The crash guard (`unexpected_crashes`): signals tests sent to server processes on
+        # purpose, whose deaths (and the restart each causes) are not crashes.
+        self.expected_deaths: list[int] = []
+        self.restarting = False
+        self.stopping = False
+        self.ended: set[int] = set()
+        self.crashed = False
+        self.guard = LogTail(self.data / "server.log")
         if not preload:
             # cluster.sh preloads gsnap first; a later line in postgresql.conf wins
             self.conf.append("shared_preload_libraries = ''")
@@ -169,6 +256,8 @@ class Cluster:
             [str(SCRIPTS / "cluster.sh"), "start", str(self.data), str(self.port), *self.conf],
             check=True,
         )
+        if self not in Cluster.live:
+            Cluster.live.append(self)
         return self
 
     def stop(self) -> None:
@@ -179,8 +268,68 @@ class Cluster:
         self.start()
 
     def destroy(self) -> None:
+        """Stops the server and removes its directory, unless the server crashed in a way no
+        test asked for: then the directory (its log, and with GSNAP_TEST_CORES=1 the core
+        files) is kept and the crash fails whoever destroys it."""
         self.stop()
-        shutil.rmtree(self.base, ignore_errors=True)
+        if self in Cluster.live:
+            Cluster.live.remove(self)
+        crashes = self.unexpected_crashes()
+        if self.crashed:
+            print(f"\nkept {self.base}: its server crashed (server.log; core files there with "
+                  "GSNAP_TEST_CORES=1)")
+        else:
+            shutil.rmtree(self.base, ignore_errors=True)
+        assert not crashes, "a server process crashed:\n" + "\n".join(crashes)
+
+    # -- the crash guard -------------------------------------------------------------------
+    # Every started cluster is checked after each test (tests/conftest.py) and when destroyed:
+    # a crash a test did not look for fails it, even where the test saw only an error it
+    # expected (a statement expected to fail can crash, its client seeing a lost connection)
+    # or a server that came back by itself.
+    live: list["Cluster"] = []
+
+    def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
+        """Sends `sig` to one of the server's processes on purpose: its death, and the
+        restart of every session it causes, are not crashes for the guard."""
+        self.expected_deaths.append(int(sig))
+        os.kill(pid, sig)
+
+    def unexpected_crashes(self) -> list[str]:
+        """The lines the server log gained since the last call about a process that died or a
+        server that restarted, but those `kill` asked for, each with its query if logged."""
+
+        def expected(line: str) -> bool:
+            # a shutdown ends the background workers with exit code 1
+            if re.search(r"received (fast|smart|immediate) shutdown request", line):
+                self.stopping = True
+            elif re.search(r"starting PostgreSQL|ready to accept connections", line):
+                self.stopping = False
+            if self.stopping and re.search(r"exited with exit code 1\b", line):
+                return True
+            # a process that said why it ends (a FATAL error: a session terminated, the
+            # worker's database missing; the gsnap worker told to stop) exits with code 1
+            said = LOG_PID.match(line)
+            if said and re.search(r"\bFATAL:|gsnap worker stopping", line):
+                self.ended.add(int(said.group(1)))
+            orderly = re.search(r"\(PID (\d+)\) exited with exit code 1\b", line)
+            if orderly and int(orderly.group(1)) in self.ended:
+                return True
+            died = re.search(r"terminated by signal (\d+)", line)
+            if died and int(died.group(1)) in self.expected_deaths:
+                self.expected_deaths.remove(int(died.group(1)))
+                self.restarting = True
+                return True
+            if self.restarting and re.search(r"terminating any other active server processes"
+                                             r"|all server processes terminated; reinitializing",
+                                             line):
+                self.restarting = "reinitializing" not in line
+                return True
+            return False
+
+        crashes = crash_lines(self.guard.take(), expected)
+        self.crashed = self.crashed or bool(crashes)
+        return crashes
 
     def postmaster_pid(self) -> int:
         return int((self.data / "postmaster.pid").read_text().splitlines()[0])

@@ -21,7 +21,8 @@ from typing import Any
 
 import psycopg
 
-from cluster import Cluster
+from cluster import (  # noqa: F401 (LOG_LINE_START: for test_fuzz.py)
+    CRASH_LINE, LOG_LINE_START, Cluster, LogTail, crash_lines, short)
 
 # What a Rust panic or a pgrx-reported internal failure looks like in an error message.
 PANIC_TEXT = re.compile(
@@ -31,28 +32,9 @@ PANIC_TEXT = re.compile(
     re.I,
 )
 
-# Server log lines that mean a process died or the server restarted. A parallel worker that
-# raised an ERROR (reported to its leader, which raises it too) exits with code 1 by design:
-# not a crash.
-CRASH_LINE = re.compile(
-    r"terminated by signal|terminated by exception"
-    r"|exited with exit code (?!1\b)[1-9]\d*"
-    r"|(?<!\"parallel worker\") \(PID \d+\) exited with exit code 1\b"
-    r"|\bPANIC:|all server processes terminated; reinitializing"
-    r"|terminating any other active server processes"
-)
-
-# The start of a server log line (log_line_prefix begins with %m); other lines continue one.
-LOG_LINE_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:")
-
 # SQLSTATEs a surviving backend reports when *another* process crashed (its connection is
 # closed by the postmaster) or the server shut down.
 LOST_STATES = {"57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004"}
-
-
-def short(text: str, n: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 @dataclass
@@ -131,49 +113,6 @@ def compare(got: Outcome, want: Outcome) -> str | None:
     if got.rows != want.rows:
         return "wrong rows: " + diff_rows(got.rows, want.rows)
     return None
-
-
-class LogTail:
-    """Reads what the server log gained since the last mark, by byte offset."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.pos = self.size()
-
-    def size(self) -> int:
-        try:
-            return self.path.stat().st_size
-        except FileNotFoundError:
-            return 0
-
-    def mark(self) -> None:
-        self.pos = self.size()
-
-    def since_mark(self) -> str:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.pos)
-                return f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-
-def crash_lines(log: str) -> list[str]:
-    """The log lines about a dead process, each with the query it was running if logged."""
-    out = []
-    lines = log.splitlines()
-    for i, line in enumerate(lines):
-        if CRASH_LINE.search(line):
-            out.append(short(line, 300))
-            for j in range(i + 1, min(i + 3, len(lines))):
-                if "Failed process was running" in lines[j]:
-                    query = [lines[j]]
-                    for more in lines[j + 1:]:  # a query of several lines goes on unprefixed
-                        if LOG_LINE_START.match(more):
-                            break
-                        query.append(more)
-                    out.append("    " + short(" ".join(query), 1500))
-    return out
 
 
 @dataclass

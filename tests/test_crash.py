@@ -187,7 +187,7 @@ def test_crash_in_the_middle_of_a_capture():
             if cycle < 2:
                 crash_and_restart(c, {"capture_batch_pages": None, "debug_capture_pause_ms": None})
             else:
-                os.kill(p["worker_pid"], signal.SIGKILL)
+                c.kill(p["worker_pid"], signal.SIGKILL)
                 wait_until(lambda: worker_restarted(c, p["worker_pid"]), 60,
                            "the postmaster to restart after the gsnap worker was killed")
                 with c.connect() as conn:

@@ -185,7 +185,7 @@ def test_killing_the_server_while_it_reclaims_loses_nothing_and_leaks_nothing(lt
             lt.crash()  # kill -9 of the postmaster and every child, as a power cut would
             lt.start()
         else:
-            os.kill(pid, signal.SIGKILL)  # the worker alone: the postmaster restarts everything
+            lt.kill(pid, signal.SIGKILL)  # the worker alone: the postmaster restarts everything
         kills += 1
         wait_until(lambda: worker_restarted(lt, pid), 60, "the server to restart after the kill",
                    interval=0.2)

@@ -876,7 +876,7 @@ def test_the_watch_notices_a_crash(env):
     env.watch.mark()
     with env.connect() as victim:
         pid = victim.info.backend_pid
-        threading.Timer(0.5, os.kill, (pid, signal.SIGSEGV)).start()
+        threading.Timer(0.5, env.cluster.kill, (pid, signal.SIGSEGV)).start()
         got = outcome(victim, "SELECT pg_sleep(5) AS the_victim")
     assert got.kind == "lost", got
     crash = env.watch.check()
