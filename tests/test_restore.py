@@ -705,6 +705,66 @@ def test_sequences_are_advanced_past_the_restored_values(cluster, conn):
     assert conn.execute("INSERT INTO rsq (v) VALUES ('x') RETURNING id").fetchone()[0] == 102
 
 
+def test_a_dry_run_names_the_sequences_a_restore_would_advance(conn):
+    """The dry run says which sequences the restore would advance, and to what (from what the
+    table would hold: the snapshot's rows the condition matches and the live rows it does
+    not), and moves none. A partition restored alone advances its partitioned table's
+    sequence, which gives its rows their values."""
+    notices = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+    seq_notices = lambda: sorted(n for n in notices if n.startswith("sequence"))  # noqa: E731
+    conn.execute("CREATE TABLE rdq (id serial PRIMARY KEY, grp int) USING gsnap")
+    conn.execute("INSERT INTO rdq (grp) SELECT g % 2 FROM generate_series(1, 60) g")
+    snap = snapshot(conn)
+    conn.execute("DELETE FROM rdq WHERE id > 20")
+    conn.execute("SELECT setval('rdq_id_seq', 20)")
+    notices.clear()
+    assert restore(conn, f"'rdq', {snap}, dry_run => true") == (0, 0, 40)
+    assert seq_notices() == ["sequence rdq_id_seq would be advanced to 60, the greatest value of "
+                             "public.rdq.id the restore would put back"]
+    assert conn.execute("SELECT last_value FROM rdq_id_seq").fetchone()[0] == 20
+    assert conn.execute("SELECT count(*) FROM rdq").fetchone()[0] == 20
+    # With a condition: the odd group's rows come back (up to 59); the even ones stay deleted.
+    notices.clear()
+    assert restore(conn, f"'rdq', {snap}, condition => 'grp = 1', dry_run => true") == (0, 0, 20)
+    assert seq_notices() == ["sequence rdq_id_seq would be advanced to 59, the greatest value of "
+                             "public.rdq.id the restore would put back"]
+    # Rows the condition leaves alone count too: the live 500 is beyond the sequence already
+    # (a restore moves sequences forward only to pass every value the table then holds).
+    conn.execute("INSERT INTO rdq VALUES (500, 0)")
+    notices.clear()
+    restore(conn, f"'rdq', {snap}, condition => 'grp = 1', dry_run => true")
+    assert seq_notices() == ["sequence rdq_id_seq would be advanced to 500, the greatest value of "
+                             "public.rdq.id the restore would put back"]
+    # The restore then does what its dry run said.
+    notices.clear()
+    assert restore(conn, f"'rdq', {snap}, condition => 'grp = 1'") == (0, 0, 20)
+    assert seq_notices() == ["sequence rdq_id_seq advanced to 500, the greatest value of "
+                             "public.rdq.id restored"]
+    notices.clear()
+    restore(conn, f"'rdq', {snap}, condition => 'grp = 1', dry_run => true")
+    assert seq_notices() == []  # nothing to do any more
+    # A partition's rows take their ids from the partitioned table's sequence.
+    conn.execute("CREATE TABLE rdp (id bigserial, region int, PRIMARY KEY (id, region)) "
+                 "PARTITION BY LIST (region)")
+    conn.execute("CREATE TABLE rdp_1 PARTITION OF rdp FOR VALUES IN (1) USING gsnap")
+    conn.execute("CREATE TABLE rdp_2 (region int NOT NULL, id bigint NOT NULL) USING gsnap")
+    conn.execute("ALTER TABLE rdp ATTACH PARTITION rdp_2 FOR VALUES IN (2)")  # other attnums
+    conn.execute("INSERT INTO rdp (region) SELECT 1 + g % 2 FROM generate_series(1, 30) g")
+    snap = snapshot(conn)
+    conn.execute("TRUNCATE rdp")
+    conn.execute("ALTER SEQUENCE rdp_id_seq RESTART")
+    notices.clear()
+    assert restore(conn, f"'rdp_2', {snap}, dry_run => true") == (0, 0, 15)
+    assert seq_notices() == ["sequence rdp_id_seq would be advanced to 29, the greatest value of "
+                             "public.rdp_2.id the restore would put back"]
+    notices.clear()
+    assert restored(conn, "rdp_2", snap) == (0, 0, 15)
+    assert seq_notices() == ["sequence rdp_id_seq advanced to 29, the greatest value of "
+                             "public.rdp_2.id restored"]
+    assert conn.execute("INSERT INTO rdp (region) VALUES (1) RETURNING id").fetchone()[0] == 30
+
+
 def test_bad_input_is_refused_clearly(conn):
     conn.execute("CREATE TABLE rb (id int PRIMARY KEY) USING gsnap")
     conn.execute("CREATE TABLE rb_parted (id int) PARTITION BY RANGE (id)")

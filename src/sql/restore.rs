@@ -639,6 +639,7 @@ fn copy_into(
     advance_sequences(
         client,
         &Table::read(crate::ffi::regclass::regclass_in(&target)),
+        None,
     );
     copied
 }
@@ -782,6 +783,13 @@ fn restore_in_place(
             .collect();
         check_before_writing(client, &prepared, snap, options);
         drop_diffs(client, &prepared);
+        for table in tables {
+            advance_sequences(
+                client,
+                table,
+                Some((snap, filter.as_deref().unwrap_or("true"))),
+            );
+        }
         return counts;
     }
     // Whether a snapshot may be taken is decided before the locks (which assign the
@@ -829,7 +837,7 @@ fn restore_in_place(
     enable_triggers(client, &disabled);
     drop_diffs(client, &prepared);
     for table in tables {
-        advance_sequences(client, table);
+        advance_sequences(client, table, None);
     }
     counts
 }
@@ -839,52 +847,67 @@ fn restore_in_place(
 /// after `TRUNCATE ... RESTART IDENTITY`, `ALTER SEQUENCE ... RESTART` or a `setval` back.
 /// A sequence never moves backwards, and one that is already past them is left alone. A
 /// caller without SELECT and UPDATE on a sequence that needs it is warned, with the
-/// statement to run.
-fn advance_sequences(client: &mut SpiClient<'_>, table: &Table) {
+/// statement to run. A partition's rows take their values from the sequences of its
+/// partitioned tables' columns: those count too.
+///
+/// With `dry_run` (the snapshot and the restore's condition), nothing moves: each sequence
+/// the restore would advance is named in a NOTICE, from what the table would hold after it
+/// (the snapshot's rows the condition matches, and the live rows it does not).
+fn advance_sequences(client: &mut SpiClient<'_>, table: &Table, dry_run: Option<(i64, &str)>) {
     // The sequences that depend on a column automatically (serial) or internally
-    // (identity), as pg_get_serial_sequence finds them.
-    let owned = "SELECT d.objid::regclass::text, d.refobjsubid::int4, s.seqincrement, \
-                 has_sequence_privilege(d.objid, 'SELECT') \
+    // (identity), as pg_get_serial_sequence finds them, of the table or of a table it is a
+    // partition of (by column name: a partition's columns may be numbered otherwise).
+    let owned = "SELECT d.objid::regclass::text, quote_ident(a.attname::text), \
+                 s.seqincrement, has_sequence_privilege(d.objid, 'SELECT') \
                  AND has_sequence_privilege(d.objid, 'UPDATE') \
                  FROM pg_depend d JOIN pg_sequence s ON s.seqrelid = d.objid \
                  JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid \
                  WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass \
-                 AND d.refobjid = $1 AND d.deptype IN ('a', 'i') \
+                 AND d.refobjid IN (SELECT $1 UNION SELECT relid FROM pg_partition_ancestors($1)) \
+                 AND d.deptype IN ('a', 'i') \
                  AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) \
-                 ORDER BY d.refobjsubid";
-    let sequences: Vec<(String, i32, i64, bool)> = spi(client
+                 ORDER BY 2, 1";
+    let sequences: Vec<(String, String, i64, bool)> = spi(client
         .select(owned, None, &[table.relid.into()])
         .and_then(|rows| {
             rows.map(|row| {
                 Ok((
                     row.get::<String>(1)?.unwrap_or_default(),
-                    row.get::<i32>(2)?.unwrap_or_default(),
+                    row.get::<String>(2)?.unwrap_or_default(),
                     row.get::<i64>(3)?.unwrap_or(1),
                     row.get::<bool>(4)?.unwrap_or(false),
                 ))
             })
             .collect()
         }));
-    for (sequence, attnum, increment, allowed) in sequences {
-        let Some(column) = table.columns.iter().find(|c| i32::from(c.attnum) == attnum) else {
+    for (sequence, name, increment, allowed) in sequences {
+        // (A column added since the snapshot gets no value from the restore: its default.)
+        let Some(column) = table
+            .columns
+            .iter()
+            .find(|c| c.name == name && !(dry_run.is_some() && c.added))
+        else {
             continue;
         };
         // The value the next nextval would return must be beyond every value of the column
         // (above the greatest for an ascending sequence, below the least for a descending).
         let extreme = if increment > 0 { "max" } else { "min" };
+        let (col, only, name) = (&column.name, table.only(), &table.name);
+        let rows = match dry_run {
+            None => format!("SELECT {col} AS v FROM {only} {name}"),
+            Some((snap, filter)) => format!(
+                "SELECT {col} AS v FROM gsnap_asof(NULL::{name}, {snap}) x WHERE {filter} \
+                 UNION ALL SELECT {col} FROM {only} {name} x WHERE NOT {filter}"
+            ),
+        };
         let sql = format!(
             "SELECT t.v::int8, s.last_value, s.is_called FROM \
-             (SELECT {extreme}({col}) AS v FROM {only} {name}) t, {sequence} s \
-             WHERE t.v IS NOT NULL",
-            col = column.name,
-            only = table.only(),
-            name = table.name,
+             (SELECT {extreme}(v) AS v FROM ({rows}) r) t, {sequence} s WHERE t.v IS NOT NULL"
         );
         if !allowed {
-            let value = format!("(SELECT {extreme}({}) FROM {})", column.name, table.name);
+            let value = format!("(SELECT {extreme}({col}) FROM {name})");
             crate::error::notice(format!(
-                "sequence {sequence} of {}.{} may give values the restored rows hold",
-                table.name, column.name
+                "sequence {sequence} of {name}.{col} may give values the restored rows hold"
             ))
             .detail("The restore may not read or change it (it needs SELECT and UPDATE on it).")
             .hint(format!(
@@ -922,16 +945,25 @@ fn advance_sequences(client: &mut SpiClient<'_>, table: &Table) {
         if !collides {
             continue;
         }
+        let which = if increment > 0 { "greatest" } else { "least" };
+        if dry_run.is_some() {
+            crate::error::notice(format!(
+                "sequence {sequence} would be advanced to {value}, the {which} value of \
+                 {name}.{col} the restore would put back"
+            ))
+            .detail(format!(
+                "Its next value is {next}, which a restored row would hold or pass."
+            ))
+            .send();
+            continue;
+        }
         spi(client.select(
             "SELECT setval($1::regclass, $2)",
             None,
             &[sequence.as_str().into(), value.into()],
         ));
         crate::error::notice(format!(
-            "sequence {sequence} advanced to {value}, the {} value of {}.{} restored",
-            if increment > 0 { "greatest" } else { "least" },
-            table.name,
-            column.name
+            "sequence {sequence} advanced to {value}, the {which} value of {name}.{col} restored"
         ))
         .detail(format!(
             "Its next value was {next}, which a restored row holds or passed."
