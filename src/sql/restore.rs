@@ -770,10 +770,11 @@ fn restore_in_place(
     one_statement: bool,
 ) -> Vec<Counts> {
     if options.dry_run {
-        let prepared: Vec<Prepared> = tables
+        let mut prepared: Vec<Prepared> = tables
             .iter()
             .map(|table| prepare(client, table, snap, filter.as_deref(), None, false))
             .collect();
+        check_before_writing(client, &mut prepared, snap, options);
         let counts = prepared
             .iter()
             .map(|p| {
@@ -781,7 +782,6 @@ fn restore_in_place(
                 (deleted, updated, p.summary.count("i"))
             })
             .collect();
-        check_before_writing(client, &prepared, snap, options);
         drop_diffs(client, &prepared);
         for table in tables {
             advance_sequences(
@@ -816,7 +816,7 @@ fn restore_in_place(
         .iter()
         .any(|&(may, _)| may)
         .then(|| super::snapshots::declare(true, false, None, None).0 .0 as i64);
-    let prepared: Vec<Prepared> = tables
+    let mut prepared: Vec<Prepared> = tables
         .iter()
         .zip(&plans)
         .map(|(table, &(may, by_key))| {
@@ -824,7 +824,7 @@ fn restore_in_place(
             prepare(client, table, snap, filter.as_deref(), taken, by_key)
         })
         .collect();
-    check_before_writing(client, &prepared, snap, options);
+    check_before_writing(client, &mut prepared, snap, options);
     let disabled: Vec<Trigger> = if options.triggers {
         Vec::new()
     } else {
@@ -833,7 +833,10 @@ fn restore_in_place(
             .flat_map(|t| disable_triggers(client, t))
             .collect()
     };
-    let counts = apply(client, &prepared, one_statement);
+    // Rows put back by a delete and an insert: in one statement, so that the foreign keys
+    // that reference them (NO ACTION) are checked once they are back.
+    let replaced = prepared.iter().any(|p| p.summary.count("r") > 0);
+    let counts = apply(client, &prepared, one_statement || replaced);
     enable_triggers(client, &disabled);
     drop_diffs(client, &prepared);
     for table in tables {
@@ -974,16 +977,17 @@ fn advance_sequences(client: &mut SpiClient<'_>, table: &Table, dry_run: Option<
 
 /// What a restore checks in its diffs before it writes (a dry run says in NOTICEs what the
 /// restore would be refused for): the rows its changes would reach in other tables through
-/// their foreign keys, and unique values exchanged between rows since snapshot `snap`.
+/// their foreign keys, and unique values exchanged between rows since snapshot `snap` (the
+/// rows then put back by a delete and an insert, or the restore refused).
 fn check_before_writing(
-    client: &SpiClient<'_>,
-    prepared: &[Prepared],
+    client: &mut SpiClient<'_>,
+    prepared: &mut [Prepared],
     snap: i64,
     options: Options,
 ) {
     check_cascades(client, prepared, options);
     for p in prepared {
-        check_exchanged_unique_values(client, p, snap, options.dry_run);
+        replace_exchanged_rows(client, p, snap, options.dry_run);
     }
 }
 
@@ -1226,14 +1230,19 @@ fn check_cascades(client: &SpiClient<'_>, prepared: &[Prepared], options: Option
     .raise()
 }
 
-/// Refuses (23505, before anything is written; a dry run says so in a NOTICE) a restore
-/// whose updates would give rows
-/// values of a unique index that is checked row by row (not DEFERRABLE) that other rows it
-/// updates still hold when they get them: values exchanged between rows since the snapshot
-/// (PostgreSQL's own error would come from the middle of the UPDATE, naming one value, not
-/// why). An index
-/// holding the whole primary key is left out (rows are matched by it: theirs never meet).
-fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64, dry_run: bool) {
+/// Rows whose updates would give them values of a unique index checked row by row (not
+/// DEFERRABLE) that other rows the restore updates still hold when they get them: values
+/// exchanged between rows since snapshot `snap`, which one UPDATE cannot put back
+/// (PostgreSQL's own error would come from its middle, naming one value). Those rows are
+/// put back by a delete (before the updates) and an insert (after them) instead: the diff
+/// names them 'r', and a NOTICE says so (a dry run, that it would). Where that would change
+/// what the restore does, it is refused instead (23505, before anything is written; a dry
+/// run says it would be): a foreign key referencing the table with an action other than NO
+/// ACTION (a delete would run it; a NO ACTION key is checked once the row is back, at the
+/// end of the statement), or a column added since the snapshot (an insert would lose its
+/// value). An index holding the whole primary key is left out (rows are matched by it:
+/// theirs never meet).
+fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i64, dry_run: bool) {
     let (table, d) = (p.table, &p.diff);
     if p.to_change().1 == 0 {
         return;
@@ -1255,6 +1264,7 @@ fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64
             .collect()
         }));
     let updated: Vec<i16> = table.updated_columns().iter().map(|c| c.attnum).collect();
+    let mut replaced = Vec::new();
     for (index, attnums) in found {
         let holds_key = table
             .columns
@@ -1288,30 +1298,49 @@ fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64
             format!("x.ctid > n.{}", d.tid)
         };
         let other = format!("{other} AND {}", d.names(table.partitioned, "x", "u"));
-        let sql = format!(
-            "SELECT count(*) FROM {diff} n JOIN {only} {t} x ON ({x}) = ({n}) \
-             WHERE n.{op} = 'u' AND {other}",
-            diff = d.name,
+        let meeting = format!(
+            "FROM {only} {t} x WHERE ({x}) = ({n}) AND n.{op} = 'u' AND {other}",
             only = table.only(),
             t = table.name,
             x = list("x"),
             n = list("n"),
             op = d.op
         );
+        let meets = format!("EXISTS (SELECT 1 {meeting})");
         let rows: i64 = spi(client
-            .select(&sql, Some(1), &[])
+            .select(
+                &format!("SELECT count(*) FROM {} n WHERE {meets}", d.name),
+                Some(1),
+                &[],
+            )
             .and_then(|t| t.first().get_one()))
         .unwrap_or_default();
-        if rows > 0 {
+        if rows == 0 {
+            continue;
+        }
+        let columns = columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let rows_text = |verb: &str| {
+            if rows == 1 {
+                format!("1 row {verb}")
+            } else {
+                format!("{rows} rows {verb}")
+            }
+        };
+        let exchanged = format!(
+            "Rows exchanged values of ({columns}) since snapshot {snap}. PostgreSQL checks a \
+             unique constraint that is not DEFERRABLE row by row, so one UPDATE cannot put \
+             them back."
+        );
+        if let Some(why) = replacing_would_change(client, table) {
             let message = format!(
                 "gsnap_restore of {}: {} take values of unique index {index} that other rows \
                  it updates hold now",
                 table.name,
-                if rows == 1 {
-                    "1 row would".to_string()
-                } else {
-                    format!("{rows} rows would")
-                }
+                rows_text("would")
             );
             let raise = if dry_run {
                 crate::error::notice(format!("the restore would be refused: {message}"))
@@ -1319,14 +1348,7 @@ fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64
                 error(PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION, message)
             }
             .detail(format!(
-                "Rows exchanged values of ({}) since snapshot {snap}. PostgreSQL checks a \
-                 unique constraint that is not DEFERRABLE row by row, so one UPDATE cannot put \
-                 them back.",
-                columns
-                    .iter()
-                    .map(|c| c.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "{exchanged} Deleting them and inserting them back would {why}."
             ))
             .hint(
                 "Make the constraint DEFERRABLE (even INITIALLY IMMEDIATE: it is then checked \
@@ -1335,11 +1357,80 @@ fn check_exchanged_unique_values(client: &SpiClient<'_>, p: &Prepared, snap: i64
             );
             if dry_run {
                 raise.send();
-            } else {
-                raise.raise();
+                continue;
             }
+            raise.raise();
         }
+        spi(client.update(
+            &format!("UPDATE {} n SET {} = 'r' WHERE {meets}", d.name, d.op),
+            None,
+            &[],
+        ));
+        replaced.push((index, columns, rows));
     }
+    if replaced.is_empty() {
+        return;
+    }
+    p.summary = Summary::read(client, &p.diff);
+    let rows = p.summary.count("r");
+    let indexes = replaced
+        .iter()
+        .map(|(index, columns, _)| format!("{index} ({columns})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (rows_text, them) = if rows == 1 {
+        ("1 row".to_string(), "it")
+    } else {
+        (format!("{rows} rows"), "them")
+    };
+    let (delete, insert) = if dry_run {
+        ("would delete", "insert")
+    } else {
+        ("deleted", "inserted")
+    };
+    crate::error::notice(format!(
+        "gsnap_restore of {} {delete} {rows_text} and {insert} {them} back: other rows held \
+         their values of unique index {indexes}",
+        table.name
+    ))
+    .detail(format!(
+        "Rows exchanged those values since snapshot {snap}. PostgreSQL checks a unique \
+         constraint that is not DEFERRABLE row by row, so an UPDATE cannot put them back: \
+         those rows are deleted before the other changes and inserted after them, in one \
+         statement (with triggers => true, their delete and insert triggers fire)."
+    ))
+    .send();
+}
+
+/// Why putting rows of `table` back by a delete and an insert would do something an update
+/// does not (None: it would not): a foreign key referencing the table whose action on a
+/// delete or an update is not NO ACTION, or a column added since the snapshot (the insert
+/// would give it its default, not the row's value).
+fn replacing_would_change(client: &SpiClient<'_>, table: &Table) -> Option<String> {
+    if let Some(c) = table.columns.iter().find(|c| c.added) {
+        return Some(format!(
+            "lose their values of {}, a column added since the snapshot",
+            c.name
+        ));
+    }
+    let keys = "SELECT c.conname::text, c.conrelid::regclass::text FROM pg_constraint c \
+                WHERE c.contype = 'f' AND c.confrelid = $1 \
+                AND (c.confdeltype <> 'a' OR c.confupdtype <> 'a') ORDER BY 2, 1 LIMIT 1";
+    let key: Option<(String, String)> = spi(client
+        .select(keys, Some(1), &[table.relid.into()])
+        .and_then(|rows| {
+            rows.map(|r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<String>(2)?.unwrap_or_default(),
+                ))
+            })
+            .next()
+            .transpose()
+        }));
+    key.map(|(name, child)| {
+        format!("run the action of foreign key {name} of {child} (it is not NO ACTION)")
+    })
 }
 
 /// Drops the prepared tables' diffs.
@@ -1359,14 +1450,15 @@ struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
-    /// The rows the diff names to delete and to update. With every column in the key or
-    /// generated, rows of one key can only differ in a generated column (one added since the
-    /// snapshot reads as NULL there), which is computed again: none to update.
+    /// The rows the diff names to delete and to update (those put back by a delete and an
+    /// insert, 'r', count as updated). With every column in the key or generated, rows of
+    /// one key can only differ in a generated column (one added since the snapshot reads as
+    /// NULL there), which is computed again: none to update.
     fn to_change(&self) -> (i64, i64) {
         let to_update = if self.table.updated_columns().is_empty() {
             0
         } else {
-            self.summary.count("u")
+            self.summary.count("u") + self.summary.count("r")
         };
         (self.summary.count("d"), to_update)
     }
@@ -1468,6 +1560,9 @@ enum Change {
     Delete,
     Update,
     Insert,
+    /// The delete of rows put back by a delete and an insert (their insert counts as an
+    /// update).
+    Remove,
 }
 
 /// One statement of a restore: of the `at`-th table, its change, its SQL, and whether it
@@ -1494,20 +1589,24 @@ fn steps(prepared: &[Prepared]) -> Vec<Step> {
             sql,
             nested_loop,
         };
-        // Partition by partition (one for a table): a TID scan of each.
-        for toid in summary.partitions("d") {
-            deletes.push(step(
-                Change::Delete,
-                format!(
-                    "DELETE FROM {only} {t} WHERE tableoid = {toid}::oid AND ctid = ANY(ARRAY(\
-                     SELECT {tid} FROM {diff} WHERE {op} = 'd' AND {toid_c} = {toid}::oid))",
-                    tid = d.tid,
-                    diff = d.name,
-                    op = d.op,
-                    toid_c = d.toid
-                ),
-                false,
-            ));
+        // Partition by partition (one for a table): a TID scan of each. Rows put back by a
+        // delete and an insert ('r') leave before the updates too.
+        for (op, change) in [("d", Change::Delete), ("r", Change::Remove)] {
+            for toid in summary.partitions(op) {
+                deletes.push(step(
+                    change,
+                    format!(
+                        "DELETE FROM {only} {t} WHERE tableoid = {toid}::oid AND ctid = ANY(\
+                         ARRAY(SELECT {tid} FROM {diff} WHERE {o} = '{op}' \
+                         AND {toid_c} = {toid}::oid))",
+                        tid = d.tid,
+                        diff = d.name,
+                        o = d.op,
+                        toid_c = d.toid
+                    ),
+                    false,
+                ));
+            }
         }
         let set = table.updated_columns();
         let names: Vec<&str> = set.iter().map(|c| c.name.as_str()).collect();
@@ -1558,16 +1657,19 @@ fn steps(prepared: &[Prepared]) -> Vec<Step> {
                 ));
             }
         }
-        if summary.count("i") > 0 {
+        for (op, change) in [("i", Change::Insert), ("r", Change::Update)] {
+            if summary.count(op) == 0 {
+                continue;
+            }
             let columns = table.written(|c| c.to_string());
             let values = table.written(|c| format!("d.{c}"));
             inserts.push(step(
-                Change::Insert,
+                change,
                 format!(
                     "INSERT INTO {t} ({columns}) OVERRIDING SYSTEM VALUE \
-                     SELECT {values} FROM {diff} d WHERE d.{op} = 'i'",
+                     SELECT {values} FROM {diff} d WHERE d.{o} = '{op}'",
                     diff = d.name,
-                    op = d.op
+                    o = d.op
                 ),
                 false,
             ));
@@ -1594,6 +1696,7 @@ fn apply(client: &mut SpiClient<'_>, prepared: &[Prepared], one_statement: bool)
             Change::Delete => c.0 += n,
             Change::Update => c.1 += n,
             Change::Insert => c.2 += n,
+            Change::Remove => {}
         }
     };
     if !one_statement {
