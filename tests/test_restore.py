@@ -847,38 +847,33 @@ def test_a_dry_run_names_the_sequences_a_restore_would_advance(conn):
     sequence, which gives its rows their values."""
     notices = []
     conn.add_notice_handler(lambda d: notices.append(d.message_primary))
-    seq_notices = lambda: sorted(n for n in notices if n.startswith("sequence"))  # noqa: E731
+
+    def run(args: str) -> tuple:
+        """The restore's counts, and its NOTICEs about sequences."""
+        notices.clear()
+        return restore(conn, args), sorted(n for n in notices if n.startswith("sequence"))
+
+    would = "sequence {} would be advanced to {}, the greatest value of {} the restore would put back"
     conn.execute("CREATE TABLE rdq (id serial PRIMARY KEY, grp int) USING gsnap")
     conn.execute("INSERT INTO rdq (grp) SELECT g % 2 FROM generate_series(1, 60) g")
     snap = snapshot(conn)
     conn.execute("DELETE FROM rdq WHERE id > 20")
     conn.execute("SELECT setval('rdq_id_seq', 20)")
-    notices.clear()
-    assert restore(conn, f"'rdq', {snap}, dry_run => true") == (0, 0, 40)
-    assert seq_notices() == ["sequence rdq_id_seq would be advanced to 60, the greatest value of "
-                             "public.rdq.id the restore would put back"]
+    assert run(f"'rdq', {snap}, dry_run => true") == (
+        (0, 0, 40), [would.format("rdq_id_seq", 60, "public.rdq.id")])
     assert conn.execute("SELECT last_value FROM rdq_id_seq").fetchone()[0] == 20
     assert conn.execute("SELECT count(*) FROM rdq").fetchone()[0] == 20
     # With a condition: the odd group's rows come back (up to 59); the even ones stay deleted.
-    notices.clear()
-    assert restore(conn, f"'rdq', {snap}, condition => 'grp = 1', dry_run => true") == (0, 0, 20)
-    assert seq_notices() == ["sequence rdq_id_seq would be advanced to 59, the greatest value of "
-                             "public.rdq.id the restore would put back"]
+    odd = f"'rdq', {snap}, condition => 'grp = 1'"
+    assert run(odd + ", dry_run => true") == ((0, 0, 20), [would.format("rdq_id_seq", 59, "public.rdq.id")])
     # Rows the condition leaves alone count too: the live 500 is beyond the sequence already
     # (a restore moves sequences forward only to pass every value the table then holds).
     conn.execute("INSERT INTO rdq VALUES (500, 0)")
-    notices.clear()
-    restore(conn, f"'rdq', {snap}, condition => 'grp = 1', dry_run => true")
-    assert seq_notices() == ["sequence rdq_id_seq would be advanced to 500, the greatest value of "
-                             "public.rdq.id the restore would put back"]
-    # The restore then does what its dry run said.
-    notices.clear()
-    assert restore(conn, f"'rdq', {snap}, condition => 'grp = 1'") == (0, 0, 20)
-    assert seq_notices() == ["sequence rdq_id_seq advanced to 500, the greatest value of "
-                             "public.rdq.id restored"]
-    notices.clear()
-    restore(conn, f"'rdq', {snap}, condition => 'grp = 1', dry_run => true")
-    assert seq_notices() == []  # nothing to do any more
+    assert run(odd + ", dry_run => true")[1] == [would.format("rdq_id_seq", 500, "public.rdq.id")]
+    # The restore then does what its dry run said, and a dry run after it has nothing to say.
+    assert run(odd) == ((0, 0, 20), ["sequence rdq_id_seq advanced to 500, the greatest value of "
+                                     "public.rdq.id restored"])
+    assert run(odd + ", dry_run => true")[1] == []
     # A partition's rows take their ids from the partitioned table's sequence.
     conn.execute("CREATE TABLE rdp (id bigserial, region int, PRIMARY KEY (id, region)) "
                  "PARTITION BY LIST (region)")
@@ -889,14 +884,11 @@ def test_a_dry_run_names_the_sequences_a_restore_would_advance(conn):
     snap = snapshot(conn)
     conn.execute("TRUNCATE rdp")
     conn.execute("ALTER SEQUENCE rdp_id_seq RESTART")
-    notices.clear()
-    assert restore(conn, f"'rdp_2', {snap}, dry_run => true") == (0, 0, 15)
-    assert seq_notices() == ["sequence rdp_id_seq would be advanced to 29, the greatest value of "
-                             "public.rdp_2.id the restore would put back"]
-    notices.clear()
-    assert restored(conn, "rdp_2", snap) == (0, 0, 15)
-    assert seq_notices() == ["sequence rdp_id_seq advanced to 29, the greatest value of "
-                             "public.rdp_2.id restored"]
+    assert run(f"'rdp_2', {snap}, dry_run => true") == (
+        (0, 0, 15), [would.format("rdp_id_seq", 29, "public.rdp_2.id")])
+    assert run(f"'rdp_2', {snap}") == ((0, 0, 15), ["sequence rdp_id_seq advanced to 29, the greatest "
+                                                     "value of public.rdp_2.id restored"])
+    assert rows(conn, "SELECT * FROM ONLY rdp_2") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rdp_2, {snap})")
     assert conn.execute("INSERT INTO rdp (region) VALUES (1) RETURNING id").fetchone()[0] == 30
 
 

@@ -1366,18 +1366,14 @@ fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i6
             None,
             &[],
         ));
-        replaced.push((index, columns, rows));
+        replaced.push(format!("{index} ({columns})"));
     }
     if replaced.is_empty() {
         return;
     }
     p.summary = Summary::read(client, &p.diff);
     let rows = p.summary.count("r");
-    let indexes = replaced
-        .iter()
-        .map(|(index, columns, _)| format!("{index} ({columns})"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let indexes = replaced.join(", ");
     let (rows_text, them) = if rows == 1 {
         ("1 row".to_string(), "it")
     } else {
