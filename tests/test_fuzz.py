@@ -450,6 +450,15 @@ SMITH_SETUP = [
     "CREATE TABLE smith.sm_p1 (at date, v text, id int NOT NULL) USING gsnap",
     "ALTER TABLE smith.sm_p ATTACH PARTITION smith.sm_p1 FOR VALUES WITH (MODULUS 2, REMAINDER 1)",
     "INSERT INTO smith.sm_p SELECT i, 'p' || i, DATE '2026-01-01' + i FROM generate_series(1, 300) i",
+    # a table inheriting from sm_b (a query of sm_b reads it too; its snapshot is its own)
+    "CREATE TABLE smith.sm_bc (note text) INHERITS (smith.sm_b) USING gsnap",
+    "INSERT INTO smith.sm_bc SELECT i, i, 'child ' || i, i, 'n' || i FROM generate_series(100, 130) i",
+    # row-level security: sqlsmith's roles are not the owner, so the policy filters their
+    # reads, AS OF reads included
+    "CREATE TABLE smith.sm_r (id int PRIMARY KEY, grp int, v text) USING gsnap",
+    "INSERT INTO smith.sm_r SELECT i, i % 5, 'r' || i FROM generate_series(1, 200) i",
+    "ALTER TABLE smith.sm_r ENABLE ROW LEVEL SECURITY",
+    "CREATE POLICY sm_r_some ON smith.sm_r USING (grp <> 0)",
 ]
 SMITH_BETWEEN = [
     "UPDATE smith.sm_a SET s = s || '*', n = n + 1 WHERE id % 5 = 0",
@@ -458,8 +467,10 @@ SMITH_BETWEEN = [
     "INSERT INTO smith.sm_b SELECT i, i, 'later', NULL FROM generate_series(61, 70) i",
     "UPDATE smith.sm_u SET v = 'changed' WHERE id % 3 = 0",
     "UPDATE smith.sm_p SET v = v || '+', id = id + 1000 WHERE id % 11 = 0",
+    "UPDATE smith.sm_bc SET note = note || '+' WHERE k % 3 = 0",
+    "UPDATE smith.sm_r SET grp = (grp + 1) % 5 WHERE id % 7 = 0",
 ]
-SMITH_TABLES = ("sm_a", "sm_b", "sm_u", "sm_heap", "sm_p")
+SMITH_TABLES = ("sm_a", "sm_b", "sm_u", "sm_heap", "sm_p", "sm_bc", "sm_r")
 
 
 def smith_views(s1: int, s2: int, s3: int, ts2: str) -> list[str]:
@@ -471,6 +482,8 @@ def smith_views(s1: int, s2: int, s3: int, ts2: str) -> list[str]:
         f"CREATE VIEW smith.v_asof_time AS SELECT * FROM gsnap_asof(NULL::smith.sm_a, '{ts2}'::timestamptz)",
         f"CREATE VIEW smith.v_asof_b AS SELECT * FROM gsnap_asof(NULL::smith.sm_b, {s2})",
         f"CREATE VIEW smith.v_asof_u AS SELECT * FROM gsnap_asof(NULL::smith.sm_u, {s3})",
+        f"CREATE VIEW smith.v_asof_r AS SELECT * FROM gsnap_asof(NULL::smith.sm_r, {s2})",
+        f"CREATE VIEW smith.v_asof_bc AS SELECT * FROM gsnap_asof(NULL::smith.sm_bc, {s1})",
         f"CREATE VIEW smith.v_range AS SELECT snap_id, (rec).* FROM gsnap_range(NULL::smith.sm_a, {s1}, {s3})",
         f"CREATE VIEW smith.v_range_b AS SELECT snap_id, rec FROM gsnap_range(NULL::smith.sm_b, {s1}, {s3})",
         f"CREATE VIEW smith.v_range_agg AS SELECT snap_id, count(*) AS n FROM gsnap_range(NULL::smith.sm_a, {s1}, {s3})"
@@ -567,7 +580,8 @@ def test_sqlsmith(fz):
     """A bounded sqlsmith (Debian package, 1.4) run, as a role that may read and write the
     gsnap tables but is no superuser (so it cannot call server-administration functions),
     against a schema of gsnap tables (several column types, TOASTed text, a btree and a GIN
-    index, a dropped column, NULLs, an unlogged one, a heap one) holding data and three
+    index, a dropped column, NULLs, an unlogged one, a heap one, one inheriting from another,
+    one under row-level security) holding data and three
     snapshots, with --exclude-catalog so its queries are about these relations, and parallel
     plans made as cheap as they can be (so AS OF scans run parallel-aware under Gathers in
     sqlsmith's plan shapes).
@@ -605,7 +619,8 @@ def test_sqlsmith(fz):
         c.execute("CREATE ROLE smith LOGIN")
         c.execute("GRANT USAGE ON SCHEMA smith TO smith")
         c.execute("GRANT SELECT ON ALL TABLES IN SCHEMA smith TO smith")
-        c.execute("GRANT INSERT, UPDATE, DELETE ON smith.sm_a, smith.sm_b, smith.sm_u, smith.sm_p TO smith")
+        c.execute("GRANT INSERT, UPDATE, DELETE ON smith.sm_a, smith.sm_b, smith.sm_u, smith.sm_p,"
+                  " smith.sm_bc, smith.sm_r TO smith")
         # sqlsmith sees what information_schema shows it: not the extension's other objects
         c.execute("ALTER ROLE smith SET search_path = smith, public")
         # a second role whose sessions read every gsnap table as of the second snapshot
@@ -652,9 +667,11 @@ def test_sqlsmith(fz):
         # what sqlsmith wrote is snapshotted faithfully
         with connect(fz, timeout_s=120) as c:
             s = c.execute("SELECT gsnap_snapshot()").fetchone()[0]
-            for t in ("sm_a", "sm_b", "sm_u", "sm_p"):
+            for t in ("sm_a", "sm_b", "sm_u", "sm_p", "sm_bc", "sm_r"):
+                # (the snapshot of an inheritance parent is its own rows: FROM ONLY)
+                only = "ONLY" if t == "sm_b" else ""
                 live = c.execute(f"SELECT count(*), md5(coalesce(string_agg(r::text, '|' ORDER BY r::text), ''))"
-                                 f" FROM smith.{t} r").fetchone()
+                                 f" FROM {only} smith.{t} r").fetchone()
                 asof = c.execute(f"SELECT count(*), md5(coalesce(string_agg(r::text, '|' ORDER BY r::text), ''))"
                                  f" FROM gsnap_asof(NULL::smith.{t}, {s}) r").fetchone()
                 if live != asof:
