@@ -496,6 +496,49 @@ def test_values_permuted_among_many_rows_are_put_back(conn):
         assert rows(conn, "SELECT * FROM rpm") == want, f"round {round}"
 
 
+def test_values_held_by_rows_the_restore_leaves_alone(conn):
+    """A restore with a condition whose rows would take unique values that rows outside the
+    condition hold now is refused before writing (23505, naming the index, saying which rows
+    hold them and what to do); the dry run says it would be; a wider condition restores. The
+    same for a unique index made since the snapshot that the snapshot's rows break."""
+    conn.execute("CREATE TABLE rla (id int PRIMARY KEY, code text NOT NULL UNIQUE, region int) USING gsnap")
+    conn.execute("INSERT INTO rla SELECT g, 'c' || g, g % 3 FROM generate_series(1, 30) g")
+    snap = snapshot(conn)
+    # Row 4 (region 1) gave up its code, which row 6 (region 0) then took.
+    conn.execute("UPDATE rla SET code = 'moved' WHERE id = 4")
+    conn.execute("UPDATE rla SET code = 'c4' WHERE id = 6")
+    live = rows(conn, "SELECT * FROM rla")
+    for call in [f"'rla', {snap}, condition => 'region = 1'",
+                 f"'rla', {snap}, condition => 'id = 4'"]:
+        with pytest.raises(psycopg.errors.UniqueViolation) as e:
+            restore(conn, call)
+        assert e.value.diag.message_primary == (
+            "gsnap_restore of public.rla: 1 row it would put back take values of unique index "
+            "rla_code_key that rows it leaves as they are hold now"), e.value.diag.message_primary
+        assert e.value.diag.message_detail == "Rows its condition does not match hold those values of (code)."
+        assert e.value.diag.message_hint.startswith("Widen the condition")
+        assert rows(conn, "SELECT * FROM rla") == live
+        notices = []
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+        assert restore(conn, call + ", dry_run => true")[1] == 1
+        assert any(n.startswith("the restore would be refused: gsnap_restore of public.rla: 1 row it "
+                                "would put back") for n in notices), notices
+    # Both rows in the condition: restored (an update of row 6 frees the value first).
+    assert restore(conn, f"'rla', {snap}, condition => 'id IN (4, 6)'") == (0, 2, 0)
+    assert rows(conn, "SELECT * FROM rla") == rows(conn, f"SELECT * FROM gsnap_asof(NULL::rla, {snap})")
+    # An index made since, which the snapshot's rows break: refused with its own reason.
+    conn.execute("CREATE TABLE rlb (id int PRIMARY KEY, tag int) USING gsnap")
+    conn.execute("INSERT INTO rlb VALUES (1, 7), (2, 7), (3, 8)")
+    snap = snapshot(conn)
+    conn.execute("DELETE FROM rlb WHERE id = 2")
+    conn.execute("CREATE UNIQUE INDEX rlb_tag ON rlb (tag)")
+    with pytest.raises(psycopg.errors.UniqueViolation) as e:
+        restore(conn, f"'rlb', {snap}")
+    assert "unique index rlb_tag that rows it leaves as they are hold now" in e.value.diag.message_primary
+    assert "the snapshot's rows break the index, made since" in e.value.diag.message_detail
+    assert rows(conn, "SELECT * FROM rlb") == Counter([(1, 7), (3, 8)])
+
+
 def test_exchanged_values_put_back_where_a_delete_changes_nothing_else(cluster, conn):
     """Rows put back by a delete and an insert keep what an update would have kept: rows
     referencing them by a NO ACTION foreign key (checked once they are back, at the end of

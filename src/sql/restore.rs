@@ -774,7 +774,7 @@ fn restore_in_place(
             .iter()
             .map(|table| prepare(client, table, snap, filter.as_deref(), None, false))
             .collect();
-        check_before_writing(client, &mut prepared, snap, options);
+        check_before_writing(client, &mut prepared, snap, filter.as_deref(), options);
         let counts = prepared
             .iter()
             .map(|p| {
@@ -824,7 +824,7 @@ fn restore_in_place(
             prepare(client, table, snap, filter.as_deref(), taken, by_key)
         })
         .collect();
-    check_before_writing(client, &mut prepared, snap, options);
+    check_before_writing(client, &mut prepared, snap, filter.as_deref(), options);
     let disabled: Vec<Trigger> = if options.triggers {
         Vec::new()
     } else {
@@ -977,17 +977,20 @@ fn advance_sequences(client: &mut SpiClient<'_>, table: &Table, dry_run: Option<
 
 /// What a restore checks in its diffs before it writes (a dry run says in NOTICEs what the
 /// restore would be refused for): the rows its changes would reach in other tables through
-/// their foreign keys, and unique values exchanged between rows since snapshot `snap` (the
-/// rows then put back by a delete and an insert, or the restore refused).
+/// their foreign keys, unique values exchanged between rows since snapshot `snap` (the rows
+/// then put back by a delete and an insert, or the restore refused), and unique values
+/// that rows the restore leaves alone hold (`filter`: its condition).
 fn check_before_writing(
     client: &mut SpiClient<'_>,
     prepared: &mut [Prepared],
     snap: i64,
+    filter: Option<&str>,
     options: Options,
 ) {
     check_cascades(client, prepared, options);
     for p in prepared {
         replace_exchanged_rows(client, p, snap, options.dry_run);
+        check_values_held_by_rows_left_alone(client, p, filter, options.dry_run);
     }
 }
 
@@ -1247,47 +1250,14 @@ fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i6
     if p.to_change().1 == 0 {
         return;
     }
-    let indexes = "SELECT i.indexrelid::regclass::text, \
-                   ((i.indkey::int2[])[0:i.indnkeyatts - 1])::int2[] \
-                   FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate \
-                   AND NOT i.indisprimary AND i.indisvalid \
-                   AND i.indpred IS NULL AND i.indexprs IS NULL ORDER BY 1";
-    let found: Vec<(String, Vec<i16>)> = spi(client
-        .select(indexes, None, &[table.relid.into()])
-        .and_then(|rows| {
-            rows.map(|r| {
-                Ok((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    r.get::<Vec<i16>>(2)?.unwrap_or_default(),
-                ))
-            })
-            .collect()
-        }));
     let updated: Vec<i16> = table.updated_columns().iter().map(|c| c.attnum).collect();
     let mut replaced = Vec::new();
-    for (index, attnums) in found {
-        let holds_key = table
-            .columns
-            .iter()
-            .filter(|c| c.key)
-            .all(|c| attnums.contains(&c.attnum));
-        if holds_key || !attnums.iter().any(|a| updated.contains(a)) {
+    for unique in unique_indexes(client, table) {
+        if !unique.immediate || !unique.columns.iter().any(|c| updated.contains(&c.attnum)) {
             continue;
         }
-        let Some(columns) = attnums
-            .iter()
-            .map(|&a| table.columns.iter().find(|c| c.attnum == a))
-            .collect::<Option<Vec<_>>>()
-        else {
-            continue;
-        };
-        let list = |alias: &str| {
-            columns
-                .iter()
-                .map(|c| format!("{alias}.{}", c.name))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let (index, columns) = (&unique.name, unique.names());
+        let list = |alias: &str| unique.list(alias);
         // Rows of a partitioned table are updated in the order of a hash join: any other
         // row the restore updates may still hold the value.
         let other = if table.partitioned {
@@ -1318,11 +1288,6 @@ fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i6
         if rows == 0 {
             continue;
         }
-        let columns = columns
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
         let rows_text = |verb: &str| {
             if rows == 1 {
                 format!("1 row {verb}")
@@ -1396,6 +1361,165 @@ fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i6
          statement (with triggers => true, their delete and insert triggers fire)."
     ))
     .send();
+}
+
+/// A unique index a restore's rows must keep to: not the primary key nor one holding all of
+/// it (rows are matched by their key: theirs never meet), valid, without a predicate or
+/// expressions.
+struct UniqueIndex<'t> {
+    name: String,
+    columns: Vec<&'t Column>,
+    /// Checked row by row (not DEFERRABLE).
+    immediate: bool,
+}
+
+impl UniqueIndex<'_> {
+    /// Its columns over `alias`, as a SQL list.
+    fn list(&self, alias: &str) -> String {
+        let columns: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| format!("{alias}.{}", c.name))
+            .collect();
+        columns.join(", ")
+    }
+
+    /// Its columns' names, for messages.
+    fn names(&self) -> String {
+        let names: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
+        names.join(", ")
+    }
+}
+
+fn unique_indexes<'t>(client: &SpiClient<'_>, table: &'t Table) -> Vec<UniqueIndex<'t>> {
+    let indexes = "SELECT i.indexrelid::regclass::text, \
+                   ((i.indkey::int2[])[0:i.indnkeyatts - 1])::int2[], i.indimmediate \
+                   FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique \
+                   AND NOT i.indisprimary AND i.indisvalid \
+                   AND i.indpred IS NULL AND i.indexprs IS NULL ORDER BY 1";
+    let found: Vec<(String, Vec<i16>, bool)> = spi(client
+        .select(indexes, None, &[table.relid.into()])
+        .and_then(|rows| {
+            rows.map(|r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<Vec<i16>>(2)?.unwrap_or_default(),
+                    r.get::<bool>(3)?.unwrap_or(true),
+                ))
+            })
+            .collect()
+        }));
+    found
+        .into_iter()
+        .filter(|(_, attnums, _)| {
+            !table
+                .columns
+                .iter()
+                .filter(|c| c.key)
+                .all(|c| attnums.contains(&c.attnum))
+        })
+        .filter_map(|(name, attnums, immediate)| {
+            let columns = attnums
+                .iter()
+                .map(|&a| table.columns.iter().find(|c| c.attnum == a))
+                .collect::<Option<Vec<_>>>()?;
+            Some(UniqueIndex {
+                name,
+                columns,
+                immediate,
+            })
+        })
+        .collect()
+}
+
+/// Refuses (23505, before anything is written; a dry run says so in a NOTICE) a restore
+/// whose rows would take values of a unique index that rows it leaves as they are hold now:
+/// rows its condition does not match (the usual case), or rows unchanged since the
+/// snapshot where the snapshot's rows break an index made since. PostgreSQL's own error
+/// would come from the middle of the restore, naming one value, not why.
+fn check_values_held_by_rows_left_alone(
+    client: &SpiClient<'_>,
+    p: &Prepared,
+    filter: Option<&str>,
+    dry_run: bool,
+) {
+    let (table, d) = (p.table, &p.diff);
+    let (_, updated) = p.to_change();
+    if updated == 0 && p.summary.count("i") == 0 {
+        return;
+    }
+    // A live row the diff names (to delete, update or put back) is not left alone; the
+    // row a diff row updates is itself.
+    let (same_row, named) = if table.partitioned {
+        (
+            format!(
+                "(x.tableoid, x.ctid) IS NOT DISTINCT FROM (n.{}, n.{})",
+                d.toid, d.tid
+            ),
+            format!("o.{} = x.ctid AND o.{} = x.tableoid", d.tid, d.toid),
+        )
+    } else {
+        (
+            format!("x.ctid IS NOT DISTINCT FROM n.{}", d.tid),
+            format!("o.{} = x.ctid", d.tid),
+        )
+    };
+    for unique in unique_indexes(client, table) {
+        let sql = format!(
+            "SELECT count(*) FROM {diff} n WHERE n.{op} IN ('u', 'r', 'i') AND EXISTS (\
+             SELECT 1 FROM {only} {t} x WHERE ({x}) = ({n}) AND NOT {same_row} \
+             AND NOT EXISTS (SELECT 1 FROM {diff} o WHERE {named}))",
+            diff = d.name,
+            op = d.op,
+            only = table.only(),
+            t = table.name,
+            x = unique.list("x"),
+            n = unique.list("n"),
+        );
+        let rows: i64 = spi(client
+            .select(&sql, Some(1), &[])
+            .and_then(|t| t.first().get_one()))
+        .unwrap_or_default();
+        if rows == 0 {
+            continue;
+        }
+        let message = format!(
+            "gsnap_restore of {}: {} it would put back take values of unique index {} that \
+             rows it leaves as they are hold now",
+            table.name,
+            if rows == 1 {
+                "1 row".to_string()
+            } else {
+                format!("{rows} rows")
+            },
+            unique.name
+        );
+        let raise = if dry_run {
+            crate::error::notice(format!("the restore would be refused: {message}"))
+        } else {
+            error(PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION, message)
+        };
+        let raise = match filter {
+            Some(_) => raise
+                .detail(format!(
+                    "Rows its condition does not match hold those values of ({}).",
+                    unique.names()
+                ))
+                .hint("Widen the condition to take those rows in, or change their values first."),
+            None => raise
+                .detail(format!(
+                    "Rows unchanged since the snapshot hold those values of ({}): the \
+                     snapshot's rows break the index, made since.",
+                    unique.names()
+                ))
+                .hint("Restore into a new table (into_table) to see the snapshot's rows."),
+        };
+        if dry_run {
+            raise.send();
+        } else {
+            raise.raise();
+        }
+    }
 }
 
 /// Why putting rows of `table` back by a delete and an insert would do something an update
