@@ -17,6 +17,13 @@ SELECT id, v, extra FROM gsnap_asof(NULL::inh_chi, :s1) ORDER BY id;
 SELECT id, v FROM gsnap_asof(NULL::inh_par, :s1)
 UNION ALL SELECT id, v FROM gsnap_asof(NULL::inh_chi, :s1) ORDER BY id;
 
+-- in a session as of the snapshot, a query of the parent means its child's rows too: refused,
+-- where FROM ONLY reads the parent's own rows
+SET gsnap.as_of = :s1;
+SELECT count(*) FROM inh_par;
+SELECT count(*) FROM ONLY inh_par;
+RESET gsnap.as_of;
+
 -- the NOTICE comes once per query, when it is analyzed: not again when a prepared
 -- statement runs
 PREPARE inh_q(bigint) AS SELECT count(*) FROM gsnap_asof(NULL::inh_par, $1);

@@ -624,11 +624,25 @@ unsafe fn convert(
         (*copy).securityQuals = std::ptr::null_mut();
         mark_read_entry(copy);
         if class.relkind as u8 == pg_sys::RELKIND_RELATION && (*rte).inh {
-            crate::read::partitioned::note_inheriting_tables(
-                table.oid(),
-                "reads",
-                "RESET gsnap.as_of to read them with it, or read each by its own row type.",
-            );
+            // The query means the rows of the tables inheriting from it too, which no
+            // snapshot records as the table's (each is a table of its own there): reading it
+            // alone would return fewer rows than the query had at the snapshot.
+            if let Some(below) = crate::read::partitioned::inheriting_tables(table.oid()) {
+                let name = relation_name(table.oid());
+                error(
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                    format!(
+                        "gsnap.as_of is set: table {name} would be read with the tables that \
+                         inherit from it ({below}), which gsnap does not read together as of a \
+                         snapshot"
+                    ),
+                )
+                .hint(format!(
+                    "Read FROM ONLY {name}, and each table that inherits from it by its own \
+                     name, or RESET gsnap.as_of."
+                ))
+                .raise();
+            }
         }
         (*rte).rtekind = pg_sys::RTEKind::RTE_FUNCTION;
         (*rte).functions = list::list_of(&[rtfunc.cast()]);

@@ -142,21 +142,14 @@ impl Drop for QuietInheritance {
     }
 }
 
-/// Sends a NOTICE if table `relid` has tables inheriting from it (`INHERITS`, not
-/// partitions): gsnap reads and restores a table alone, as `FROM ONLY` and `COPY` do, where a
-/// query of the table now would include their rows. `what` says what the call does with the
-/// table ("reads", "restores"). Called once per query (after parse analysis) or per call.
-pub fn note_inheriting_tables(relid: pg_sys::Oid, what: &str, hint: &str) {
-    if QUIET.get() > 0 {
-        return;
-    }
-    let Some(rel) = OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE) else {
-        return;
-    };
+/// The names of the tables inheriting from table `relid` (`INHERITS`, not partitions), at
+/// most five and a count of the others; None if there are none.
+pub fn inheriting_tables(relid: pg_sys::Oid) -> Option<String> {
+    let rel = OpenRelation::open(relid, pg_sys::NoLock as pg_sys::LOCKMODE)?;
     let class = rel.class();
     // relhassubclass may stay true after the last child went (until VACUUM clears it).
     if class.relkind as u8 != pg_sys::RELKIND_RELATION || !class.relhassubclass {
-        return;
+        return None;
     }
     // SAFETY: the tables below `relid`, unlocked: only their names are printed.
     let below = unsafe {
@@ -171,13 +164,23 @@ pub fn note_inheriting_tables(relid: pg_sys::Oid, what: &str, hint: &str) {
         .filter(|&r| r != relid)
         .map(relation_name)
         .collect();
-    if names.is_empty() {
+    match names.len() {
+        0 => None,
+        1..=5 => Some(names.join(", ")),
+        n => Some(format!("{}, and {} more", names[..5].join(", "), n - 5)),
+    }
+}
+
+/// Sends a NOTICE if table `relid` has tables inheriting from it (`INHERITS`, not
+/// partitions): gsnap reads and restores a table alone, as `FROM ONLY` and `COPY` do, where a
+/// query of the table now would include their rows. `what` says what the call does with the
+/// table ("reads", "restores"). Called once per query (after parse analysis) or per call.
+pub fn note_inheriting_tables(relid: pg_sys::Oid, what: &str, hint: &str) {
+    if QUIET.get() > 0 {
         return;
     }
-    let shown = if names.len() > 5 {
-        format!("{}, and {} more", names[..5].join(", "), names.len() - 5)
-    } else {
-        names.join(", ")
+    let Some(shown) = inheriting_tables(relid) else {
+        return;
     };
     crate::error::notice(format!(
         "gsnap {what} table {} alone, as FROM ONLY would: the tables that inherit from it \
