@@ -241,6 +241,14 @@ def test_into_copies_the_snapshot_rows_into_a_new_table(conn):
     assert conn.execute("SELECT count(*) FROM ri").fetchone()[0] == 10
     with pytest.raises(psycopg.errors.DuplicateTable):
         restore(conn, f"'ri', {snap}, into_table => 'ri_old'")
+    # Its dry run says it would be refused so (and a free name draws no such NOTICE).
+    notices = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+    assert restore(conn, f"'ri', {snap}, into_table => 'ri_old', dry_run => true") == (0, 0, 50)
+    assert "the restore would be refused: relation ri_old already exists" in notices, notices
+    notices.clear()
+    assert restore(conn, f"'ri', {snap}, into_table => 'ri_free', dry_run => true") == (0, 0, 50)
+    assert not [n for n in notices if "would be refused" in n], notices
     assert restore(conn, f"'ri', {snap}, into_table => 'public.\"RI Old\"'") == (0, 0, 50)
     assert conn.execute('SELECT count(*) FROM "RI Old"').fetchone()[0] == 50
 

@@ -525,7 +525,10 @@ fn restore(
         // (Its NOTICE about inheriting tables sent, the queries reading the table send none.)
         let _quiet = crate::read::partitioned::QuietInheritance::new();
         match into_table {
-            Some(_) if options.dry_run => (0, 0, count_rows(client, &table, snap, filter)),
+            Some(target) if options.dry_run => {
+                note_existing_target(client, target);
+                (0, 0, count_rows(client, &table, snap, filter))
+            }
             Some(target) => (0, 0, copy_into(client, &table, snap, filter, target)),
             None => restore_in_place(client, &[table], snap, filter, options, false)[0],
         }
@@ -642,6 +645,21 @@ fn copy_into(
         None,
     );
     copied
+}
+
+/// Says in a NOTICE that a copy into `target` would be refused because a relation of that
+/// name exists (the dry run of `into_table`; the copy itself fails with 42P07).
+fn note_existing_target(client: &SpiClient<'_>, target: &str) {
+    let existing: Option<String> = spi(client
+        .select("SELECT to_regclass($1)::text", Some(1), &[target.into()])
+        .and_then(|t| t.first().get::<String>(1)));
+    if let Some(name) = existing {
+        crate::error::notice(format!(
+            "the restore would be refused: relation {name} already exists"
+        ))
+        .hint("into_table names a new table; choose another name, or drop that one first.")
+        .send();
+    }
 }
 
 /// How many rows of the snapshot (matching `filter`) a copy into a new table would insert.
