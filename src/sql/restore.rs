@@ -654,11 +654,13 @@ fn note_existing_target(client: &SpiClient<'_>, target: &str) {
         .select("SELECT to_regclass($1)::text", Some(1), &[target.into()])
         .and_then(|t| t.first().get::<String>(1)));
     if let Some(name) = existing {
-        crate::error::notice(format!(
-            "the restore would be refused: relation {name} already exists"
-        ))
-        .hint("into_table names a new table; choose another name, or drop that one first.")
-        .send();
+        refuse(
+            true,
+            PgSqlErrorCode::ERRCODE_DUPLICATE_TABLE,
+            format!("relation {name} already exists"),
+            None,
+            "into_table names a new table; choose another name, or drop that one first.",
+        );
     }
 }
 
@@ -1007,8 +1009,9 @@ fn check_before_writing(
 ) {
     check_cascades(client, prepared, options);
     for p in prepared {
-        replace_exchanged_rows(client, p, snap, options.dry_run);
-        check_values_held_by_rows_left_alone(client, p, filter, options.dry_run);
+        let indexes = unique_indexes(client, p.table);
+        replace_exchanged_rows(client, p, &indexes, snap, options.dry_run);
+        check_values_held_by_rows_left_alone(client, p, &indexes, filter, options.dry_run);
     }
 }
 
@@ -1027,8 +1030,7 @@ struct Cascade {
 impl Cascade {
     fn describe(&self) -> String {
         let rows = match self.rows {
-            Some(1) => "1 row".to_string(),
-            Some(n) => format!("{n} rows"),
+            Some(n) => rows_counted(n),
             None => "rows this role cannot count".to_string(),
         };
         format!(
@@ -1263,19 +1265,24 @@ fn check_cascades(client: &SpiClient<'_>, prepared: &[Prepared], options: Option
 /// end of the statement), or a column added since the snapshot (an insert would lose its
 /// value). An index holding the whole primary key is left out (rows are matched by it:
 /// theirs never meet).
-fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i64, dry_run: bool) {
+fn replace_exchanged_rows(
+    client: &mut SpiClient<'_>,
+    p: &mut Prepared,
+    indexes: &[UniqueIndex],
+    snap: i64,
+    dry_run: bool,
+) {
     let (table, d) = (p.table, &p.diff);
     if p.to_change().1 == 0 {
         return;
     }
     let updated: Vec<i16> = table.updated_columns().iter().map(|c| c.attnum).collect();
     let mut replaced = Vec::new();
-    for unique in unique_indexes(client, table) {
+    for unique in indexes {
         if !unique.immediate || !unique.columns.iter().any(|c| updated.contains(&c.attnum)) {
             continue;
         }
         let (index, columns) = (&unique.name, unique.names());
-        let list = |alias: &str| unique.list(alias);
         // Rows of a partitioned table are updated in the order of a hash join: any other
         // row the restore updates may still hold the value.
         let other = if table.partitioned {
@@ -1290,8 +1297,8 @@ fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i6
             "FROM {only} {t} x WHERE ({x}) = ({n}) AND n.{op} = 'u' AND {other}",
             only = table.only(),
             t = table.name,
-            x = list("x"),
-            n = list("n"),
+            x = unique.list("x"),
+            n = unique.list("n"),
             op = d.op
         );
         let meets = format!("EXISTS (SELECT 1 {meeting})");
@@ -1306,43 +1313,27 @@ fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i6
         if rows == 0 {
             continue;
         }
-        let rows_text = |verb: &str| {
-            if rows == 1 {
-                format!("1 row {verb}")
-            } else {
-                format!("{rows} rows {verb}")
-            }
-        };
-        let exchanged = format!(
-            "Rows exchanged values of ({columns}) since snapshot {snap}. PostgreSQL checks a \
-             unique constraint that is not DEFERRABLE row by row, so one UPDATE cannot put \
-             them back."
-        );
         if let Some(why) = replacing_would_change(client, table) {
-            let message = format!(
-                "gsnap_restore of {}: {} take values of unique index {index} that other rows \
-                 it updates hold now",
-                table.name,
-                rows_text("would")
-            );
-            let raise = if dry_run {
-                crate::error::notice(format!("the restore would be refused: {message}"))
-            } else {
-                error(PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION, message)
-            }
-            .detail(format!(
-                "{exchanged} Deleting them and inserting them back would {why}."
-            ))
-            .hint(
+            refuse(
+                dry_run,
+                PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+                format!(
+                    "gsnap_restore of {}: {} would take values of unique index {index} that \
+                     other rows it updates hold now",
+                    table.name,
+                    rows_counted(rows)
+                ),
+                Some(format!(
+                    "Rows exchanged values of ({columns}) since snapshot {snap}. PostgreSQL \
+                     checks a unique constraint that is not DEFERRABLE row by row, so one \
+                     UPDATE cannot put them back. Deleting them and inserting them back would \
+                     {why}."
+                )),
                 "Make the constraint DEFERRABLE (even INITIALLY IMMEDIATE: it is then checked \
                  at the end of each statement) and restore again, or give those rows other \
                  values first.",
             );
-            if dry_run {
-                raise.send();
-                continue;
-            }
-            raise.raise();
+            continue;
         }
         spi(client.update(
             &format!("UPDATE {} n SET {} = 'r' WHERE {meets}", d.name, d.op),
@@ -1357,20 +1348,17 @@ fn replace_exchanged_rows(client: &mut SpiClient<'_>, p: &mut Prepared, snap: i6
     p.summary = Summary::read(client, &p.diff);
     let rows = p.summary.count("r");
     let indexes = replaced.join(", ");
-    let (rows_text, them) = if rows == 1 {
-        ("1 row".to_string(), "it")
-    } else {
-        (format!("{rows} rows"), "them")
-    };
+    let them = if rows == 1 { "it" } else { "them" };
     let (delete, insert) = if dry_run {
         ("would delete", "insert")
     } else {
         ("deleted", "inserted")
     };
     crate::error::notice(format!(
-        "gsnap_restore of {} {delete} {rows_text} and {insert} {them} back: other rows held \
-         their values of unique index {indexes}",
-        table.name
+        "gsnap_restore of {} {delete} {} and {insert} {them} back: other rows held their \
+         values of unique index {indexes}",
+        table.name,
+        rows_counted(rows)
     ))
     .detail(format!(
         "Rows exchanged those values since snapshot {snap}. PostgreSQL checks a unique \
@@ -1458,6 +1446,7 @@ fn unique_indexes<'t>(client: &SpiClient<'_>, table: &'t Table) -> Vec<UniqueInd
 fn check_values_held_by_rows_left_alone(
     client: &SpiClient<'_>,
     p: &Prepared,
+    indexes: &[UniqueIndex],
     filter: Option<&str>,
     dry_run: bool,
 ) {
@@ -1482,7 +1471,7 @@ fn check_values_held_by_rows_left_alone(
             format!("o.{} = x.ctid", d.tid),
         )
     };
-    for unique in unique_indexes(client, table) {
+    for unique in indexes {
         let sql = format!(
             "SELECT count(*) FROM {diff} n WHERE n.{op} IN ('u', 'r', 'i') AND EXISTS (\
              SELECT 1 FROM {only} {t} x WHERE ({x}) = ({n}) AND NOT {same_row} \
@@ -1501,42 +1490,71 @@ fn check_values_held_by_rows_left_alone(
         if rows == 0 {
             continue;
         }
-        let message = format!(
-            "gsnap_restore of {}: {} it would put back take values of unique index {} that \
-             rows it leaves as they are hold now",
-            table.name,
-            if rows == 1 {
-                "1 row".to_string()
-            } else {
-                format!("{rows} rows")
-            },
-            unique.name
-        );
-        let raise = if dry_run {
-            crate::error::notice(format!("the restore would be refused: {message}"))
-        } else {
-            error(PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION, message)
-        };
-        let raise = match filter {
-            Some(_) => raise
-                .detail(format!(
+        let (detail, hint) = match filter {
+            Some(_) => (
+                format!(
                     "Rows its condition does not match hold those values of ({}).",
                     unique.names()
-                ))
-                .hint("Widen the condition to take those rows in, or change their values first."),
-            None => raise
-                .detail(format!(
+                ),
+                "Widen the condition to take those rows in, or change their values first.",
+            ),
+            None => (
+                format!(
                     "Rows unchanged since the snapshot hold those values of ({}): the \
                      snapshot's rows break the index, made since.",
                     unique.names()
-                ))
-                .hint("Restore into a new table (into_table) to see the snapshot's rows."),
+                ),
+                "Restore into a new table (into_table) to see the snapshot's rows.",
+            ),
         };
-        if dry_run {
-            raise.send();
-        } else {
-            raise.raise();
-        }
+        refuse(
+            dry_run,
+            PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+            format!(
+                "gsnap_restore of {}: {} it would put back take values of unique index {} that \
+                 rows it leaves as they are hold now",
+                table.name,
+                rows_counted(rows),
+                unique.name
+            ),
+            Some(detail),
+            hint,
+        );
+    }
+}
+
+/// Refuses the restore (an ERROR with SQLSTATE `code`), or in a dry run says in a NOTICE that
+/// it would be refused, and goes on.
+fn refuse(
+    dry_run: bool,
+    code: PgSqlErrorCode,
+    message: String,
+    detail: Option<String>,
+    hint: &str,
+) {
+    let raise = if dry_run {
+        crate::error::notice(format!("the restore would be refused: {message}"))
+    } else {
+        error(code, message)
+    };
+    let raise = match detail {
+        Some(detail) => raise.detail(detail),
+        None => raise,
+    }
+    .hint(hint);
+    if dry_run {
+        raise.send();
+    } else {
+        raise.raise();
+    }
+}
+
+/// "1 row", "`n` rows".
+fn rows_counted(n: i64) -> String {
+    if n == 1 {
+        "1 row".to_string()
+    } else {
+        format!("{n} rows")
     }
 }
 
